@@ -1,0 +1,1 @@
+"""ckptflow command-line entry point (dispatch only; features live in `steps` and `workflows`)."""

@@ -1,0 +1,41 @@
+"""The `ckptflow` command: a thin dispatcher.
+
+Each subcommand lives in the package that owns it and is imported only when used, so
+`ckptflow render`/`submit` need hera alone and never import torch, while `ckptflow ckpt`
+needs the step dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> ("module", "function taking argv and returning an exit code", "help")
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "ckpt": ("steps.checkpoint.cli", "main", "inspect, verify, pin, archive and gc checkpoints"),
+    "demo": ("steps.checkpoint.demo", "main", "a checkpoint save/load round trip"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: ckptflow COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in sorted(COMMANDS.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch to the subcommand named by the first argument."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"ckptflow: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func, _ = COMMANDS[name]
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The one storage module: a root URI on local disk, `memory://` or `s3://`, through fsspec.
+
+Every path argument is relative to the root. Writes are direct (never a rename: on S3 a rename
+is a copy plus a delete); `exclusive=True` creates a file only if it does not exist yet (O_EXCL
+locally, `If-None-Match: *` on S3), which is how a commit marker is claimed by one writer only.
+Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+import fsspec
+
+from steps.lib import env
+
+
+class StorageError(RuntimeError):
+    """A storage problem the user can fix (bad URI, missing bucket, credentials, full disk)."""
+
+
+class AlreadyExists(StorageError):
+    """An exclusive create found the file already there."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored file: path relative to the root, size in bytes, modification time (epoch s)."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+def _split_uri(uri: str) -> tuple[str, str]:
+    if "://" in uri:
+        protocol, rest = uri.split("://", 1)
+        return protocol, rest.rstrip("/")
+    return "file", os.path.abspath(os.path.expanduser(uri))
+
+
+def filesystem_for(uri: str) -> fsspec.AbstractFileSystem:
+    """The fsspec filesystem for a URI, configured from the deployment environment."""
+    protocol, _ = _split_uri(uri)
+    if protocol == "s3":
+        return fsspec.filesystem("s3", **env.s3_storage_options())
+    if protocol in ("file", "local", "memory"):
+        return fsspec.filesystem(protocol)
+    raise StorageError(
+        f"unsupported storage URI {uri!r}: use a local path, file://, memory:// or s3://bucket/prefix"
+    )
+
+
+def _translate(exc: BaseException, uri: str) -> BaseException:
+    """Turn backend exceptions a user can fix into StorageError with the fix named."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, StorageError):
+        return exc
+    if "NoSuchBucket" in text or (
+        "bucket" in text.lower() and "not" in text.lower() and "exist" in text.lower()
+    ):
+        return StorageError(f"{uri}: the bucket does not exist; create it first (e.g. `aws s3 mb`)")
+    if isinstance(exc, PermissionError) or any(
+        s in text
+        for s in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden")
+    ):
+        return StorageError(
+            f"{uri}: access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            "and the bucket policy ({type(exc).__name__})"
+        )
+    if "NoCredentials" in text or "Unable to locate credentials" in text:
+        return StorageError(
+            f"{uri}: no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+        )
+    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
+        return StorageError(f"{uri}: no space left on device; free space or use another root")
+    return exc
+
+
+class Storage:
+    """A checkpoint root (or any prefix) and the filesystem that holds it."""
+
+    def __init__(self, uri: str, fs: fsspec.AbstractFileSystem | None = None):
+        self.protocol, self._base = _split_uri(uri)
+        self.uri = uri if "://" in uri else self._base
+        self.fs = fs if fs is not None else filesystem_for(uri)
+
+    # -- paths ---------------------------------------------------------------------------------
+    def path(self, rel: str = "") -> str:
+        """The filesystem path of `rel` (rejecting anything that escapes the root)."""
+        rel = rel.strip("/")
+        norm = posixpath.normpath(rel) if rel else ""
+        if norm.startswith("..") or posixpath.isabs(rel):
+            raise StorageError(f"path {rel!r} escapes the root {self.uri}")
+        return f"{self._base}/{norm}" if norm and norm != "." else self._base
+
+    def url(self, rel: str = "") -> str:
+        """The full URI of `rel`, as a user would type it."""
+        p = self.path(rel)
+        return p if self.protocol == "file" else f"{self.protocol}://{p}"
+
+    def child(self, rel: str) -> Storage:
+        """A Storage rooted at `rel` below this one, sharing the filesystem."""
+        return Storage(self.url(rel), fs=self.fs)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read(self, rel: str) -> bytes:
+        try:
+            return self.fs.cat_file(self.path(rel))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+
+    def open(self, rel: str, mode: str = "rb", **kw):
+        return self.fs.open(self.path(rel), mode, **kw)
+
+    def exists(self, rel: str) -> bool:
+        try:
+            return self.fs.exists(self.path(rel))
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.path(rel)))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names of the immediate children of `rel` (files and folders); [] when absent."""
+        try:
+            entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+        return sorted({posixpath.basename(str(e).rstrip("/")) for e in entries} - {""})
+
+    def walk(self, rel: str = "") -> list[Entry]:
+        """Every file below `rel`, recursively, with size and modification time."""
+        base = self.path(rel)
+        try:
+            found = self.fs.find(base, detail=True, withdirs=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+        out = []
+        prefix = self._base.rstrip("/") + "/"
+        for name, info in found.items():
+            name = name if name.startswith("/") or self.protocol != "file" else "/" + name
+            relname = (
+                name[len(prefix) :]
+                if name.startswith(prefix)
+                else name.lstrip("/")[len(prefix.lstrip("/")) :]
+            )
+            out.append(Entry(relname, int(info.get("size") or 0), _mtime(info)))
+        return sorted(out, key=lambda e: e.path)
+
+    # -- writes --------------------------------------------------------------------------------
+    def write(self, rel: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+        """Write a whole file. Large S3 files go up as parallel multipart uploads (s3fs)."""
+        path = self.path(rel)
+        try:
+            if self.protocol == "file":
+                self._write_local(path, data, exclusive)
+            elif self.protocol == "s3":
+                self.fs.pipe_file(
+                    path,
+                    bytes(data) if isinstance(data, memoryview) else data,
+                    mode="create" if exclusive else "overwrite",
+                )
+            else:
+                if exclusive and self.fs.exists(path):
+                    raise AlreadyExists(f"{self.url(rel)} already exists")
+                self.fs.pipe_file(path, bytes(data))
+        except AlreadyExists:
+            raise
+        except Exception as exc:
+            if (
+                "PreconditionFailed" in str(exc)
+                or "412" in str(exc)
+                or isinstance(exc, FileExistsError)
+            ):
+                raise AlreadyExists(f"{self.url(rel)} already exists") from exc
+            raise _translate(exc, self.url(rel)) from exc
+
+    @staticmethod
+    def _write_local(path: str, data: bytes | memoryview, exclusive: bool) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # O_EXCL makes the commit marker a claim only one writer can win.
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def delete(self, rels: list[str]) -> None:
+        """Delete files; missing ones are ignored (so an interrupted delete can be repeated)."""
+        for rel in rels:
+            try:
+                self.fs.rm_file(self.path(rel))
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise _translate(exc, self.url(rel)) from exc
+
+    def check_reachable(self) -> None:
+        """Fail early with a clear message when the bucket is missing or credentials are wrong."""
+        if self.protocol != "s3":
+            return
+        bucket = self._base.split("/", 1)[0]
+        try:
+            self.fs.ls(bucket, refresh=True)
+        except FileNotFoundError as exc:
+            raise StorageError(
+                f"s3://{bucket}: the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"
+            ) from exc
+        except Exception as exc:
+            raise _translate(exc, f"s3://{bucket}") from exc
+
+
+def _mtime(info: dict) -> float:
+    for key in ("mtime", "LastModified", "created"):
+        val = info.get(key)
+        if val is None:
+            continue
+        if hasattr(val, "timestamp"):
+            return float(val.timestamp())
+        return float(val)
+    return 0.0
