@@ -1,0 +1,145 @@
+"""Reading a checkpoint root: the root marker, the steps, their commit state and manifests.
+
+Everything here only reads (except `ensure_root`, which claims an empty root). A step is
+committed when its COMMIT marker exists; it is valid when the marker names a manifest whose
+checksum matches and whose root id is this root's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+
+from steps.checkpoint import codec, layout
+from steps.checkpoint import manifest as mf
+from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from steps.checkpoint.storage import AlreadyExists, Storage
+
+_KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
+
+
+def read_root_id(storage: Storage) -> str | None:
+    """The root id, or None for a root that holds nothing yet; raise for a foreign root."""
+    try:
+        doc = json.loads(storage.read(layout.ROOT_MARKER))
+    except FileNotFoundError:
+        foreign = [
+            n for n in storage.listdir() if n not in _KNOWN_TOP and layout.parse_step_dir(n) is None
+        ]
+        if foreign:
+            raise CheckpointError(
+                f"{storage.uri} holds something else ({', '.join(foreign[:5])}); "
+                "use an empty or ckptflow-owned root for checkpoints"
+            ) from None
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(
+            f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker"
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("format") != layout.ROOT_FORMAT:
+        raise CheckpointError(f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker")
+    return str(doc["root_id"])
+
+
+def ensure_root(storage: Storage) -> str:
+    """Return the root id, creating the root marker (exclusively) for a new root."""
+    storage.check_reachable()
+    root_id = read_root_id(storage)
+    if root_id is not None:
+        return root_id
+    doc = {
+        "format": layout.ROOT_FORMAT,
+        "version": layout.FORMAT_VERSION,
+        "root_id": uuid.uuid4().hex,
+        "created_at": time.time(),
+    }
+    # Another writer may have created it first: then theirs is used.
+    with contextlib.suppress(AlreadyExists):
+        storage.write(layout.ROOT_MARKER, json.dumps(doc).encode(), exclusive=True)
+    return read_root_id(storage)
+
+
+def step_names(storage: Storage) -> dict[int, str]:
+    """All step folders under the root (committed or not): step -> folder name."""
+    out = {}
+    for name in storage.listdir():
+        step = layout.parse_step_dir(name)
+        if step is not None:
+            out[step] = name
+    return out
+
+
+def committed_steps(storage: Storage) -> list[int]:
+    """Steps whose commit marker exists, ascending."""
+    return sorted(s for s in step_names(storage) if storage.exists(layout.commit_path(s)))
+
+
+def read_commit(storage: Storage, step: int) -> dict:
+    """The commit marker of a step (raises FileNotFoundError when it is not committed)."""
+    url = storage.url(layout.commit_path(step))
+    blob = storage.read(layout.commit_path(step))
+    try:
+        doc = json.loads(blob)
+        if not (
+            isinstance(doc, dict)
+            and layout.SAVE_ID_RE.match(str(doc.get("save_id")))
+            and isinstance(doc.get("manifest_xxh3"), str)
+        ):
+            raise ValueError("fields")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"{url}: commit marker is malformed", [url]) from exc
+    return doc
+
+
+def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> dict:
+    """The validated manifest of a committed step (CorruptCheckpoint names the bad file)."""
+    try:
+        commit = read_commit(storage, step)
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"step {step} has no committed checkpoint under {storage.uri}; "
+            f"committed steps: {committed_steps(storage) or 'none'}"
+        ) from None
+    rel = f"{layout.step_dir(step)}/{layout.manifest_name(commit['save_id'])}"
+    url = storage.url(rel)
+    try:
+        blob = storage.read(rel)
+    except FileNotFoundError:
+        raise CorruptCheckpoint(
+            f"{url}: manifest named by the commit marker is missing", [url]
+        ) from None
+    if codec.digest(blob) != commit["manifest_xxh3"]:
+        raise CorruptCheckpoint(f"{url}: manifest checksum does not match the commit marker", [url])
+    try:
+        m = mf.parse(blob)
+    except mf.ManifestError as exc:
+        raise CorruptCheckpoint(f"{url}: {exc}", [url]) from exc
+    if m["step"] != step:
+        raise CorruptCheckpoint(f"{url}: manifest is for step {m['step']}, not {step}", [url])
+    root_id = root_id or read_root_id(storage)
+    if m["root_id"] != root_id:
+        raise CorruptCheckpoint(
+            f"{url}: manifest belongs to another checkpoint root (a foreign run)", [url]
+        )
+    return m
+
+
+def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:
+    """Read every object a manifest needs, check size and checksum; return the bad files."""
+    bad = []
+    for key in sorted(keys if keys is not None else m["objects"]):
+        rel = layout.object_path(key)
+        try:
+            blob = storage.read(rel)
+        except FileNotFoundError:
+            bad.append(f"{storage.url(rel)} (missing)")
+            continue
+        if len(blob) != m["objects"][key]["size"]:
+            bad.append(
+                f"{storage.url(rel)} (size {len(blob)}, expected {m['objects'][key]['size']})"
+            )
+        elif codec.digest(blob) != key:
+            bad.append(f"{storage.url(rel)} (checksum mismatch)")
+    return bad

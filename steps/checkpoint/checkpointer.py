@@ -1,0 +1,326 @@
+"""`Checkpointer`: the engine's public API (save, load, latest, verify, async and delta saves).
+
+Saving is collective: every rank calls `save`; DCP plans which rank writes which chunk, our
+writer stores the parts, and the coordinator commits. `block=False` stalls only for the host
+snapshot; the write runs in a background thread over a dedicated gloo group, so it never
+interleaves with the training's own collectives. Loading verifies every byte it reads and, when
+no step is named, falls back from a corrupt newest checkpoint to the newest valid one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from steps.checkpoint import catalog, coop
+from steps.checkpoint.compat import check_compatible
+from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
+from steps.checkpoint.staging import Stager
+from steps.checkpoint.storage import Storage
+from steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
+
+log = logging.getLogger("ckptflow.checkpoint")
+GIB = float(1 << 30)
+
+
+@dataclass
+class SaveStats:
+    """What one save cost this rank: the stall training saw and the background work."""
+
+    step: int
+    kind: str
+    wait_s: float = 0.0  # waiting for the previous save still in flight
+    stall_s: float = 0.0  # training blocked in save() (wait + snapshot, or the whole sync save)
+    background_s: float = 0.0  # encode, hash, upload and commit
+    bytes_raw: int = 0  # logical bytes this rank was responsible for
+    bytes_written: int = 0  # new stored bytes this rank uploaded
+    bytes_reused: int = 0  # raw bytes deduplicated against earlier checkpoints
+
+    @property
+    def gib_per_s(self) -> float:
+        secs = self.background_s or self.stall_s
+        return self.bytes_raw / GIB / secs if secs else 0.0
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "gib_per_s": self.gib_per_s}
+
+
+class SaveHandle:
+    """A save in flight (or done). `wait()` returns its stats or raises its failure."""
+
+    def __init__(self, stats: SaveStats, future: Future | None = None):
+        self.stats = stats
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self) -> SaveStats:
+        if self._future is not None:
+            self._future.result()
+        return self.stats
+
+
+@dataclass
+class LoadInfo:
+    """What the last load did."""
+
+    step: int
+    requested: int | None
+    fell_back_from: list = field(default_factory=list)  # [(step, reason), ...]
+    bytes_read: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+
+
+def _unwrap(exc: CheckpointException) -> BaseException:
+    """The first rank's original exception from DCP's wrapper (it carries our clear message)."""
+    for _rank, failure in sorted(exc.failures.items()):
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return inner
+    return exc
+
+
+class Checkpointer:
+    """Sharded, compressed, checksummed checkpoints under one root URI (local, memory://, s3://)."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        full_every: int = 1,
+        compression_level: int = 1,
+        compress: bool = True,
+        threads: int | None = None,
+        part_mib: int = 64,
+        process_group=None,
+        storage: Storage | None = None,
+        cooperative: bool = True,
+    ):
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1 (1 means every save is a full checkpoint)")
+        self.storage = storage or Storage(root)
+        self.root = self.storage.uri
+        self.full_every = full_every
+        self.level, self.compress = compression_level, compress
+        self.threads = threads or min(8, max(2, (os.cpu_count() or 2)))
+        self.part_bytes = part_mib << 20
+        self.cooperative = cooperative
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self._distributed else 0
+        self.world_size = dist.get_world_size() if self._distributed else 1
+        # A gloo group of our own: background saves never share a communicator with training.
+        self._pg = process_group or (dist.new_group(backend="gloo") if self._distributed else None)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
+        self._stager = Stager()
+        self._inflight: SaveHandle | None = None
+        self._prior: dict = {}
+        self._base: dict = {}
+        self._base_step: int | None = None
+        self._saves_since_full = 0
+        self.last_save: SaveStats | None = None
+        self.last_load: LoadInfo | None = None
+
+    # -- catalog -------------------------------------------------------------------------------
+    def committed_steps(self) -> list[int]:
+        return catalog.committed_steps(self.storage)
+
+    def manifest(self, step: int) -> dict:
+        return catalog.read_manifest(self.storage, step)
+
+    def latest(self) -> int | None:
+        """The newest committed step whose commit marker and manifest are sound."""
+        for step in reversed(self.committed_steps()):
+            try:
+                self.manifest(step)
+                return step
+            except CorruptCheckpoint as exc:
+                log.warning("skipping step %d: %s", step, exc)
+        return None
+
+    def verify(self, step: int) -> dict:
+        """Check every byte of a step against its manifest; raise CorruptCheckpoint naming files."""
+        m = self.manifest(step)
+        bad = catalog.verify_objects(self.storage, m)
+        if bad:
+            raise CorruptCheckpoint(
+                f"step {step} under {self.root} is corrupt: " + "; ".join(bad), bad
+            )
+        return {
+            "step": step,
+            "objects": len(m["objects"]),
+            "stored_bytes": m["stats"]["stored_bytes"],
+        }
+
+    def needs(self, step: int) -> set[str]:
+        """Object keys step `step` depends on (its own, deduplicated ones, its delta base's)."""
+        return set(self.manifest(step)["objects"])
+
+    # -- save ----------------------------------------------------------------------------------
+    def save(
+        self, step: int, state_dict: dict, *, block: bool = True, metadata: dict | None = None
+    ) -> SaveHandle:
+        """Save `state_dict` as `step` (collective). With block=False only the snapshot stalls."""
+        t0 = time.perf_counter()
+        wait_s = self._wait_inflight()
+        job = self._new_job(step, metadata or {})
+        stats = SaveStats(step=step, kind=job.kind, wait_s=wait_s)
+        if block:
+            self._run(job, state_dict, stats)
+            stats.stall_s = time.perf_counter() - t0
+            self.last_save = stats
+            return SaveHandle(stats)
+        staged = self._stager.stage(state_dict)
+        stats.stall_s = time.perf_counter() - t0
+        future = self._executor.submit(self._run, job, staged, stats)
+        self._inflight = SaveHandle(stats, future)
+        self.last_save = stats
+        return self._inflight
+
+    def _wait_inflight(self) -> float:
+        if self._inflight is None:
+            return 0.0
+        t0 = time.perf_counter()
+        handle, self._inflight = self._inflight, None
+        handle.wait()  # a background failure surfaces here, never lost
+        waited = time.perf_counter() - t0
+        if waited > 0.01:
+            log.info("waited %.2fs for the previous checkpoint to finish", waited)
+        return waited
+
+    def _new_job(self, step: int, metadata: dict) -> SaveJob:
+        delta = self._base and self._saves_since_full % self.full_every != 0
+        job = SaveJob(
+            storage=self.storage,
+            step=step,
+            save_id=uuid.uuid4().hex[:16],
+            root_id="",
+            world_size=self.world_size,
+            level=self.level,
+            compress=self.compress,
+            threads=self.threads,
+            part_bytes=self.part_bytes,
+            metadata=dict(metadata),
+            prior=self._prior,
+        )
+        if delta:
+            job.kind, job.base, job.base_step = "delta", self._base, self._base_step
+        elif self.full_every > 1:
+            job.capture_base = {}
+        return job
+
+    def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
+        t0 = time.perf_counter()
+        if self.rank == 0:
+            job.root_id = catalog.ensure_root(self.storage)
+        try:
+            dcp.save(
+                state_dict,
+                storage_writer=CkptStorageWriter(job),
+                planner=SafeSavePlanner(),
+                process_group=self._pg,
+                no_dist=not self._distributed,
+            )
+        except CheckpointException as exc:
+            raise _unwrap(exc) from exc
+        self._after_commit(job)
+        stats.background_s = time.perf_counter() - t0
+        stats.bytes_raw, stats.bytes_written, stats.bytes_reused = (
+            job.raw_bytes,
+            job.written_bytes,
+            job.reused_bytes,
+        )
+
+    def _after_commit(self, job: SaveJob) -> None:
+        """Only committed data may be deduplicated against or used as a delta base."""
+        self._prior = {r["raw_hash"]: r for r in job.part_records if r["base"] is None}
+        if job.capture_base is not None:
+            self._base, self._base_step, self._saves_since_full = job.capture_base, job.step, 1
+        else:
+            self._saves_since_full += 1
+
+    # -- load ----------------------------------------------------------------------------------
+    def load(self, state_dict: dict, step: int | None = None) -> int:
+        """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt ones)."""
+        self._wait_inflight()
+        t0 = time.perf_counter()
+        candidates = [step] if step is not None else list(reversed(self.committed_steps()))
+        if not candidates:
+            raise CheckpointError(f"no committed checkpoint under {self.root}: nothing to load")
+        fell_back: list = []
+        for s in candidates:
+            try:
+                reader = self._load_step(state_dict, s)
+            except CorruptCheckpoint as exc:
+                if step is not None:
+                    raise
+                log.warning(
+                    "checkpoint step %d is corrupt (%s); falling back to an older one", s, exc
+                )
+                fell_back.append((s, str(exc)))
+                continue
+            self.last_load = LoadInfo(
+                s,
+                step,
+                fell_back,
+                reader.stats.bytes_read,
+                reader.stats.bytes_received,
+                time.perf_counter() - t0,
+            )
+            if fell_back:
+                log.warning(
+                    "loaded step %d after skipping corrupt steps %s", s, [f for f, _ in fell_back]
+                )
+            return s
+        raise CorruptCheckpoint(
+            f"no valid checkpoint under {self.root}; all candidates are corrupt: "
+            + "; ".join(r for _, r in fell_back),
+            [],
+        )
+
+    def _load_step(self, state_dict: dict, step: int) -> CkptStorageReader:
+        m = self.manifest(step)
+        check_compatible(state_dict, m, self.root, step)
+        exchange = (
+            coop.Exchange(self._pg, self.rank, self.world_size)
+            if (self.cooperative and self._distributed and self.world_size > 1)
+            else None
+        )
+        reader = CkptStorageReader(self.storage, m, threads=self.threads, exchange=exchange)
+        try:
+            dcp.load(
+                state_dict,
+                storage_reader=reader,
+                planner=SafeLoadPlanner(),
+                process_group=self._pg,
+                no_dist=not self._distributed,
+            )
+        except CheckpointException as exc:
+            raise _unwrap(exc) from exc
+        self._prior = {
+            p["raw_hash"]: p for it in m["items"].values() for p in it["parts"] if p["base"] is None
+        }
+        return reader
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its failure) and release the worker."""
+        try:
+            self._wait_inflight()
+        finally:
+            self._executor.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

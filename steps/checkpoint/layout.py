@@ -1,0 +1,58 @@
+"""Names of everything stored under a checkpoint root (see docs/format.md).
+
+<root>/ckptflow-root.json            root marker: format and a random root id
+<root>/objects/<k[:2]>/<k>           content-addressed data (k = xxh3-128 of the stored bytes)
+<root>/step-<8 digits>/saving-<id>.json   written when a save starts (GC leaves it alone)
+<root>/step-<8 digits>/manifest-<id>.json JSON manifest of that save
+<root>/step-<8 digits>/COMMIT        commit marker, written last, exclusively
+<root>/step-<8 digits>/PIN           pinned: never deleted by a policy
+<root>/step-<8 digits>/ARCHIVED      the step lives in an archive root (JSON: its URI)
+<root>/step-<8 digits>/eval.json     evaluation results
+"""
+
+from __future__ import annotations
+
+import re
+
+FORMAT_VERSION = 1
+ROOT_MARKER = "ckptflow-root.json"
+ROOT_FORMAT = "ckptflow-checkpoint-root"
+MANIFEST_FORMAT = "ckptflow-manifest"
+OBJECTS = "objects"
+COMMIT = "COMMIT"
+PIN = "PIN"
+ARCHIVED = "ARCHIVED"
+EVAL = "eval.json"
+
+STEP_RE = re.compile(r"^step-(\d{8,})$")
+KEY_RE = re.compile(r"^[0-9a-f]{32}$")
+SAVE_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")
+
+
+def step_dir(step: int) -> str:
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    return f"step-{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def object_path(key: str) -> str:
+    if not KEY_RE.match(key):
+        raise ValueError(f"invalid object key {key!r}")
+    return f"{OBJECTS}/{key[:2]}/{key}"
+
+
+def manifest_name(save_id: str) -> str:
+    return f"manifest-{save_id}.json"
+
+
+def saving_name(save_id: str) -> str:
+    return f"saving-{save_id}.json"
+
+
+def commit_path(step: int) -> str:
+    return f"{step_dir(step)}/{COMMIT}"

@@ -1,0 +1,236 @@
+"""The JSON manifest: building DCP metadata from it, and validating it strictly.
+
+A manifest is untrusted input (it may be corrupt, foreign or crafted). `validate` checks every
+field's type and range before anything uses it, so a hostile manifest is rejected before any
+read outside the root, any large allocation or any code execution.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from steps.checkpoint import layout
+
+MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
+MAX_MANIFEST = 512 * 1024 * 1024
+MAX_DIMS = 16
+
+DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )
+}
+
+
+class ManifestError(ValueError):
+    """The manifest is malformed, of an unknown version, or unsafe."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ManifestError(f"dtype {dtype} is not supported")
+    return name
+
+
+def item_key(fqn: str, offset) -> str:
+    """The manifest key of a DCP storage item: fqn, plus chunk offsets for tensors."""
+    return fqn if offset is None else f"{fqn}@{','.join(str(int(o)) for o in offset)}"
+
+
+def dumps(manifest: dict) -> bytes:
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+# -- validation ----------------------------------------------------------------------------------
+def _fail(where: str, what: str):
+    raise ManifestError(f"manifest field {where}: {what}")
+
+
+def _int(v, where: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        _fail(where, f"expected an integer in [{lo}, {hi}], got {v!r:.80}")
+    return v
+
+
+def _str(v, where: str, maxlen: int = 4096) -> str:
+    if not isinstance(v, str) or len(v) > maxlen:
+        _fail(where, "expected a string")
+    return v
+
+
+def _ints(v, where: str) -> list[int]:
+    if not isinstance(v, list) or len(v) > MAX_DIMS:
+        _fail(where, "expected a short list of integers")
+    return [_int(x, where, 0, 1 << 40) for x in v]
+
+
+def _planes(v, where: str, width: int) -> int:
+    if not isinstance(v, list) or len(v) not in (1, width):
+        _fail(where, "bad plane table")
+    total = 0
+    for p in v:
+        if not (isinstance(p, list) and len(p) == 2 and p[0] in ("raw", "zstd")):
+            _fail(where, "bad plane entry")
+        total += _int(p[1], where)
+    return total
+
+
+def _part(p, where: str, objects: dict) -> int:
+    if not isinstance(p, dict):
+        _fail(where, "expected an object")
+    for ref in (p, p.get("base")):
+        if ref is None:
+            continue
+        key = _str(ref.get("object"), f"{where}.object", 64)
+        if not layout.KEY_RE.match(key):
+            _fail(f"{where}.object", f"not an object key: {key!r:.80}")
+        if key not in objects:
+            _fail(f"{where}.object", f"{key} missing from the objects table")
+        width = _int(ref.get("width"), f"{where}.width", 1, 16)
+        if _planes(ref.get("planes"), f"{where}.planes", width) != objects[key]["size"]:
+            _fail(f"{where}.planes", "plane lengths do not add up to the object size")
+        _int(ref.get("raw_size"), f"{where}.raw_size")
+    if p.get("base") is not None and p["base"]["raw_size"] != p["raw_size"]:
+        _fail(where, "delta and base sizes differ")
+    _str(p.get("raw_hash"), f"{where}.raw_hash", 64)
+    return p["raw_size"]
+
+
+def validate(m) -> dict:
+    """Check a parsed manifest's structure, types and ranges; return it or raise ManifestError."""
+    if not isinstance(m, dict):
+        _fail("<root>", "expected a JSON object")
+    if m.get("format") != layout.MANIFEST_FORMAT:
+        _fail("format", "not a ckptflow manifest")
+    version = m.get("format_version")
+    if version != layout.FORMAT_VERSION:
+        _fail(
+            "format_version",
+            f"unknown version {version!r:.40}; this ckptflow reads "
+            f"version {layout.FORMAT_VERSION} (upgrade ckptflow to read newer checkpoints)",
+        )
+    _int(m.get("step"), "step", 0, 1 << 62)
+    _int(m.get("world_size"), "world_size", 1, 1 << 24)
+    _str(m.get("root_id"), "root_id", 64)
+    if m.get("kind") not in ("full", "delta"):
+        _fail("kind", "expected full or delta")
+    if m.get("base_step") is not None:
+        _int(m["base_step"], "base_step", 0, 1 << 62)
+    if not isinstance(m.get("metadata"), dict):
+        _fail("metadata", "expected an object")
+    objects = m.get("objects")
+    if not isinstance(objects, dict):
+        _fail("objects", "expected an object")
+    for key, rec in objects.items():
+        if not layout.KEY_RE.match(key) or not isinstance(rec, dict):
+            _fail("objects", f"bad entry {key!r:.80}")
+        _int(rec.get("size"), f"objects.{key}.size")
+    _validate_entries(m)
+    return m
+
+
+def _validate_entries(m: dict) -> None:
+    tensors, values, items = m.get("tensors"), m.get("values"), m.get("items")
+    if not isinstance(tensors, dict) or not isinstance(values, list) or not isinstance(items, dict):
+        _fail("tensors/values/items", "missing or of the wrong type")
+    for fqn, t in tensors.items():
+        _str(fqn, "tensors")
+        if not isinstance(t, dict) or t.get("dtype") not in DTYPES:
+            _fail(f"tensors.{fqn}", "bad tensor entry or dtype")
+        _ints(t.get("size"), f"tensors.{fqn}.size")
+        if not isinstance(t.get("chunks"), list):
+            _fail(f"tensors.{fqn}.chunks", "expected a list")
+    for fqn in values:
+        _str(fqn, "values")
+    for key, it in items.items():
+        if not isinstance(it, dict) or not isinstance(it.get("parts"), list):
+            _fail(f"items.{key:.80}", "expected an object with parts")
+        fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
+        raw = sum(_part(p, f"items.{key:.80}.parts", m["objects"]) for p in it["parts"])
+        if it.get("offset") is None:
+            if fqn not in values:
+                _fail(f"items.{key:.80}", "value item without a values entry")
+            continue
+        if fqn not in tensors:
+            _fail(f"items.{key:.80}", "tensor item without a tensors entry")
+        sizes = _ints(it.get("sizes"), f"items.{key:.80}.sizes")
+        _ints(it.get("offset"), f"items.{key:.80}.offset")
+        itemsize = torch.empty(0, dtype=DTYPES[tensors[fqn]["dtype"]]).element_size()
+        if raw != math.prod(sizes) * itemsize:
+            _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
+
+
+def parse(blob: bytes) -> dict:
+    """Parse and validate manifest bytes."""
+    if len(blob) > MAX_MANIFEST:
+        raise ManifestError("manifest too large")
+    try:
+        doc = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"manifest is not JSON ({exc.__class__.__name__})") from exc
+    return validate(doc)
+
+
+# -- DCP metadata --------------------------------------------------------------------------------
+def metadata_to_json(md: Metadata) -> tuple[dict, list]:
+    """DCP Metadata -> (tensors, values) JSON tables."""
+    tensors, values = {}, []
+    for fqn, sm in md.state_dict_metadata.items():
+        if isinstance(sm, TensorStorageMetadata):
+            tensors[fqn] = {
+                "dtype": dtype_name(sm.properties.dtype),
+                "size": list(sm.size),
+                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in sm.chunks],
+            }
+        else:
+            values.append(fqn)
+    return tensors, sorted(values)
+
+
+def metadata_from_manifest(m: dict) -> Metadata:
+    """Rebuild DCP Metadata (with our item records as storage_data) from a validated manifest."""
+    sdm: dict = {}
+    for fqn, t in m["tensors"].items():
+        chunks = [
+            ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"]))
+            for c in t["chunks"]
+        ]
+        props = TensorProperties(dtype=DTYPES[t["dtype"]])
+        sdm[fqn] = TensorStorageMetadata(
+            properties=props, size=torch.Size(t["size"]), chunks=chunks
+        )
+    for fqn in m["values"]:
+        sdm[fqn] = BytesStorageMetadata()
+    storage = {MetadataIndex(it["fqn"], it.get("offset")): it for it in m["items"].values()}
+    planner = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
+    return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)
+
+
+def referenced_objects(m: dict) -> set[str]:
+    """Every object key a manifest needs (its own, deduplicated ones, and delta bases)."""
+    return set(m["objects"])

@@ -1,0 +1,176 @@
+"""`ckptflow plan`: checkpoint size, save stall, interval and storage cost of a run.
+
+Example (the brief's run: 300B parameters on 1,000 GPUs):
+
+    ckptflow plan --params 300B --weights bf16 --master fp32 --gpus 1000 --gpus-per-host 8 \\
+        --write-gib-s 4 --snapshot-gib-s 40 --mtbf 5000h --mtbf-per node --run-length 60d \\
+        --policy last=5,thin=2h:all/1d:1h/7d:1d/*:7d --price-gb-month 0.02
+
+Formulas: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from steps.checkpoint.planner import (
+    GIB,
+    PlanInputs,
+    PlanResult,
+    parse_count,
+    plan,
+    precision_bytes,
+)
+from steps.checkpoint.retention import PolicyError, parse_duration
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ckptflow plan",
+        description="Size checkpoints, save stalls, the checkpoint interval and storage cost.",
+        epilog="Durations take units s, m, h, d, w (e.g. 90m, 60d). Formulas: docs/planner.md.",
+    )
+    a = p.add_argument
+    a("--params", required=True, help="model parameters, e.g. 300B, 7e9, 1.5T")
+    a("--weights", default="bf16", help="saved weight precision or bytes/param (default bf16)")
+    a("--optimizer-bytes", type=float, default=8.0, help="optimizer bytes/param (AdamW fp32: 8)")
+    a("--master", default="none", help="saved master weights: none, fp32 or bytes/param")
+    a("--gpus", type=int, required=True, help="GPUs in the job")
+    a("--gpus-per-host", type=int, default=8, help="GPUs per host (default 8)")
+    a("--write-gib-s", type=float, required=True, help="measured write GiB/s per host")
+    a("--snapshot-gib-s", type=float, help="device-to-host GiB/s per host (enables async)")
+    a("--read-gib-s", type=float, help="read GiB/s per host at restart (default: write)")
+    a("--mtbf", required=True, help="mean time between failures, e.g. 48h")
+    a("--mtbf-per", choices=("job", "node"), default="job", help="--mtbf is the job's or a host's")
+    a("--restart", default="10m", help="restart cost besides loading (default 10m)")
+    a("--run-length", required=True, help="training time without failures or saves, e.g. 60d")
+    a("--policy", help="retention policy, e.g. last=5,thin=2h:all/1d:1h (default: keep all)")
+    a("--delta-ratio", type=float, help="stored delta size / full size")
+    a("--full-every", type=int, default=1, help="every Nth save is full (needs --delta-ratio)")
+    a("--price-gb-month", type=float, default=0.02, help="storage price per GB-month (0.02)")
+    a("--interval", help="simulate this interval instead of the recommended one, e.g. 30m")
+    a("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _duration_or_zero(text: str) -> float:
+    """A duration, where '0' (with or without a unit) means none."""
+    return 0.0 if text.strip().rstrip("smhdw") in ("0", "0.0") else parse_duration(text)
+
+
+def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+    """PlanInputs from parsed arguments (raises ValueError with the fix on bad input)."""
+    return PlanInputs(
+        params=parse_count(args.params),
+        gpus=args.gpus,
+        write_gib_s=args.write_gib_s,
+        mtbf_s=parse_duration(args.mtbf),
+        run_s=parse_duration(args.run_length),
+        weight_bytes=precision_bytes(args.weights),
+        optimizer_bytes=args.optimizer_bytes,
+        master_bytes=precision_bytes(args.master),
+        gpus_per_host=args.gpus_per_host,
+        mtbf_per=args.mtbf_per,
+        snapshot_gib_s=args.snapshot_gib_s,
+        read_gib_s=args.read_gib_s,
+        restart_s=_duration_or_zero(args.restart),
+        policy=args.policy,
+        delta_ratio=args.delta_ratio,
+        full_every=args.full_every,
+        price_gb_month=args.price_gb_month,
+        interval_s=parse_duration(args.interval) if args.interval else None,
+    )
+
+
+def fmt_bytes(n: float) -> str:
+    """Decimal and binary units side by side: '4.20 TB (3.82 TiB)'."""
+    for unit, dec, binary in (("T", 1e12, 2**40), ("G", 1e9, GIB), ("M", 1e6, 2**20)):
+        if n >= dec:
+            return f"{n / dec:.2f} {unit}B ({n / binary:.2f} {unit}iB)"
+    return f"{n:.0f} B"
+
+
+def fmt_seconds(s: float | None) -> str:
+    """A duration in the largest fitting unit: '7.8 s', '24.9 min', '1.7 h', '61.0 d'."""
+    if s is None:
+        return "n/a"
+    if s == float("inf"):
+        return "never (failures outpace progress)"
+    for unit, width in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= 2 * width:
+            return f"{s / width:.1f} {unit}"
+    return f"{s:.1f} s"
+
+
+def render(r: PlanResult) -> str:
+    """The plan as an aligned two-column table."""
+    fp = r.footprint
+    inp = r.inputs
+    rows: list[tuple[str, str]] = [
+        ("hosts", f"{r.hosts} ({inp['gpus']} GPUs, {inp['gpus_per_host']} per host)"),
+        ("bytes per parameter", f"{r.bytes_per_param:g}"),
+        ("checkpoint size", fmt_bytes(r.size_bytes)),
+        ("  per host", fmt_bytes(r.size_per_host_bytes)),
+    ]
+    if r.delta_bytes is not None:
+        rows.append(("  delta checkpoint", fmt_bytes(r.delta_bytes)))
+    rows += [
+        ("stall, sync (write)", fmt_seconds(r.write_s)),
+        ("stall, async (snapshot)", fmt_seconds(r.snapshot_s)),
+        ("restart (fixed + load)", fmt_seconds(r.restart_total_s)),
+        ("job MTBF", fmt_seconds(r.job_mtbf_s)),
+    ]
+    for m in r.modes:
+        mark = "  <- recommended" if m.mode == r.recommended else ""
+        rows += [
+            (f"[{m.mode}] interval Young", fmt_seconds(m.young_interval_s)),
+            (f"[{m.mode}] interval Daly", fmt_seconds(m.daly_interval_s)),
+            (f"[{m.mode}] interval", fmt_seconds(m.interval_s) + mark),
+            (f"[{m.mode}] work lost/failure", fmt_seconds(m.lost_per_failure_s)),
+            (f"[{m.mode}] failures expected", f"{m.expected_failures:.1f}"),
+            (f"[{m.mode}] wall time", fmt_seconds(m.expected_wall_s)),
+            (f"[{m.mode}] efficiency", f"{100 * m.efficiency:.2f} %"),
+        ]
+    rows += [
+        ("policy", inp["policy"] or "keep all"),
+        ("saves simulated", f"{fp.saves} every {fmt_seconds(fp.interval_s)}"),
+        ("storage peak", f"{fmt_bytes(fp.peak_bytes)}, {fp.peak_kept} checkpoints"),
+        ("storage average", fmt_bytes(fp.average_bytes)),
+        ("storage at end", f"{fmt_bytes(fp.final_bytes)}, {fp.final_kept} checkpoints"),
+        ("cost/month at peak", f"{r.cost_month_peak:,.2f} (at {inp['price_gb_month']:g}/GB)"),
+        ("cost/month average", f"{r.cost_month_average:,.2f}"),
+        ("cost over the run", f"{r.cost_run:,.2f}"),
+    ]
+    if fp.best_reserve_bytes:
+        rows.append(("  keep-best reserve", fmt_bytes(fp.best_reserve_bytes)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _terminal_progress(done: int, total: int) -> None:
+    """Progress of the footprint simulation on a terminal (nothing in logs)."""
+    end = "\n" if done == total else ""
+    print(f"\rsimulating saves: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, plan, print a table (or JSON with --json)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        progress = _terminal_progress if sys.stderr.isatty() else None
+        result = plan(inputs_from_args(args), progress)
+    except (ValueError, PolicyError) as exc:
+        print(f"ckptflow plan: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
+    else:
+        print(render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

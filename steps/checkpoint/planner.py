@@ -1,0 +1,305 @@
+"""Checkpoint planner: size, save stall, interval, work lost and storage cost of a training run.
+
+Pure Python (no torch). The formulas are documented in docs/planner.md; in short:
+
+- size = params x (weight + optimizer + master bytes per parameter), sharded evenly over hosts;
+- stall: sync = size per host / write bandwidth; async = size per host / snapshot bandwidth;
+- interval: Young sqrt(2 d M) and Daly's higher-order formula (the recommendation), with d the
+  stall and M the job's mean time between failures; async also needs the interval to cover the
+  background write;
+- work lost per failure = (interval + stall) / 2 (+ the background write when async) + restart;
+- storage: the retention module run on a simulated timeline of saves (one GC after each save).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from steps.checkpoint.retention import CatalogEntry, Policy, plan_retention
+
+GIB = 2**30
+GB = 1e9  # storage is priced per decimal GB
+MONTH_S = 730 * 3600.0  # a billing month: 730 hours, as cloud price lists use
+TIMELINE_POINTS = 100
+MAX_SIMULATED_SAVES = 100_000  # about 40 s of simulation
+PRECISION_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "none": 0.0}
+Progress = Callable[[int, int], None]
+_COUNT = re.compile(r"(\d+(?:\.\d*)?(?:e\d+)?|\.\d+)([kmbgt]?)")
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def precision_bytes(text: str | float) -> float:
+    """Bytes per parameter for a precision name (bf16, fp32, ...) or a plain number."""
+    if isinstance(text, int | float):
+        return float(text)
+    name = text.strip().lower()
+    if name in PRECISION_BYTES:
+        return PRECISION_BYTES[name]
+    try:
+        return float(name)
+    except ValueError:
+        names = ", ".join(PRECISION_BYTES)
+        msg = f"unknown precision {text!r}: use one of {names} or bytes per parameter"
+        raise ValueError(msg) from None
+
+
+def parse_count(text: str | float) -> float:
+    """A parameter count such as 300B, 7e9, 1.5T or 70M (K, M, B/G, T suffixes)."""
+    if isinstance(text, int | float):
+        return float(text)
+    m = _COUNT.fullmatch(text.strip().lower())
+    if not m:
+        raise ValueError(f"bad parameter count {text!r}: write e.g. 300B, 7e9, 1.5T or 70M")
+    return float(m[1]) * _SCALE[m[2]]
+
+
+def young_interval(stall_s: float, mtbf_s: float) -> float:
+    """Young (1974): compute time between checkpoints sqrt(2 d M)."""
+    return math.sqrt(2.0 * stall_s * mtbf_s)
+
+
+def daly_interval(stall_s: float, mtbf_s: float) -> float:
+    """Daly (2006) higher-order optimum of the compute time between checkpoints.
+
+    sqrt(2dM) [1 + (1/3) sqrt(d/2M) + (1/9) (d/2M)] - d when d < 2M, else M.
+    """
+    if stall_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = stall_s / (2.0 * mtbf_s)
+    return young_interval(stall_s, mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - stall_s
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the planner needs to know about a run (bandwidths per host, in GiB/s)."""
+
+    params: float  # number of model parameters
+    gpus: int  # GPUs in the job
+    write_gib_s: float  # measured checkpoint write bandwidth per host, GiB/s
+    mtbf_s: float  # mean time between failures, seconds (of the job or of one node)
+    run_s: float  # training time the run needs without failures or saves, seconds
+    weight_bytes: float = 2.0  # bytes per parameter of the saved weights (bf16 = 2)
+    optimizer_bytes: float = 8.0  # bytes per parameter of optimizer state (AdamW fp32 m, v = 8)
+    master_bytes: float = 0.0  # bytes per parameter of saved fp32 master weights (4), if any
+    gpus_per_host: int = 8  # GPUs per host (the unit that writes in parallel)
+    mtbf_per: str = "job"  # "job": mtbf_s is the job's; "node": per host, job = node / hosts
+    snapshot_gib_s: float | None = None  # device-to-host copy bandwidth per host (async stall)
+    read_gib_s: float | None = None  # read bandwidth per host at restart (default: write)
+    restart_s: float = 600.0  # restart cost besides loading: reschedule, start, warm up
+    policy: str | None = None  # retention policy string (None: keep every checkpoint)
+    delta_ratio: float | None = None  # stored size of a delta relative to a full checkpoint
+    full_every: int = 1  # every Nth save is full, the others deltas (needs delta_ratio)
+    price_gb_month: float = 0.02  # storage price per decimal GB and month
+    interval_s: float | None = None  # force this interval for the footprint (default: Daly's)
+
+    def __post_init__(self) -> None:
+        positive = {"params": self.params, "gpus": self.gpus, "write_gib_s": self.write_gib_s}
+        positive |= {
+            "mtbf_s": self.mtbf_s,
+            "run_s": self.run_s,
+            "gpus_per_host": self.gpus_per_host,
+        }
+        positive |= {"full_every": self.full_every}
+        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio"):
+            if getattr(self, key) is not None:
+                positive[key] = getattr(self, key)
+        for key, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{key} must be positive, got {value!r}")
+        if self.mtbf_per not in ("job", "node"):
+            raise ValueError(f"mtbf_per must be 'job' or 'node', not {self.mtbf_per!r}")
+        if self.full_every > 1 and self.delta_ratio is None:
+            raise ValueError("full_every > 1 needs delta_ratio (stored delta size / full size)")
+        if self.policy is not None:
+            Policy.parse(self.policy)  # a bad policy fails here, with the parser's message
+
+
+@dataclass(frozen=True)
+class ModePlan:
+    """The interval and its consequences for one save mode (sync or async)."""
+
+    mode: str  # "sync" (training waits for the write) or "async" (waits for the snapshot)
+    stall_s: float  # d: time training stops per checkpoint
+    young_interval_s: float  # Young's optimum compute time between checkpoints
+    daly_interval_s: float  # Daly's optimum compute time between checkpoints
+    interval_s: float  # recommended: Daly's, raised to cover the background write when async
+    lost_per_failure_s: float  # expected work lost per failure, restart included
+    expected_failures: float  # failures expected over the run at this interval
+    expected_wall_s: float  # expected wall-clock time of the run (first-order model)
+    efficiency: float  # run_s / expected_wall_s
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Checkpoint storage over a simulated run under the retention policy."""
+
+    interval_s: float  # compute time between simulated saves
+    saves: int  # checkpoints saved over the run
+    peak_bytes: float  # most bytes stored at once (after a save, before its GC)
+    average_bytes: float  # time-average bytes stored over the run, ramp-up included
+    final_bytes: float  # bytes stored at the end of the run
+    peak_kept: int  # most checkpoints kept at once (after GC)
+    final_kept: int  # checkpoints kept at the end
+    best_reserve_bytes: float  # room counted for keep-best rules (see docs/planner.md)
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (wall s, kept, bytes)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Everything `ckptflow plan` reports."""
+
+    hosts: int
+    bytes_per_param: float
+    size_bytes: float  # one full checkpoint, all hosts
+    size_per_host_bytes: float
+    delta_bytes: float | None  # one delta checkpoint, all hosts
+    write_s: float  # full write per host: the sync stall, the async background time
+    snapshot_s: float | None  # device-to-host copy per host: the async stall
+    load_s: float  # reading a checkpoint back per host at restart
+    restart_total_s: float  # restart_s + load_s
+    job_mtbf_s: float
+    modes: list[ModePlan]
+    recommended: str  # the mode whose interval the footprint uses
+    footprint: Footprint
+    cost_month_peak: float  # storage cost of one month at the peak footprint
+    cost_month_average: float  # storage cost of one month at the average footprint
+    cost_run: float  # average footprint x price x expected run duration in months
+    inputs: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def _mode_plan(
+    mode: str, stall_s: float, write_s: float, job_mtbf_s: float, run_s: float, restart_s: float
+) -> ModePlan:
+    young = young_interval(stall_s, job_mtbf_s)
+    daly = daly_interval(stall_s, job_mtbf_s)
+    background = write_s if mode == "async" else 0.0
+    # async: the next snapshot must not start before the previous write ended (else it stalls)
+    interval = max(daly, background)
+    # a failure before the background write commits falls back one more checkpoint
+    lost = (interval + stall_s) / 2.0 + background + restart_s
+    busy = run_s * (1.0 + stall_s / interval)
+    wall = busy / (1.0 - lost / job_mtbf_s) if lost < job_mtbf_s else math.inf
+    return ModePlan(
+        mode,
+        stall_s,
+        young,
+        daly,
+        interval,
+        lost,
+        wall / job_mtbf_s,
+        wall,
+        run_s / wall if math.isfinite(wall) else 0.0,
+    )
+
+
+def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
+    """Size, stalls, intervals, work lost and storage footprint of a run.
+
+    `progress(done, total)` is called now and then while the footprint is simulated.
+    """
+    i = inputs
+    hosts = math.ceil(i.gpus / i.gpus_per_host)
+    bpp = i.weight_bytes + i.optimizer_bytes + i.master_bytes
+    size = i.params * bpp
+    per_host = size / hosts
+    write_s = per_host / (i.write_gib_s * GIB)
+    snapshot_s = per_host / (i.snapshot_gib_s * GIB) if i.snapshot_gib_s else None
+    load_s = per_host / ((i.read_gib_s or i.write_gib_s) * GIB)
+    restart = i.restart_s + load_s
+    mtbf = i.mtbf_s / hosts if i.mtbf_per == "node" else i.mtbf_s
+    modes = [_mode_plan("sync", write_s, write_s, mtbf, i.run_s, restart)]
+    if snapshot_s is not None:
+        modes.append(_mode_plan("async", snapshot_s, write_s, mtbf, i.run_s, restart))
+    chosen = modes[-1]
+    delta = size * i.delta_ratio if i.delta_ratio else None
+    interval = i.interval_s or chosen.interval_s
+    fp = simulate_footprint(size, delta, i.full_every, interval, chosen.stall_s, i.run_s, i.policy)
+    wall = chosen.expected_wall_s
+    return PlanResult(
+        hosts=hosts,
+        bytes_per_param=bpp,
+        size_bytes=size,
+        size_per_host_bytes=per_host,
+        delta_bytes=delta,
+        write_s=write_s,
+        snapshot_s=snapshot_s,
+        load_s=load_s,
+        restart_total_s=restart,
+        job_mtbf_s=mtbf,
+        modes=modes,
+        recommended=chosen.mode,
+        footprint=fp,
+        cost_month_peak=fp.peak_bytes / GB * i.price_gb_month,
+        cost_month_average=fp.average_bytes / GB * i.price_gb_month,
+        cost_run=fp.average_bytes / GB * i.price_gb_month * (wall / MONTH_S),
+        inputs=asdict(i),
+    )
+
+
+def simulate_footprint(
+    size: float,
+    delta_size: float | None,
+    full_every: int,
+    interval_s: float,
+    stall_s: float,
+    run_s: float,
+    policy: str | None,
+    progress: Progress | None = None,
+) -> Footprint:
+    """Bytes stored over a run that saves every `interval_s` of compute, with GC after each save.
+
+    Save k (k = 1 .. run_s // interval_s) commits at wall time k (interval + stall), counted
+    from a UTC midnight so thinning buckets line up as they would in a real run; failures are
+    left out. Keep-best rules need metrics a plan cannot know: they are left out of the
+    simulated policy and K full checkpoints per rule are counted on top (an upper bound).
+    """
+    saves = int(run_s // interval_s)
+    if saves > MAX_SIMULATED_SAVES:
+        raise ValueError(
+            f"{saves} saves to simulate: the interval ({interval_s:g} s) is too short for this "
+            "run length; give a longer --interval"
+        )
+    parsed = Policy.parse(policy) if policy else None
+    best_k = sum(k for _, _, k in parsed.keep_best) if parsed else 0
+    simulated = Policy(parsed.keep_last, parsed.thinning) if parsed else None
+    period = interval_s + stall_s
+    catalog: dict[int, CatalogEntry] = {}
+    sizes: dict[int, float] = {}
+    stored = level = peak = area = 0.0  # level: stored + keep-best reserve, after GC
+    peak_kept = deleted = 0
+    last_full = 0
+    every = max(1, math.ceil(saves / TIMELINE_POINTS))
+    timeline: list[tuple[float, int, float]] = []
+    for k in range(1, saves + 1):
+        now = k * period
+        area += level * period
+        full = (k - 1) % full_every == 0 or delta_size is None
+        last_full = k if full else last_full
+        catalog[k] = CatalogEntry(k, now, "full" if full else "delta", None if full else last_full)
+        sizes[k] = size if full else float(delta_size)
+        stored += sizes[k]
+        peak = max(peak, stored + min(best_k, deleted) * size)
+        if simulated is not None:
+            for step in plan_retention(catalog.values(), simulated, now).delete:
+                del catalog[step]
+                stored -= sizes.pop(step)
+                deleted += 1
+        level = stored + min(best_k, deleted) * size
+        peak_kept = max(peak_kept, len(catalog))
+        if k % every == 0 or k == saves:  # at most about TIMELINE_POINTS samples, after GC
+            timeline.append((now, len(catalog), level))
+        if progress is not None and (k % 1000 == 0 or k == saves):
+            progress(k, saves)
+    end = run_s + saves * stall_s
+    area += level * (end - saves * period)
+    reserve = min(best_k, deleted) * size
+    return Footprint(
+        interval_s, saves, peak, area / end, level, peak_kept, len(catalog), reserve, timeline
+    )

@@ -1,0 +1,177 @@
+"""Our DCP StorageReader: fetch, verify, decode and scatter parts into the target state dict.
+
+DCP's planner decides which stored chunks each rank needs (that is the resharding); this reader
+only reads those chunks' objects, checks each object's size and checksum before decoding, and
+copies the requested regions. Non-tensor values are decoded with the safe encoding: a pickle
+planted in a checkpoint is refused, never executed.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING  # noqa: F401  (type only)
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from steps.checkpoint import codec, layout
+from steps.checkpoint import manifest as mf
+from steps.checkpoint.errors import CorruptCheckpoint
+from steps.checkpoint.safe_value import UnsafeValueError, decode_value
+from steps.checkpoint.storage import Storage
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, decoding non-tensor values safely instead of torch.load."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        obj = decode_value(value.getvalue())
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        else:
+            self.state_dict[fqn] = obj
+
+
+@dataclass
+class ReadStats:
+    """Bytes this rank fetched from storage, and bytes it received from other ranks."""
+
+    bytes_read: int = 0
+    bytes_received: int = 0
+    objects_read: int = 0
+
+
+class ObjectFetcher:
+    """Reads and verifies objects; `raw_part` rebuilds a part's raw bytes (resolving deltas)."""
+
+    def __init__(self, storage: Storage, stats: ReadStats):
+        self.storage = storage
+        self.stats = stats
+        self._lock = threading.Lock()
+
+    def stored(self, key: str, size: int) -> bytes:
+        rel = layout.object_path(key)
+        url = self.storage.url(rel)
+        try:
+            blob = self.storage.read(rel)
+        except FileNotFoundError:
+            raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
+        with self._lock:
+            self.stats.bytes_read += len(blob)
+            self.stats.objects_read += 1
+        # Checked before decompression: a corrupt file never reaches the decoder.
+        if len(blob) != size:
+            raise CorruptCheckpoint(
+                f"{url}: size {len(blob)} differs from the manifest's {size}", [url]
+            )
+        if codec.digest(blob) != key:
+            raise CorruptCheckpoint(f"{url}: checksum mismatch (corrupt data file)", [url])
+        return blob
+
+    def _decode(self, ref: dict) -> np.ndarray:
+        blob = self.stored(ref["object"], ref["stored_size"])
+        try:
+            return codec.decode(blob, ref["planes"], ref["width"], ref["raw_size"])
+        except Exception as exc:  # zstd errors, bad plane tables
+            url = self.storage.url(layout.object_path(ref["object"]))
+            raise CorruptCheckpoint(f"{url}: cannot decode ({exc})", [url]) from exc
+
+    def raw_part(self, part: dict) -> np.ndarray:
+        raw = self._decode(part)
+        if part.get("base") is not None:
+            raw = codec.xor(raw, self._decode(part["base"]))
+        return raw
+
+
+def _item_tensor(raw: np.ndarray, dtype: torch.dtype, sizes: list[int]) -> torch.Tensor:
+    return torch.from_numpy(raw).view(dtype).reshape(sizes)
+
+
+def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    for dim, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
+        t = t.narrow(dim, o, n)
+    return t
+
+
+class CkptStorageReader(StorageReader):
+    """Reads one committed step whose manifest the caller has already validated."""
+
+    def __init__(self, storage: Storage, manifest: dict, threads: int = 4, exchange=None):
+        super().__init__()
+        self.storage = storage
+        self.manifest = manifest
+        self.threads = threads
+        self.stats = ReadStats()
+        self.fetcher = ObjectFetcher(storage, self.stats)
+        self.exchange = exchange  # cooperative load hook (see coop.py), or None
+        self.storage_data: dict = {}
+
+    def reset(self, checkpoint_id=None) -> None:
+        pass
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return True
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        return mf.metadata_from_manifest(self.manifest)
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args, **kwargs
+    ) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _raw_item(self, rec: dict) -> np.ndarray:
+        parts = [self.fetcher.raw_part(p) for p in rec["parts"]]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        by_storage: dict = {}
+        for ri in plan.items:
+            by_storage.setdefault(ri.storage_index, []).append(ri)
+        records = {idx: self.storage_data[idx] for idx in by_storage}
+        if self.exchange is not None:
+            raws = self.exchange(records, self._raw_item, self.stats)
+        else:
+            with ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix="ckpt-read"
+            ) as pool:
+                futs = {idx: pool.submit(self._raw_item, rec) for idx, rec in records.items()}
+                raws = {idx: f.result() for idx, f in futs.items()}
+        for idx, items in by_storage.items():
+            self._scatter(records[idx], raws.pop(idx), items, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _scatter(self, rec: dict, raw: np.ndarray, items, planner: LoadPlanner) -> None:
+        for ri in items:
+            if ri.type == LoadItemType.BYTE_IO:
+                try:
+                    planner.load_bytes(ri, io.BytesIO(raw.tobytes()))
+                except UnsafeValueError as exc:
+                    raise CorruptCheckpoint(
+                        f"value {rec['fqn']!r} in {self.storage.uri}: {exc}"
+                    ) from exc
+                continue
+            dtype = mf.DTYPES[self.manifest["tensors"][rec["fqn"]]["dtype"]]
+            src = _narrow(_item_tensor(raw, dtype, rec["sizes"]), ri.storage_offsets, ri.lengths)
+            dst = planner.resolve_tensor(ri).detach()
+            dst.copy_(src)
+            planner.commit_tensor(ri, dst)

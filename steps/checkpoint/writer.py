@@ -1,0 +1,296 @@
+"""Our DCP StorageWriter: every rank encodes and uploads its own parts, in parallel threads.
+
+Each write item (a tensor chunk or a non-tensor value) is split into parts of at most
+`part_bytes`; each part is deduplicated against the previous checkpoint (same raw hash), or
+stored as a delta against the in-memory base, or encoded in full; the stored bytes go to a
+content-addressed object. The coordinator then writes the manifest and, last, claims the
+commit marker with an exclusive create: no rename anywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from steps.checkpoint import codec, layout
+from steps.checkpoint import manifest as mf
+from steps.checkpoint.errors import CheckpointError
+from steps.checkpoint.safe_value import encode_value
+from steps.checkpoint.storage import AlreadyExists, Storage
+
+VERSION = "0.1.0"
+
+
+class SafeSavePlanner(DefaultSavePlanner):
+    """DCP's default planner, but non-tensor values use the safe encoding, never torch.save."""
+
+    def transform_object(self, write_item, object):
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(encode_value(object))
+        return object
+
+
+@dataclass
+class BasePart:
+    """A part of the in-memory base (full) checkpoint that deltas are taken against."""
+
+    raw: np.ndarray
+    record: dict
+
+
+@dataclass
+class SaveJob:
+    """Everything one save needs; shared by the writer on each rank."""
+
+    storage: Storage
+    step: int
+    save_id: str
+    root_id: str
+    world_size: int
+    level: int = 1
+    compress: bool = True
+    threads: int = 4
+    part_bytes: int = 64 << 20
+    kind: str = "full"
+    base_step: int | None = None
+    base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
+    capture_base: dict | None = None  # filled on full saves when deltas will follow
+    prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
+    metadata: dict = field(default_factory=dict)
+    raw_bytes: int = 0
+    written_bytes: int = 0
+    reused_bytes: int = 0
+    part_records: list = field(default_factory=list)  # every part this rank referenced
+
+
+def _raw_view(data) -> tuple[np.ndarray, int]:
+    """Raw bytes of a tensor or BytesIO as uint8 numpy, and the byte-group width."""
+    if isinstance(data, io.BytesIO):
+        return np.frombuffer(data.getbuffer(), dtype=np.uint8), 1
+    t = data.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    width = t.element_size() if t.is_floating_point() else 1
+    return t.view(torch.uint8).numpy(), width
+
+
+class CkptStorageWriter(StorageWriter):
+    """Writes one step under a ckptflow root; see the module docstring."""
+
+    def __init__(self, job: SaveJob):
+        super().__init__()
+        self.job = job
+        self.is_coordinator = False
+        self._lock = threading.Lock()
+
+    def reset(self, checkpoint_id=None) -> None:
+        pass
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        return True
+
+    def storage_meta(self):
+        return None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        self.is_coordinator = is_coordinator
+        if not is_coordinator:
+            return
+        st, step = self.job.storage, self.job.step
+        if st.exists(layout.commit_path(step)):
+            raise CheckpointError(
+                f"step {step} is already committed under {st.uri}; checkpoints are immutable: "
+                "save under a new step number (or delete it with `ckptflow ckpt gc`)"
+            )
+        intent = {
+            "save_id": self.job.save_id,
+            "started_at": time.time(),
+            "world_size": self.job.world_size,
+        }
+        st.write(
+            f"{layout.step_dir(step)}/{layout.saving_name(self.job.save_id)}",
+            json.dumps(intent).encode(),
+        )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    # -- data ----------------------------------------------------------------------------------
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        job = self.job
+        with ThreadPoolExecutor(max_workers=job.threads, thread_name_prefix="ckpt-write") as pool:
+            pending = []
+            for item in plan.items:
+                data = planner.resolve_data(item)
+                raw, width = _raw_view(data)
+                offset = None if item.type == WriteItemType.BYTE_IO else list(item.index.offset)
+                key = mf.item_key(item.index.fqn, offset)
+                step_ = max(job.part_bytes - job.part_bytes % max(width, 1), width)
+                futs = [
+                    pool.submit(self._store_part, key, i, raw[o : o + step_], o, width)
+                    for i, o in enumerate(range(0, max(len(raw), 1), step_))
+                ]
+                rec = {"fqn": item.index.fqn, "offset": offset}
+                if item.tensor_data is not None:
+                    rec["sizes"] = list(item.tensor_data.chunk.sizes)
+                pending.append((item, rec, futs))
+            results = []
+            for item, rec, futs in pending:
+                rec["parts"] = [f.result() for f in futs]
+                stored = sum(p["stored_size"] for p in rec["parts"])
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec)
+                )
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _store_part(
+        self, item_key: str, index: int, raw: np.ndarray, offset: int, width: int
+    ) -> dict:
+        job = self.job
+        raw_hash = codec.digest(raw)
+        base = job.base.get((item_key, index))
+        with self._lock:
+            job.raw_bytes += len(raw)
+        reused = job.prior.get(raw_hash)
+        if reused is None and base is not None and base.record["raw_hash"] == raw_hash:
+            reused = base.record
+        if reused is not None and reused["raw_size"] == len(raw) and reused["width"] == width:
+            rec = dict(reused, raw_offset=offset, reused=True)
+            with self._lock:
+                job.reused_bytes += len(raw)
+        else:
+            rec = self._encode_and_write(raw, raw_hash, offset, width, base)
+        if job.capture_base is not None and rec.get("base") is None:
+            self._capture(item_key, index, raw, rec)
+        with self._lock:
+            job.part_records.append(rec)
+        return rec
+
+    def _encode_and_write(self, raw, raw_hash, offset, width, base: BasePart | None) -> dict:
+        job = self.job
+        delta = base is not None and len(base.raw) == len(raw)
+        payload = codec.xor(raw, base.raw) if delta else raw
+        enc = codec.encode(payload, width, job.level, job.compress)
+        key = codec.digest(enc.data)
+        self._write_object(key, enc.data)
+        rec = {
+            "object": key,
+            "stored_size": len(enc.data),
+            "raw_offset": offset,
+            "raw_size": len(raw),
+            "raw_hash": raw_hash,
+            "width": width,
+            "planes": enc.planes,
+            "base": None,
+            "reused": False,
+        }
+        if delta:
+            b = base.record
+            rec["base"] = {
+                k: b[k] for k in ("object", "stored_size", "raw_size", "width", "planes")
+            }
+        return rec
+
+    def _write_object(self, key: str, data: bytes) -> None:
+        st, rel = self.job.storage, layout.object_path(key)
+        # A content-addressed object already present with the right size is identical; rewriting
+        # a local file in place would briefly truncate data that a committed step references.
+        if st.protocol == "file" and st.exists(rel) and st.size(rel) == len(data):
+            return
+        st.write(rel, data)
+        with self._lock:
+            self.job.written_bytes += len(data)
+
+    def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
+        """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""
+        cap = self.job.capture_base
+        old = self.job.base.get((item_key, index))
+        buf = old.raw if old is not None and len(old.raw) == len(raw) else np.empty_like(raw)
+        np.copyto(buf, raw)
+        with self._lock:
+            cap[(item_key, index)] = BasePart(buf, rec)
+
+    # -- commit --------------------------------------------------------------------------------
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        job = self.job
+        manifest = build_manifest(job, metadata, [r for rank in results for r in rank])
+        blob = mf.dumps(manifest)
+        step_dir = layout.step_dir(job.step)
+        name = layout.manifest_name(job.save_id)
+        job.storage.write(f"{step_dir}/{name}", blob)
+        commit = {
+            "save_id": job.save_id,
+            "manifest": name,
+            "manifest_xxh3": codec.digest(blob),
+            "step": job.step,
+            "committed_at": time.time(),
+        }
+        try:
+            job.storage.write(
+                layout.commit_path(job.step), json.dumps(commit).encode(), exclusive=True
+            )
+        except AlreadyExists:
+            raise CheckpointError(
+                f"step {job.step} under {job.storage.uri} was committed by another writer while this "
+                "save ran; nothing of the other checkpoint was changed: save under a new step number"
+            ) from None
+        job.metadata["_manifest_xxh3"] = commit["manifest_xxh3"]
+
+
+def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult]) -> dict:
+    """The JSON manifest of a save from DCP's metadata and every rank's write results."""
+    tensors, values = mf.metadata_to_json(metadata)
+    items, objects = {}, {}
+    raw_total = new_total = 0
+    for wr in results:
+        rec = wr.storage_data
+        items[mf.item_key(rec["fqn"], rec["offset"])] = rec
+        for p in rec["parts"]:
+            raw_total += p["raw_size"]
+            new_total += 0 if p.get("reused") else p["stored_size"]
+            objects[p["object"]] = {"size": p["stored_size"]}
+            if p["base"] is not None:
+                objects[p["base"]["object"]] = {"size": p["base"]["stored_size"]}
+    planner = {k: list(v) for k, v in (metadata.planner_data or {}).items()}
+    return {
+        "format": layout.MANIFEST_FORMAT,
+        "format_version": layout.FORMAT_VERSION,
+        "root_id": job.root_id,
+        "step": job.step,
+        "save_id": job.save_id,
+        "created_at": time.time(),
+        "library": {"ckptflow": VERSION, "torch": torch.__version__.split("+")[0]},
+        "world_size": job.world_size,
+        "kind": job.kind,
+        "base_step": job.base_step,
+        "metadata": {k: v for k, v in job.metadata.items() if not k.startswith("_")},
+        "tensors": tensors,
+        "values": values,
+        "items": items,
+        "objects": objects,
+        "planner_data": planner,
+        "stats": {
+            "raw_bytes": raw_total,
+            "stored_bytes": sum(o["size"] for o in objects.values()),
+            "new_bytes": new_total,
+        },
+    }

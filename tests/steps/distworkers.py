@@ -1,0 +1,162 @@
+"""Multi-rank helpers for tests: spawn gloo process groups and run FSDP2 save/load workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, args, errq) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        dist.barrier()
+    except BaseException:
+        errq.put((rank, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(world: int, fn, *args) -> None:
+    """Run fn(rank, world, *args) on `world` gloo ranks; raise with the first rank's traceback."""
+    ctx = mp.get_context("spawn")
+    errq = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(r, world, port, fn, args, errq)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    if not errq.empty():
+        rank, tb = errq.get()
+        raise AssertionError(f"rank {rank} failed:\n{tb}")
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    if bad:
+        raise AssertionError(f"ranks exited with {bad}")
+
+
+class Net(nn.Module):
+    """Uneven shapes on purpose: shards of 13/7/5 rows do not split evenly over 2, 3 or 4 ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 13)
+        self.l1 = nn.Linear(13, 7)
+        self.l2 = nn.Linear(7, 5)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(self.emb(x)))).sum()
+
+
+def build(shard: bool, seed: int):
+    """The Net (FSDP2-sharded when `shard`) and an AdamW with initialised state."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = Net()
+    if shard:
+        for m in (model.emb, model.l1, model.l2):
+            fully_shard(m)
+        fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return model, opt
+
+
+def train(model, opt, steps: int) -> None:
+    g = torch.Generator().manual_seed(123)
+    for _ in range(steps):
+        x = torch.randint(0, 11, (4, 3), generator=g)
+        opt.zero_grad()
+        model(x).backward()
+        opt.step()
+
+
+def full_state(model, opt) -> dict:
+    """Full (unsharded) model + optimizer state as plain CPU tensors, on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+    msd, osd = get_state_dict(model, opt, options=opts)
+    flat = {f"model.{k}": v.clone() for k, v in msd.items()}
+    if "state" in osd:  # nested optimizer state dict
+        osd = {f"state.{fqn}.{k}": v for fqn, st in osd["state"].items() for k, v in st.items()}
+    for k, v in osd.items():
+        if k.startswith("state."):
+            flat[f"optim.{k}"] = torch.as_tensor(v).clone()
+    return flat
+
+
+def sharded_state(model, opt) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optim": osd}
+
+
+def extra_template() -> dict:
+    """The shape of the non-tensor `extra` state the tests save (values are placeholders)."""
+    return {"step": 0, "sched": {"last_epoch": 0, "lrs": None}, "data": None}
+
+
+def save_worker(rank, world, root, ref_path, steps, extra):
+    from steps.checkpoint import Checkpointer
+
+    model, opt = build(True, seed=0)
+    train(model, opt, steps)
+    ck = Checkpointer(root)
+    ck.save(
+        steps,
+        {**sharded_state(model, opt), "extra": extra, f"rng/rank{rank}": torch.get_rng_state()},
+    )
+    ref = full_state(model, opt)
+    if rank == 0:
+        torch.save(ref, ref_path)
+
+
+def load_worker(rank, world, root, out_path):
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from steps.checkpoint import Checkpointer
+
+    model, opt = build(True, seed=99)
+    train(model, opt, 1)  # different values, and optimizer state allocated
+    sd = {**sharded_state(model, opt), "extra": extra_template()}
+    ck = Checkpointer(root)
+    step = ck.load(sd)
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    got = full_state(model, opt)
+    if rank == 0:
+        torch.save(
+            {
+                "step": step,
+                "state": got,
+                "extra": sd["extra"],
+                "bytes_read": ck.last_load.bytes_read,
+            },
+            out_path,
+        )
