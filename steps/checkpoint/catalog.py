@@ -143,3 +143,21 @@ def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> 
         elif codec.digest(blob) != key:
             bad.append(f"{storage.url(rel)} (checksum mismatch)")
     return bad
+
+
+def locate(storage: Storage, step: int) -> Storage:
+    """The storage that holds a step's data: its archive root when the step folder has an
+    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself."""
+    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
+    try:
+        blob = storage.read(rel)
+    except FileNotFoundError:
+        return storage
+    try:
+        uri = json.loads(blob)["uri"]
+        if not isinstance(uri, str) or not uri:
+            raise ValueError("uri")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        url = storage.url(rel)
+        raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url]) from exc
+    return Storage(uri)

@@ -136,7 +136,7 @@ class Checkpointer:
         return catalog.committed_steps(self.storage)
 
     def manifest(self, step: int) -> dict:
-        return catalog.read_manifest(self.storage, step)
+        return catalog.read_manifest(catalog.locate(self.storage, step), step)
 
     def latest(self) -> int | None:
         """The newest committed step whose commit marker and manifest are sound."""
@@ -151,7 +151,7 @@ class Checkpointer:
     def verify(self, step: int) -> dict:
         """Check every byte of a step against its manifest; raise CorruptCheckpoint naming files."""
         m = self.manifest(step)
-        bad = catalog.verify_objects(self.storage, m)
+        bad = catalog.verify_objects(catalog.locate(self.storage, step), m)
         if bad:
             raise CorruptCheckpoint(
                 f"step {step} under {self.root} is corrupt: " + "; ".join(bad), bad
@@ -296,7 +296,8 @@ class Checkpointer:
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
-        reader = CkptStorageReader(self.storage, m, threads=self.threads, exchange=exchange)
+        located = catalog.locate(self.storage, step)  # an archived step reads its archive root
+        reader = CkptStorageReader(located, m, threads=self.threads, exchange=exchange)
         try:
             dcp.load(
                 state_dict,
@@ -307,9 +308,12 @@ class Checkpointer:
             )
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
+        # Objects of an archived step are not in this root: never deduplicate against them.
         self._prior = {
             p["raw_hash"]: p for it in m["items"].values() for p in it["parts"] if p["base"] is None
         }
+        if located is not self.storage:
+            self._prior = {}
         return reader
 
     def close(self) -> None:

@@ -16,6 +16,8 @@ import fsspec
 
 from steps.lib import env
 
+MULTIPART_CHUNK = 8 << 20
+
 
 class StorageError(RuntimeError):
     """A storage problem the user can fix (bad URI, missing bucket, credentials, full disk)."""
@@ -165,10 +167,12 @@ class Storage:
             if self.protocol == "file":
                 self._write_local(path, data, exclusive)
             elif self.protocol == "s3":
+                # Files over 2 x MULTIPART_CHUNK go up as parallel multipart uploads.
                 self.fs.pipe_file(
                     path,
                     bytes(data) if isinstance(data, memoryview) else data,
                     mode="create" if exclusive else "overwrite",
+                    chunksize=MULTIPART_CHUNK,
                 )
             else:
                 if exclusive and self.fs.exists(path):

@@ -160,3 +160,25 @@ def load_worker(rank, world, root, out_path):
             },
             out_path,
         )
+
+
+def coop_load_worker(rank, world, root, out_path, cooperative):
+    """Every rank loads the whole (replicated) state; report bytes read from storage."""
+    from steps.checkpoint import Checkpointer
+
+    sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
+    sd["step"] = None
+    ck = Checkpointer(root, cooperative=cooperative)
+    ck.load(sd)
+    info = [None] * world
+    dist.all_gather_object(
+        info,
+        {
+            "read": ck.last_load.bytes_read,
+            "received": ck.last_load.bytes_received,
+            "sum": float(sum(v.double().sum() for k, v in sd.items() if k != "step")),
+            "step": sd["step"],
+        },
+    )
+    if rank == 0:
+        torch.save(info, out_path)

@@ -1,0 +1,105 @@
+"""Async saves: only the snapshot stalls, one save in flight, failures surface, memory is reused."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from steps.checkpoint import Checkpointer
+from steps.checkpoint.storage import Storage, StorageError
+
+
+class GatedStorage(Storage):
+    """Object writes wait for `gate`; optionally fail (inject storage, don't patch it)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+
+    def write(self, rel, data, *, exclusive=False):
+        if rel.startswith("objects/"):
+            self.gate.wait(30)
+            if self.fail:
+                raise StorageError("injected: no space left on device")
+        return super().write(rel, data, exclusive=exclusive)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_async_save_stalls_only_for_the_snapshot(tmp_path):
+    st = GatedStorage(str(tmp_path / "r"))
+    ck = Checkpointer("unused", storage=st)
+    state = {"w": torch.randn(512, 512)}
+    saved = state["w"].clone()
+    st.gate.clear()
+    handle = ck.save(1, state, block=False)
+    assert not handle.done(), "the write must still be running while training continues"
+    state["w"].add_(1.0)  # training mutates its tensors: the snapshot must not see it
+    st.gate.set()
+    stats = handle.wait()
+    assert handle.done() and stats.stall_s < stats.background_s + stats.stall_s
+    assert stats.bytes_raw == 512 * 512 * 4 and stats.bytes_written > 0 and stats.gib_per_s > 0
+    t = {"w": torch.zeros(512, 512)}
+    ck.load(t)
+    assert torch.equal(t["w"], saved)
+
+
+def test_next_save_waits_for_the_one_in_flight_and_reports_it(tmp_path):
+    st = GatedStorage(str(tmp_path / "r"))
+    ck = Checkpointer("unused", storage=st)
+    st.gate.clear()
+    ck.save(1, {"w": torch.randn(64, 64)}, block=False)
+    threading.Timer(0.3, st.gate.set).start()
+    second = ck.save(2, {"w": torch.randn(64, 64)}, block=False)
+    assert second.stats.wait_s >= 0.2
+    second.wait()
+    assert ck.committed_steps() == [1, 2]
+    ck.close()
+
+
+@pytest.mark.parametrize("surface", ["save", "wait", "close"])
+def test_background_failure_is_raised_never_lost(tmp_path, surface):
+    st = GatedStorage(str(tmp_path / "r"))
+    ck = Checkpointer("unused", storage=st)
+    st.fail = True
+    handle = ck.save(1, {"w": torch.randn(64, 64)}, block=False)
+    while not handle.done():
+        time.sleep(0.01)
+    with pytest.raises(StorageError, match="injected"):
+        if surface == "save":
+            st.fail = False
+            ck.save(2, {"w": torch.randn(64, 64)})
+        elif surface == "wait":
+            handle.wait()
+        else:
+            ck.close()
+    assert 1 not in ck.committed_steps()
+
+
+def test_staging_buffers_are_reused_over_50_async_saves(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), full_every=5)
+    state = {"w": torch.randn(1024, 1024), "b": torch.randn(1024), "step": 0}
+    for step in range(5):  # warm up: buffers, base copy, allocator pools
+        state["w"].add_(0.001)
+        state["step"] = step
+        ck.save(step, state, block=False)
+    ck.save(5, state, block=False).wait()
+    before = _rss()
+    for step in range(6, 56):
+        state["w"].add_(0.001)
+        state["step"] = step
+        ck.save(step, state, block=False)
+    ck.close()
+    grown = _rss() - before
+    assert grown < 8 << 20, f"resident memory grew by {grown / 2**20:.1f} MiB over 50 saves"
+    t = {"w": torch.zeros(1024, 1024), "b": torch.zeros(1024), "step": None}
+    assert Checkpointer(str(tmp_path / "r")).load(t) == 55
+    assert torch.equal(t["w"], state["w"]) and t["step"] == 55

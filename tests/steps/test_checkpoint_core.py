@@ -1,0 +1,247 @@
+"""Engine core on local disk and memory://: round trip, commit protocol, compression, integrity."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from steps.checkpoint import Checkpointer, CheckpointError, CorruptCheckpoint, StorageError, layout
+from steps.checkpoint.storage import Storage
+from tests.steps import ckpt_helpers as h
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request, tmp_path):
+    return str(tmp_path / "ckpt") if request.param == "local" else h.memory_root("core-test")
+
+
+def test_round_trip_is_bitwise_with_safe_values(root):
+    state = h.make_state()
+    ck = Checkpointer(root)
+    ck.save(5, state, metadata={"config": {"lr": 0.1}, "data_position": 123})
+    target = h.zeros_like_state(state)
+    assert ck.load(target) == 5
+    h.assert_same(state, target)
+    m = ck.manifest(5)
+    assert m["metadata"] == {"config": {"lr": 0.1}, "data_position": 123}
+    assert m["world_size"] == 1 and m["format_version"] == layout.FORMAT_VERSION
+    assert m["library"]["ckptflow"]
+
+
+def test_committed_latest_and_step_selection(root):
+    ck = Checkpointer(root)
+    for step in (10, 20, 30):
+        ck.save(step, {"x": torch.full((8,), float(step))})
+    assert ck.committed_steps() == [10, 20, 30] and ck.latest() == 30
+    t = {"x": torch.zeros(8)}
+    assert ck.load(t, step=20) == 20 and t["x"][0] == 20
+
+
+def test_commit_order_data_then_manifest_then_marker_and_no_rename(tmp_path):
+    st, fs = h.recording_storage(str(tmp_path / "r"))
+    Checkpointer("unused", storage=st).save(1, h.make_state())
+    kinds = [
+        (
+            "obj"
+            if "/objects/" in p
+            else "manifest"
+            if "manifest-" in p
+            else "commit"
+            if p.endswith("/COMMIT")
+            else "other"
+        )
+        for _, p in fs.events
+    ]
+    assert kinds[-1] == "commit" and kinds.count("commit") == 1
+    assert kinds[-2] == "manifest"
+    assert "obj" in kinds and max(i for i, k in enumerate(kinds) if k == "obj") < kinds.index(
+        "manifest"
+    )
+
+
+def test_uncommitted_step_is_invisible(root):
+    ck = Checkpointer(root)
+    ck.save(1, {"x": torch.ones(4)})
+    ck.save(2, {"x": torch.full((4,), 2.0)})
+    ck.storage.delete([layout.commit_path(2)])  # as if the marker was never written
+    assert ck.committed_steps() == [1] and ck.latest() == 1
+    t = {"x": torch.zeros(4)}
+    assert ck.load(t) == 1 and t["x"][0] == 1
+    with pytest.raises(CheckpointError, match="no committed checkpoint"):
+        ck.load(t, step=2)
+
+
+def test_saving_a_committed_step_is_refused(root):
+    ck = Checkpointer(root)
+    ck.save(3, {"x": torch.ones(4)})
+    with pytest.raises(CheckpointError, match="already committed"):
+        ck.save(3, {"x": torch.zeros(4)})
+    t = {"x": torch.zeros(4)}
+    ck.load(t, step=3)
+    assert torch.equal(t["x"], torch.ones(4)), "the committed checkpoint must be untouched"
+
+
+def test_compression_float_byte_grouping_and_raw_fallback(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    g = torch.Generator().manual_seed(0)
+    ck.save(
+        1,
+        {
+            "w": torch.randn(256, 1024, generator=g) * 0.02,
+            "noise": torch.randint(0, 256, (1 << 18,), dtype=torch.uint8, generator=g),
+        },
+    )
+    m = ck.manifest(1)
+    w_parts = m["items"]["w@0,0"]["parts"]
+    assert w_parts[0]["width"] == 4 and len(w_parts[0]["planes"]) == 4
+    assert [p[0] for p in w_parts[0]["planes"]][-1] == "zstd"  # sign+exponent bytes compress
+    w_stored = sum(p["stored_size"] for p in w_parts)
+    assert w_stored < 0.88 * 256 * 1024 * 4
+    noise = m["items"]["noise@0"]["parts"][0]
+    assert noise["planes"] == [["raw", 1 << 18]], "incompressible data is stored raw"
+
+
+def test_compression_level_and_off(tmp_path):
+    state = {"w": torch.randn(128, 128) * 0.02}
+    off = Checkpointer(str(tmp_path / "off"), compress=False)
+    off.save(1, state)
+    assert off.manifest(1)["stats"]["stored_bytes"] == 128 * 128 * 4
+    lvl = Checkpointer(str(tmp_path / "lvl"), compression_level=9)
+    lvl.save(1, state)
+    t = {"w": torch.zeros(128, 128)}
+    lvl.load(t)
+    assert torch.equal(t["w"], state["w"])
+
+
+def test_large_tensor_is_split_into_parts_written_in_parallel(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), part_mib=1, threads=4)
+    w = torch.randn(1024, 1024)  # 4 MiB -> 4 parts
+    ck.save(1, {"w": w})
+    parts = ck.manifest(1)["items"]["w@0,0"]["parts"]
+    assert len(parts) == 4 and [p["raw_offset"] for p in parts] == [0, 1 << 20, 2 << 20, 3 << 20]
+    t = {"w": torch.zeros_like(w)}
+    ck.load(t)
+    assert torch.equal(t["w"], w)
+
+
+def test_corrupt_object_detected_by_verify_and_load_names_file(root):
+    ck = Checkpointer(root)
+    state = {"w": torch.randn(64, 64)}
+    ck.save(1, state)
+    key = ck.manifest(1)["items"]["w@0,0"]["parts"][0]["object"]
+    rel = layout.object_path(key)
+    blob = bytearray(ck.storage.read(rel))
+    blob[len(blob) // 2] ^= 0xFF
+    ck.storage.write(rel, bytes(blob))
+    with pytest.raises(CorruptCheckpoint) as ei:
+        ck.verify(1)
+    assert key in str(ei.value) and "checksum" in str(ei.value)
+    with pytest.raises(CorruptCheckpoint, match=key):
+        ck.load({"w": torch.zeros(64, 64)}, step=1)
+
+
+def test_load_latest_falls_back_from_corrupt_newest(root):
+    ck = Checkpointer(root)
+    ck.save(1, {"w": torch.ones(32, 32)})
+    ck.save(2, {"w": torch.full((32, 32), 2.0)})
+    key = ck.manifest(2)["items"]["w@0,0"]["parts"][0]["object"]
+    ck.storage.write(layout.object_path(key), b"garbage")
+    t = {"w": torch.zeros(32, 32)}
+    assert ck.load(t) == 1
+    assert torch.equal(t["w"], torch.ones(32, 32))
+    assert [s for s, _ in ck.last_load.fell_back_from] == [2]
+
+
+def test_pickle_payload_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    root = str(tmp_path / "r")
+    ck = Checkpointer(root)
+    ck.save(1, {"w": torch.ones(4), "cfg": {"lr": 0.1}})
+    evil = pickle.dumps({"lr": Payload()})
+    key = __import__("steps.checkpoint.codec", fromlist=["digest"]).digest(evil)
+    ck.storage.write(layout.object_path(key), evil)
+
+    def plant(m):
+        part = m["items"]["cfg.lr"]["parts"][0]
+        part.update(
+            object=key, stored_size=len(evil), raw_size=len(evil), planes=[["raw", len(evil)]]
+        )
+        m["objects"][key] = {"size": len(evil)}
+
+    h.rewrite_manifest(ck.storage, 1, plant)
+    # A DCP-style pickled .metadata planted beside it is never read either.
+    ck.storage.write(f"{layout.step_dir(1)}/.metadata", evil)
+    with pytest.raises(CorruptCheckpoint, match="safe encoding"):
+        Checkpointer(root).load({"w": torch.zeros(4), "cfg": {"lr": None}})
+    assert not marker.exists()
+
+
+def test_foreign_manifest_is_refused(tmp_path):
+    a, b = Checkpointer(str(tmp_path / "a")), Checkpointer(str(tmp_path / "b"))
+    a.save(1, {"w": torch.ones(4)})
+    b.save(1, {"w": torch.ones(4)})
+    commit = json.loads(b.storage.read(layout.commit_path(1)))
+    foreign = b.storage.read(f"{layout.step_dir(1)}/{commit['manifest']}")
+    a_commit = json.loads(a.storage.read(layout.commit_path(1)))
+    a.storage.write(f"{layout.step_dir(1)}/{a_commit['manifest']}", foreign)
+    a_commit["manifest_xxh3"] = __import__("steps.checkpoint.codec", fromlist=["x"]).digest(foreign)
+    a.storage.write(layout.commit_path(1), json.dumps(a_commit).encode())
+    with pytest.raises(CorruptCheckpoint, match="another checkpoint root"):
+        a.manifest(1)
+
+
+def test_root_holding_something_else_is_refused(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "train.csv").write_text("a,b\n")
+    with pytest.raises(CheckpointError, match="holds something else"):
+        Checkpointer(str(tmp_path / "r")).save(1, {"x": torch.ones(2)})
+    assert (tmp_path / "r" / "train.csv").read_text() == "a,b\n"
+
+
+def test_missing_step_and_empty_root_messages(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(CheckpointError, match="nothing to load"):
+        ck.load({"x": torch.ones(2)})
+    ck.save(1, {"x": torch.ones(2)})
+    with pytest.raises(
+        CheckpointError, match=r"step 9 has no committed checkpoint.*committed steps: \[1\]"
+    ):
+        ck.load({"x": torch.ones(2)}, step=9)
+
+
+def test_bad_uri_is_a_clear_error():
+    with pytest.raises(StorageError, match="unsupported storage URI"):
+        Storage("ftp://host/x")
+
+
+def test_escaping_paths_are_refused(tmp_path):
+    st = Storage(str(tmp_path))
+    with pytest.raises(StorageError, match="escapes"):
+        st.path("../etc/passwd")
+
+
+def test_numpy_and_nested_values_round_trip(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    legacy = np.random.RandomState(3).get_state()  # a tuple holding an ndarray: one leaf
+    state = {"np_rng": legacy, "gen": np.random.default_rng(0).bit_generator.state}
+    ck.save(1, state)
+    # Dicts are matched key by key (DCP flattens them), so the target mirrors their structure.
+    target = {
+        "np_rng": None,
+        "gen": {
+            k: ({kk: None for kk in v} if isinstance(v, dict) else None)
+            for k, v in state["gen"].items()
+        },
+    }
+    ck.load(target)
+    assert target["gen"] == state["gen"]
+    assert target["np_rng"][0] == "MT19937" and np.array_equal(target["np_rng"][1], legacy[1])
