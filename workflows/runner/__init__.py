@@ -1,0 +1,9 @@
+"""A local runner for rendered Argo Workflow manifests (no cluster): `ckptflow run FILE.yaml`.
+
+Pure Python + PyYAML; it imports neither hera nor torch.
+"""
+
+from workflows.runner.manifest import ManifestError, load_manifest
+from workflows.runner.workflow import RunResult, run_workflow
+
+__all__ = ["ManifestError", "RunResult", "load_manifest", "run_workflow"]

@@ -1,0 +1,142 @@
+"""What DAG and steps templates share: resolve a step/task, expand its loop, honour `when`,
+and start its children within the template's `parallelism`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from workflows.runner import context as cx
+from workflows.runner import execute
+from workflows.runner.nodes import ERROR, SKIPPED, Node
+from workflows.runner.substitution import (
+    expand_items,
+    item_label,
+    item_vars,
+    substitute,
+    to_str,
+    unresolved,
+)
+from workflows.runner.when import WhenError, evaluate_when
+
+__all__ = ["Launcher", "Unit", "plan"]
+
+_LOOPS = ("withItems", "withParam", "withSequence")
+
+
+class Unit:
+    """One child to start: a step/task or one item of it, fully substituted."""
+
+    def __init__(self, spec: dict, name: str, display: str) -> None:
+        self.spec, self.name, self.display = spec, name, display
+
+
+def _check(spec: dict, what: str) -> None:
+    missing = [
+        t for t in unresolved(spec) if t not in ("{{item}}",) and not t.startswith("{{item.")
+    ]
+    if missing:
+        raise ValueError(f"{what}: failed to resolve {missing[0]}")
+
+
+def plan(
+    spec: dict, values: dict[str, str], name: str, display: str
+) -> tuple[list[Unit] | None, str]:
+    """Substitute a step/task; return its units (None = no loop: one unit) and the base name.
+
+    Raises ValueError for unresolvable references or a bad loop value.
+    """
+    body = substitute(spec, values)
+    _check(body, f"step/task {spec['name']!r}")
+    items = expand_items(body)
+    if items is None:
+        for tag in unresolved(body):
+            raise ValueError(f"step/task {spec['name']!r}: failed to resolve {tag}")
+        return [Unit(body, name, display)], ""
+    base = {k: v for k, v in body.items() if k not in _LOOPS}
+    units = []
+    for i, item in enumerate(items):
+        one = substitute(base, item_vars(item))
+        left = unresolved(one)
+        if left:
+            raise ValueError(f"step/task {spec['name']!r}: failed to resolve {left[0]}")
+        label = item_label(spec["name"], i, item)
+        prefix = name[: len(name) - len(spec["name"])]
+        units.append(Unit(one, prefix + label, label))
+    return units, "loop"
+
+
+def start_unit(
+    run: cx.Run, unit: Unit, boundary_id: str, parents: list[Node], scope: cx.Scope
+) -> Node:
+    """Start one unit, or record it as Skipped (`when` false) or Error (bad `when`)."""
+    when = unit.spec.get("when")
+    template = unit.spec["template"]
+    try:
+        go = evaluate_when(to_str(when)) if when is not None else True
+    except WhenError as exc:
+        return run.store.create(
+            unit.name, unit.display, "Skipped", template_name=template, boundary_id=boundary_id,
+            parents=parents, phase=ERROR, message=str(exc),
+        )  # fmt: skip
+    if not go:
+        return run.store.create(
+            unit.name, unit.display, "Skipped", template_name=template, boundary_id=boundary_id,
+            parents=parents, phase=SKIPPED, message=f"when '{when}' evaluated false",
+        )  # fmt: skip
+    args = {
+        p["name"]: to_str(p.get("value", ""))
+        for p in (unit.spec.get("arguments") or {}).get("parameters") or []
+    }
+    return execute.start(
+        run,
+        name=unit.name,
+        display=unit.display,
+        template=template,
+        args=args,
+        boundary_id=boundary_id,
+        parents=parents,
+        scope=scope,
+    )
+
+
+class Launcher:
+    """Starts children of one template, at most `parallelism` unfulfilled at a time."""
+
+    def __init__(self, parallelism: int | None) -> None:
+        self.limit = parallelism
+        self.pending: deque[Callable[[], Node]] = deque()
+        self.started: list[Node] = []
+
+    def add(self, start: Callable[[], Node]) -> None:
+        self.pending.append(start)
+
+    def running(self) -> int:
+        return sum(1 for n in self.started if not n.fulfilled)
+
+    def pump(self) -> None:
+        while self.pending and (self.limit is None or self.running() < self.limit):
+            self.started.append(self.pending.popleft()())
+
+    def drop_pending(self) -> int:
+        dropped = len(self.pending)
+        self.pending.clear()
+        return dropped
+
+    def busy(self) -> bool:
+        return bool(self.pending) or self.running() > 0
+
+    def wait_all_done(self, run: cx.Run, timeout: float = 30.0) -> None:
+        """After the scope ended: wait until stopped daemons have really finished."""
+        import time
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            gen = run.store.generation
+            if all(
+                n.phase in ("Succeeded", "Failed", "Error", "Skipped", "Omitted")
+                for n in self.started
+            ):
+                return
+            run.store.wait_change(gen, 0.05)

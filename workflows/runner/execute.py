@@ -1,0 +1,248 @@
+"""Invoke one template as one node: bind inputs, apply retryStrategy, dispatch by kind.
+
+`start` creates the node at once (so schedulers see it immediately) and runs the body in a
+thread; the body substitutes `{{inputs.*}}`, `{{workflow.*}}` and `{{retries}}` into the template
+and hands it to the leaf, DAG or steps executor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from workflows.runner import context as cx
+from workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
+
+__all__ = ["start", "kind_of"]
+
+NODE_TYPES = {"container": "Pod", "script": "Pod", "dag": "DAG", "steps": "Steps"}
+
+
+def kind_of(tmpl: dict) -> str:
+    return next(k for k in NODE_TYPES if k in tmpl)
+
+
+def bind_inputs(tmpl: dict, args: dict[str, str]) -> list[dict]:
+    """The template's input parameters with caller arguments applied; raises on a missing one."""
+    bound = []
+    for p in (tmpl.get("inputs") or {}).get("parameters") or []:
+        name = p["name"]
+        value = args[name] if name in args else cx.param_value(p)
+        if value is None:
+            raise ValueError(
+                f"inputs.parameters.{name} was not supplied to template {tmpl['name']!r}"
+            )
+        enum = p.get("enum")
+        if enum and value not in [to_str(e) for e in enum]:
+            raise ValueError(f"inputs.parameters.{name}={value!r} is not one of {enum}")
+        bound.append({"name": name, "value": value})
+    return bound
+
+
+def start(
+    run: cx.Run,
+    *,
+    name: str,
+    display: str,
+    template: str,
+    args: dict[str, str],
+    boundary_id: str | None,
+    parents: list[Node],
+    scope: cx.Scope,
+) -> Node:
+    """Create the node for invoking `template` and start running it in a thread."""
+    tmpl = run.templates[template]
+    strategy = tmpl.get("retryStrategy")
+    if strategy is None and kind_of(tmpl) in ("container", "script"):
+        strategy = run.spec.get("retryStrategy")  # the workflow's default, for leaf templates
+    node_type = "Retry" if strategy is not None else NODE_TYPES[kind_of(tmpl)]
+    node = run.store.create(
+        name, display, node_type, template_name=template, boundary_id=boundary_id, parents=parents
+    )
+    try:
+        inputs = bind_inputs(tmpl, args)
+    except ValueError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return node
+    node.inputs = inputs or None
+    if strategy is not None:  # limit/backoff may use {{inputs.parameters.X}} or workflow values
+        values = run.global_vars()
+        values.update({f"inputs.parameters.{p['name']}": p["value"] for p in inputs})
+        strategy = substitute(strategy, values)
+        run.start_thread(_retry_guarded, run, node, tmpl, inputs, strategy, boundary_id, scope)
+    else:
+        run.start_thread(_guarded, run, node, tmpl, inputs, 0, boundary_id, scope, None)
+    return node
+
+
+def _guarded(run, node, tmpl, inputs, retries, boundary_id, scope, on_daemon) -> None:
+    """Run a node body; an unexpected exception becomes the node's Error, never a hang."""
+    try:
+        run_once(run, node, tmpl, inputs, retries, boundary_id, scope, on_daemon)
+    except Exception as exc:  # a bug or an unforeseen manifest: report it on the node
+        run.store.update(node, phase=ERROR, message=f"{type(exc).__name__}: {exc}")
+
+
+def _retry_allowed(policy: str, phase: str) -> bool:
+    return {
+        "Always": phase in (FAILED, ERROR),
+        "OnFailure": phase == FAILED,
+        "OnError": phase == ERROR,
+        "OnTransientError": phase == ERROR,
+    }[policy]
+
+
+def _retry_guarded(run, node, *args) -> None:
+    try:
+        _retry_body(run, node, *args)
+    except Exception as exc:  # e.g. a limit that is not a number: fail the node, never hang
+        run.store.update(node, phase=ERROR, message=f"retryStrategy: {type(exc).__name__}: {exc}")
+
+
+def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
+    limit = strategy.get("limit")
+    limit = None if limit is None else int(to_str(limit))
+    policy = strategy.get("retryPolicy") or "OnFailure"
+    backoff = strategy.get("backoff") or {}
+    first = time.monotonic()
+    attempt = 0
+    run.store.update(node, phase=RUNNING)
+
+    def mirror(child: Node) -> None:  # a daemoned attempt makes the Retry node daemoned too
+        run.store.update(node, daemoned=True, pod_ip=child.pod_ip, phase=RUNNING)
+
+    while True:
+        child = run.store.create(
+            f"{node.name}({attempt})",
+            f"{node.display_name}({attempt})",
+            NODE_TYPES[kind_of(tmpl)],
+            template_name=tmpl["name"],
+            boundary_id=boundary_id,
+            parents=[node],
+        )
+        child.inputs = node.inputs
+        _guarded(run, child, tmpl, inputs, attempt, boundary_id, scope, mirror)
+        done = child.phase == SUCCEEDED or not _retry_allowed(policy, child.phase)
+        message = child.message
+        if not done and limit is not None and attempt >= limit:
+            done, message = True, "No more retries left"
+        if not done and scope.reason() is not None:
+            done = True
+        delay = 0.0
+        if not done and backoff.get("duration") is not None:
+            delay = (
+                parse_duration(backoff["duration"]) * float(backoff.get("factor") or 1) ** attempt
+            )
+            if backoff.get("cap") is not None:
+                delay = min(delay, parse_duration(backoff["cap"]))
+            if backoff.get("maxDuration") is not None:
+                max_s = parse_duration(backoff["maxDuration"])
+                if time.monotonic() + delay - first > max_s:
+                    done, message = True, "Max duration limit exceeded"
+        if done:
+            run.store.update(
+                node,
+                phase=child.phase,
+                message=message if child.phase != SUCCEEDED else child.message,
+                outputs=child.outputs,
+                exit_code=child.exit_code,
+                pod_ip=child.pod_ip,
+                attempts=attempt + 1,
+                daemoned=child.daemoned and child.phase == RUNNING,
+            )
+            return
+        run.store.update(node, attempts=attempt + 1)
+        end = time.monotonic() + delay
+        while scope.reason() is None and (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.05, left))
+        attempt += 1
+
+
+def _template_deadline(tmpl: dict) -> float | None:
+    values = [parse_duration(tmpl[k]) for k in ("activeDeadlineSeconds", "timeout") if k in tmpl]
+    return min(values) if values else None
+
+
+def run_once(
+    run: cx.Run,
+    node: Node,
+    tmpl: dict,
+    inputs: list[dict],
+    retries: int,
+    boundary_id: str | None,
+    scope: cx.Scope,
+    on_daemon: Callable[[Node], None] | None,
+) -> None:
+    """Run one attempt of a template as `node` (blocking until it ends or is stopped)."""
+    values = run.global_vars()
+    # defaults may refer to workflow variables (Argo fills those in everywhere first)
+    inputs = [{"name": p["name"], "value": substitute(p["value"], values)} for p in inputs]
+    values.update({f"inputs.parameters.{p['name']}": p["value"] for p in inputs})
+    if inputs:
+        run.store.update(node, inputs=inputs)
+    values["inputs.parameters"] = json.dumps(inputs, separators=(",", ":"))
+    values["retries"] = str(retries)
+    values["pod.name"] = node.id
+    values["node.name"] = node.name
+    kind = kind_of(tmpl)
+    if kind in ("container", "script") and run.private_tmp:
+        from workflows.runner import leaf
+
+        tmpl = leaf.map_tmp(tmpl, leaf.pod_dir(run, node))
+    body = substitute(tmpl, values)
+    deadline = _template_deadline(tmpl)
+    if kind in ("container", "script"):
+        from workflows.runner import leaf, volumes
+
+        mapping = volumes.mounts(run.spec, body, run.workdir, leaf.pod_dir(run, node))
+        body = volumes.apply_mounts(body, mapping)
+        missing = unresolved(body, skip=("outputs",))
+        if missing:
+            run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
+            return
+        leaf.run_leaf(run, node, body, scope, deadline, on_daemon)
+        return
+    inner = scope.child(deadline, cx.DEADLINE) if deadline is not None else scope
+    run.store.update(node, phase=RUNNING)
+    if kind == "dag":
+        from workflows.runner import dag_exec
+
+        phase, message, local = dag_exec.run_dag(run, node, body, inner)
+    else:
+        from workflows.runner import steps_exec
+
+        phase, message, local = steps_exec.run_steps(run, node, body, inner)
+    outputs = None
+    if phase == SUCCEEDED:
+        try:
+            outputs = template_outputs(run, body, local)
+        except ValueError as exc:
+            phase, message = ERROR, str(exc)
+    if inner is not scope and inner.reason() and phase != SUCCEEDED:
+        message = inner.reason()[1]
+    run.store.update(node, phase=phase, message=message, outputs=outputs)
+
+
+def template_outputs(run: cx.Run, body: dict, local: dict[str, str]) -> dict | None:
+    """Outputs of a DAG/steps template from `valueFrom.parameter` (or `value`) references."""
+    params = []
+    for p in (body.get("outputs") or {}).get("parameters") or []:
+        vf = p.get("valueFrom") or {}
+        raw = vf.get("parameter", p.get("value"))
+        if raw is None:
+            if vf.get("default") is None:
+                raise ValueError(f"output parameter {p['name']!r} needs valueFrom.parameter")
+            raw = vf["default"]
+        value = substitute(to_str(raw), local)
+        if unresolved(value):
+            if vf.get("default") is None:
+                raise ValueError(
+                    f"failed to resolve {unresolved(value)[0]} for output {p['name']!r}"
+                )
+            value = to_str(vf["default"])
+        params.append({"name": p["name"], "value": value})
+        if p.get("globalName"):
+            run.global_outputs[p["globalName"]] = value
+    return {"parameters": params} if params else None

@@ -1,0 +1,228 @@
+"""Run a container or script template as a local process, and collect its outputs.
+
+The image is ignored; `command` + `args` run with the template's `env` added to the runner's
+environment. Output files a template declares under `/tmp` are private to the node, as they
+are to a pod (see `map_tmp`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from workflows.runner import context as cx
+from workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from workflows.runner.process import wait_ready
+from workflows.runner.substitution import to_str
+
+__all__ = ["run_leaf"]
+
+_PYTHONS = ("python", "python3")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.()\[\]:,=-]+", "_", name)[:200]
+
+
+def pod_dir(run: cx.Run, node: Node) -> Path:
+    """The node's private directory (its /tmp lives under it)."""
+    return Path(run.workdir) / "pods" / node.id
+
+
+def _private_paths(tmpl: dict) -> dict[str, bool]:
+    """The `/tmp` paths a template writes its output parameters to: the file itself when it
+    lies directly in /tmp, else its directory (an `--output-dir /tmp/outputs` idiom)."""
+    found: dict[str, bool] = {}  # path -> is a directory
+    for p in (tmpl.get("outputs") or {}).get("parameters") or []:
+        path = str((p.get("valueFrom") or {}).get("path") or "")
+        if not path.startswith("/tmp/") or "{{" in path:
+            continue
+        parent = os.path.dirname(path.rstrip("/"))
+        if parent == "/tmp":
+            found.setdefault(path, False)
+        else:
+            found[parent] = True
+    return found
+
+
+def map_tmp(tmpl: dict, root: Path) -> dict:
+    """A copy of a container/script template whose output paths under /tmp are the node's own.
+
+    In Argo each pod has its own /tmp; here the files a template declares as outputs (and the
+    directory they are in, unless that is /tmp itself) move to `<root>/tmp`, so parallel tasks
+    writing `/tmp/out.txt` do not collide and a stale file never becomes an output. Other paths,
+    including anything substituted from parameters, keep their meaning.
+    """
+    paths = _private_paths(tmpl)
+    if not paths:
+        return tmpl
+    longest_first = sorted(paths, key=len, reverse=True)
+    pattern = re.compile("|".join(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest_first))
+    for p, is_dir in paths.items():
+        target = root / p.lstrip("/")
+        (target if is_dir else target.parent).mkdir(parents=True, exist_ok=True)
+
+    def fix(value):
+        if isinstance(value, str):
+            return pattern.sub(lambda m: str(root) + m.group(0), value)
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        return value
+
+    out = dict(tmpl)
+    for key in ("container", "script"):
+        if key in out:
+            out[key] = {k: (v if k == "readinessProbe" else fix(v)) for k, v in out[key].items()}
+    out["outputs"] = fix(out["outputs"])
+    return out
+
+
+def _env(run: cx.Run, node: Node, container: dict) -> dict[str, str]:
+    env = dict(run.env)
+    fields = {"status.podIP": cx.LOCAL_IP, "metadata.name": node.id}
+    fields["metadata.namespace"] = run.namespace
+    for e in container.get("env") or []:
+        name, vf = e["name"], e.get("valueFrom")
+        if vf is None:
+            env[name] = to_str(e.get("value", ""))
+        elif "fieldRef" in vf:
+            env[name] = fields[vf["fieldRef"]["fieldPath"]]
+        # secretKeyRef / configMapKeyRef: validated to be set in the runner's environment
+    return env
+
+
+def _argv(container: dict, script_path: str | None) -> list[str]:
+    argv = [to_str(a) for a in container.get("command") or []]
+    if script_path is not None:
+        argv.append(script_path)
+    argv += [to_str(a) for a in container.get("args") or []]
+    if argv and argv[0] in _PYTHONS:
+        argv[0] = sys.executable  # `python -m steps.x` must run in this venv
+    return argv
+
+
+def _collect_outputs(body: dict, stdout: str, ok: bool) -> tuple[dict, str | None]:
+    """Output parameters (from files) and result (stdout); an error message if one is missing."""
+    params, problem = [], None
+    for p in (body.get("outputs") or {}).get("parameters") or []:
+        vf = p.get("valueFrom") or {}
+        if "path" in vf:
+            path = to_str(vf["path"])
+            try:
+                value = Path(path).read_text()
+            except OSError as exc:
+                if vf.get("default") is None:
+                    problem = problem or f"failed to read output parameter {p['name']!r}: {exc}"
+                    continue
+                value = to_str(vf["default"])
+        elif p.get("value") is not None:
+            value = to_str(p["value"])
+        elif vf.get("default") is not None:
+            value = to_str(vf["default"])
+        else:
+            problem = problem or f"output parameter {p['name']!r} has no valueFrom.path"
+            continue
+        params.append({"name": p["name"], "value": value})
+    outputs: dict = {}
+    if params:
+        outputs["parameters"] = params
+    outputs["result"] = stdout[:-1] if stdout.endswith("\n") else stdout
+    return outputs, (problem if ok else None)
+
+
+def _declared(body: dict) -> list[dict]:
+    return list((body.get("outputs") or {}).get("parameters") or [])
+
+
+def _wait_slot(run: cx.Run, scope: cx.Scope) -> bool:
+    if run.pod_slots is None:
+        return True
+    while scope.reason() is None:
+        if run.pod_slots.acquire(timeout=0.05):
+            return True
+    return False
+
+
+def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, on_daemon) -> None:
+    """Run the process of a substituted container/script template as `node`."""
+    own = scope.child(deadline_s, cx.TEMPLATE_DEADLINE) if deadline_s is not None else scope
+    if not _wait_slot(run, own):
+        run.store.update(node, phase=FAILED, message=own.reason()[1])
+        return
+    try:
+        _run_process(run, node, body, own, on_daemon)
+    finally:
+        if run.pod_slots is not None:
+            run.pod_slots.release()
+
+
+def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon) -> None:
+    container = body.get("container") or body.get("script")
+    root = pod_dir(run, node)
+    root.mkdir(parents=True, exist_ok=True)
+    script_path = None
+    if "script" in body:
+        script_path = str(root / "script")
+        Path(script_path).write_text(to_str(container.get("source", "")))
+    argv = _argv(container, script_path)
+    env = _env(run, node, container)
+    cwd = to_str(container.get("workingDir") or run.cwd)
+    log_path = str(Path(run.workdir) / "logs" / f"{_safe(node.name)}.log")
+    node.log_file = log_path
+    try:
+        proc = run.registry.spawn(argv, env, os.path.join(run.cwd, cwd), log_path)
+    except (OSError, RuntimeError) as exc:
+        run.store.update(node, phase=ERROR, message=f"failed to start {argv[0]!r}: {exc}")
+        return
+    run.store.update(node, phase=RUNNING, pod_ip=cx.LOCAL_IP)
+    try:
+        reason = _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon)
+    finally:
+        if proc.poll() is None:
+            proc.stop(run.registry.grace)
+        run.registry.release(proc)
+    stdout = proc.finish()
+    rc = proc.poll()
+    rc = 128 - rc if rc is not None and rc < 0 else rc
+    outputs, problem = _collect_outputs(body, stdout, ok=(rc == 0 and reason is None))
+    phase, message = (SUCCEEDED, "") if rc == 0 else (FAILED, f"Error (exit code {rc})")
+    if reason is not None:
+        kind, text = reason
+        stopped_daemon = kind == cx.SCOPE_END and node.daemoned
+        if kind == cx.DEADLINE:
+            text = "Step exceeded its deadline"
+        phase, message = (SUCCEEDED, "") if stopped_daemon else (FAILED, text)
+    elif problem:
+        phase, message = ERROR, problem
+    if phase == SUCCEEDED:
+        for spec, got in zip(_declared(body), outputs.get("parameters") or [], strict=False):
+            if spec.get("globalName"):
+                run.global_outputs[spec["globalName"]] = got["value"]
+    if rc is not None:
+        outputs["exitCode"] = str(rc)  # where Argo records it
+    run.store.update(node, phase=phase, message=message, outputs=outputs, exit_code=rc)
+
+
+def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon):
+    """Wait for the process; return why it was stopped early (kind, message) or None."""
+    if body.get("daemon"):
+        probe = container.get("readinessProbe")
+        ready = probe is None or wait_ready(
+            probe, proc, container.get("ports") or [], env, cwd, lambda: scope.reason() is not None
+        )
+        if ready and proc.poll() is None:
+            run.store.update(node, daemoned=True)
+            if on_daemon is not None:
+                on_daemon(node)
+    while proc.poll() is None:
+        reason = scope.reason()
+        if reason is not None:
+            proc.stop(run.registry.grace)
+            return reason
+        time.sleep(0.02)
+    return None

@@ -1,0 +1,376 @@
+"""Load a Workflow / WorkflowTemplate manifest and refuse, before anything runs, what the local
+runner cannot do faithfully.
+
+Fields with no meaning on one machine (image, resources, scheduling, pod metadata) are ignored;
+fields that change what runs or how (artifacts, configMap/secret volumes, resource templates,
+sidecars, synchronization, hooks, expression tags...) are refused with an error naming the field and the
+template, so a run never silently differs from the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workflows.runner import depends as dep
+from workflows.runner.substitution import TAG, parse_duration, to_str
+from workflows.runner.volumes import volume_problems
+
+__all__ = ["ManifestError", "load_manifest", "validate", "workflow_spec"]
+
+KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
+
+_SPEC_OK = {"entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds"}
+_SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates"}
+_SPEC_IGNORED = {
+    "serviceAccountName", "podGC", "ttlStrategy", "ttlSecondsAfterFinished", "imagePullSecrets",
+    "nodeSelector", "tolerations", "affinity", "podMetadata", "workflowMetadata", "archiveLogs",
+    "artifactRepositoryRef", "securityContext", "priority", "podPriorityClassName", "podPriority",
+    "hostNetwork", "dnsPolicy", "dnsConfig", "executor", "schedulerName", "metrics",
+    "automountServiceAccountToken", "podDisruptionBudget", "hostAliases", "volumeClaimGC",
+    "artifactGC", "podSpecPatch", "archiveLocation",
+}  # fmt: skip
+_TEMPLATE_OK = {"name", "inputs", "outputs", "container", "script", "dag", "steps", "daemon"}
+_TEMPLATE_OK |= {"retryStrategy", "activeDeadlineSeconds", "timeout", "parallelism", "volumes"}
+_TEMPLATE_IGNORED = {
+    "metadata", "nodeSelector", "tolerations", "affinity", "securityContext",
+    "serviceAccountName", "automountServiceAccountToken", "priorityClassName", "priority",
+    "podSpecPatch", "schedulerName", "hostAliases", "executor", "metrics", "archiveLocation",
+}  # fmt: skip
+_CONTAINER_OK = {"command", "args", "env", "workingDir", "readinessProbe", "ports", "volumeMounts"}
+_CONTAINER_IGNORED = {
+    "image", "imagePullPolicy", "resources", "securityContext", "name", "livenessProbe",
+    "startupProbe", "terminationMessagePath", "terminationMessagePolicy",
+}  # fmt: skip
+_STEP_OK = {"name", "template", "arguments", "when", "withItems", "withParam", "withSequence"}
+_STEP_OK |= {"continueOn", "templateRef", "description"}
+_TASK_OK = _STEP_OK | {"dependencies", "depends"}
+_PROBE_OK = {"tcpSocket", "httpGet", "exec", "initialDelaySeconds", "periodSeconds"}
+_PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
+_RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity"}
+_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
+_FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace")
+
+_WHY = {
+    "resource": "resource templates need a Kubernetes API",
+    "suspend": "suspend templates wait for a human or an API call",
+    "http": "http templates run in the Argo agent",
+    "plugin": "executor plugins run in the Argo agent",
+    "data": "data templates read artifacts",
+    "containerSet": "container sets share one pod",
+    "sidecars": "sidecars need a pod",
+    "initContainers": "init containers need a pod",
+    "memoize": "memoization needs a ConfigMap cache",
+    "synchronization": "semaphores and mutexes need the controller",
+    "hooks": "lifecycle hooks are not implemented locally",
+    "onExit": "only the workflow-level onExit is implemented locally",
+    "templateDefaults": "template defaults are not implemented locally",
+    "workflowTemplateRef": "submit the WorkflowTemplate itself instead",
+    "envFrom": "envFrom reads ConfigMaps/Secrets",
+    "inline": "inline templates are not implemented locally",
+    "expression": "retry expressions are not implemented locally",
+    "suspend-spec": "a suspended workflow waits for an API call",
+    "shutdown": "shutdown is an API operation",
+}
+
+
+class ManifestError(ValueError):
+    """The manifest cannot run locally; the message lists every problem with its field."""
+
+
+def load_manifest(path: str) -> dict:
+    """Read a YAML (or JSON) manifest holding one Workflow or WorkflowTemplate."""
+    p = Path(path)
+    if not p.is_file():
+        raise ManifestError(f"{path}: no such manifest file")
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise ManifestError(f"{path}: expected exactly one Workflow document, found {len(docs)}")
+    return docs[0]
+
+
+def workflow_spec(manifest: dict) -> dict:
+    """The spec of a Workflow/WorkflowTemplate manifest (or of a bare spec)."""
+    if "spec" in manifest or "kind" in manifest:
+        kind = manifest.get("kind", "Workflow")
+        if kind not in KINDS:
+            raise ManifestError(f"kind {kind!r} cannot run; expected one of {', '.join(KINDS)}")
+        spec = manifest.get("spec")
+        if kind == "CronWorkflow" and isinstance(spec, dict):
+            spec = spec.get("workflowSpec")  # run one instance now, ignoring the schedule
+        if not isinstance(spec, dict):
+            raise ManifestError("manifest has no spec")
+        return spec
+    return manifest
+
+
+class _Checker:
+    def __init__(self, spec: dict, env: dict[str, str]) -> None:
+        self.spec, self.env, self.errors = spec, env, []
+        self.templates = {
+            t.get("name"): t for t in spec.get("templates") or [] if isinstance(t, dict)
+        }
+
+    def err(self, where: str, field: str, why: str) -> None:
+        self.errors.append(f"{where}: {field}: {why}")
+
+    def fields(self, where: str, obj: dict, ok: set, ignored: set = frozenset()) -> None:
+        for key in obj:
+            if key in ok or key in ignored:
+                continue
+            self.err(where, key, _WHY.get(key, "not supported by the local runner"))
+
+    def parameters(self, where: str, block: Any, *, inputs: bool = False) -> None:
+        if block is None:
+            return
+        if not isinstance(block, dict):
+            self.err(where, "parameters", "expected a mapping")
+            return
+        for art in ("artifacts",):
+            if block.get(art):
+                self.err(where, art, "artifacts are not supported locally (only parameters)")
+        for key in block:
+            if key not in ("parameters", "artifacts"):
+                self.err(where, key, "not supported by the local runner")
+        for p in block.get("parameters") or []:
+            if not isinstance(p, dict) or "name" not in p:
+                self.err(where, "parameters", "each parameter needs a name")
+                continue
+            vf = p.get("valueFrom")
+            if vf is not None and inputs:
+                self.err(where, f"parameters.{p['name']}.valueFrom", "not supported locally")
+            if vf is not None and not inputs:
+                for key in vf:
+                    if key not in ("path", "default", "parameter"):
+                        self.err(
+                            where,
+                            f"parameters.{p['name']}.valueFrom.{key}",
+                            "not supported locally",
+                        )
+
+    def retry(self, where: str, rs: Any) -> None:
+        if not isinstance(rs, dict):
+            self.err(where, "retryStrategy", "expected a mapping")
+            return
+        self.fields(f"{where} retryStrategy", rs, _RETRY_OK, set())
+        if "expression" in rs:
+            pass  # reported by fields()
+        limit = rs.get("limit")
+        if limit is not None and not to_str(limit).isdigit() and "{{" not in to_str(limit):
+            self.err(where, "retryStrategy.limit", f"{limit!r} is not a whole number")
+        policy = rs.get("retryPolicy")
+        if policy is not None and policy not in _POLICIES:
+            self.err(where, "retryStrategy.retryPolicy", f"{policy!r} is not one of {_POLICIES}")
+        backoff = rs.get("backoff") or {}
+        for key in backoff:
+            if key not in ("duration", "factor", "maxDuration", "cap"):
+                self.err(where, f"retryStrategy.backoff.{key}", "not supported")
+
+    def container(self, where: str, c: Any, *, script: bool) -> None:
+        if not isinstance(c, dict):
+            self.err(where, "container", "expected a mapping")
+            return
+        self.fields(where, c, _CONTAINER_OK | ({"source"} if script else set()), _CONTAINER_IGNORED)
+        if not c.get("command"):
+            self.err(
+                where,
+                "command",
+                "missing: the image's entrypoint cannot run locally; give command (and args)",
+            )
+        for e in c.get("env") or []:
+            name = e.get("name")
+            vf = e.get("valueFrom")
+            if vf is None:
+                continue
+            if "fieldRef" in vf:
+                if (vf["fieldRef"] or {}).get("fieldPath") not in _FIELD_REFS:
+                    self.err(where, f"env.{name}.valueFrom.fieldRef", f"only {_FIELD_REFS} work")
+            elif "secretKeyRef" in vf or "configMapKeyRef" in vf:
+                if name not in self.env:
+                    kind = "secretKeyRef" if "secretKeyRef" in vf else "configMapKeyRef"
+                    self.err(
+                        where,
+                        f"env.{name}.valueFrom.{kind}",
+                        f"cannot read a Kubernetes {kind[:-6]} locally; export {name} in the "
+                        "environment of the runner and it is passed through",
+                    )
+            else:
+                self.err(where, f"env.{name}.valueFrom", "not supported locally")
+        probe = c.get("readinessProbe")
+        if probe is not None:
+            self.fields(f"{where} readinessProbe", probe, _PROBE_OK)
+            if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
+                self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
+
+    def step(self, where: str, s: Any, ok: set) -> None:
+        if not isinstance(s, dict) or "name" not in s:
+            self.err(where, "step", "each step/task needs a name")
+            return
+        sw = f"{where} step/task {s['name']!r}"
+        self.fields(sw, s, ok)
+        if "template" in s and "templateRef" in s:
+            self.err(sw, "templateRef", "give template or templateRef, not both")
+        if "templateRef" in s:
+            self.err(
+                sw, "templateRef", "templates of other WorkflowTemplates cannot be resolved locally"
+            )
+        elif s.get("template") not in self.templates:
+            self.err(sw, "template", f"no template named {s.get('template')!r}")
+        self.parameters(sw + " arguments", s.get("arguments"))
+        loops = [k for k in ("withItems", "withParam", "withSequence") if s.get(k) is not None]
+        if len(loops) > 1:
+            self.err(sw, loops[1], f"use only one of {', '.join(loops)}")
+
+    def dag(self, where: str, d: Any) -> None:
+        if not isinstance(d, dict) or not isinstance(d.get("tasks"), list):
+            self.err(where, "dag.tasks", "expected a list of tasks")
+            return
+        self.fields(f"{where} dag", d, {"tasks", "target", "failFast"})
+        names = {t.get("name") for t in d["tasks"] if isinstance(t, dict)}
+        if len(names) != len(d["tasks"]):
+            self.err(where, "dag.tasks", "task names must be unique")
+        for t in d["tasks"]:
+            self.step(where, t, _TASK_OK)
+            if not isinstance(t, dict):
+                continue
+            tw = f"{where} task {t.get('name')!r}"
+            if t.get("depends") and t.get("dependencies"):
+                self.err(tw, "depends", "use either depends or dependencies, not both")
+            try:
+                tree = (
+                    dep.parse_depends(str(t["depends"]))
+                    if t.get("depends")
+                    else dep.from_dependencies(t.get("dependencies") or [])
+                )
+            except dep.DependsError as exc:
+                self.err(tw, "depends", str(exc))
+                continue
+            for missing in sorted(dep.tasks_in(tree) - names):
+                self.err(tw, "depends", f"names unknown task {missing!r}")
+        for target in str(d.get("target") or "").split():
+            if target not in names:
+                self.err(where, "dag.target", f"unknown task {target!r}")
+
+    def template(self, t: dict) -> None:
+        where = f"template {t.get('name')!r}"
+        self.fields(where, t, _TEMPLATE_OK, _TEMPLATE_IGNORED)
+        kinds = [k for k in ("container", "script", "dag", "steps") if k in t]
+        if len(kinds) != 1 and not any(k in t for k in _WHY):
+            self.err(where, "container/script/dag/steps", "a template needs exactly one of them")
+        self.parameters(f"{where} inputs", t.get("inputs"), inputs=True)
+        self.parameters(f"{where} outputs", t.get("outputs"))
+        if "container" in t:
+            self.container(where, t["container"], script=False)
+        if "script" in t:
+            self.container(where, t["script"], script=True)
+        if "dag" in t:
+            self.dag(where, t["dag"])
+        if "steps" in t:
+            groups = t["steps"]
+            if not isinstance(groups, list):
+                self.err(where, "steps", "expected a list of step groups")
+            for group in groups or []:
+                for s in group if isinstance(group, list) else [group]:
+                    self.step(where, s, _STEP_OK)
+        if "retryStrategy" in t:
+            self.retry(where, t["retryStrategy"])
+        for field, why in volume_problems(self.spec, t):
+            self.err(where, field, why)
+        for key in ("activeDeadlineSeconds", "timeout"):
+            if key in t:
+                try:
+                    parse_duration(t[key])
+                except ValueError as exc:
+                    self.err(where, key, str(exc))
+
+    def run(self) -> list[str]:
+        spec = self.spec
+        for key in spec:
+            if key in _SPEC_OK or key in _SPEC_IGNORED:
+                continue
+            self.err(
+                "spec",
+                key,
+                _WHY.get(
+                    key if key != "suspend" else "suspend-spec", "not supported by the local runner"
+                ),
+            )
+        if not isinstance(spec.get("templates"), list) or not spec["templates"]:
+            self.err("spec", "templates", "the manifest has no templates")
+            return self.errors
+        if len(self.templates) != len(spec["templates"]):
+            self.err("spec", "templates", "template names must be unique")
+        entry = spec.get("entrypoint")
+        if entry not in self.templates:
+            self.err("spec", "entrypoint", f"no template named {entry!r}")
+        if spec.get("onExit") is not None and spec["onExit"] not in self.templates:
+            self.err("spec", "onExit", f"no template named {spec['onExit']!r}")
+        self.parameters("spec arguments", spec.get("arguments"))
+        if "retryStrategy" in spec:
+            self.retry("spec", spec["retryStrategy"])
+        for field, why in volume_problems(spec, None):
+            self.err("spec", field, why)
+        for t in spec["templates"]:
+            if isinstance(t, dict):
+                self.template(t)
+        for text in _strings(spec):
+            for m in TAG.finditer(text):
+                if m.group(1).startswith("="):
+                    self.err(
+                        "spec",
+                        "{{" + m.group(1)[:40] + "}}",
+                        "expression tags ({{=...}}) are not supported locally; use simple tags",
+                    )
+        return self.errors
+
+
+def _strings(obj: Any):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _strings(v)
+
+
+def validate(spec: dict, env: dict[str, str] | None = None) -> None:
+    """Raise ManifestError listing every unsupported or invalid field of a workflow spec."""
+    errors = _Checker(spec, dict(os.environ if env is None else env)).run()
+    if errors:
+        lines = "\n  ".join(dict.fromkeys(errors))
+        raise ManifestError(f"the manifest cannot run locally:\n  {lines}")
+
+
+def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
+    """Workflow parameters: spec.arguments overridden by `overrides` (like `argo submit -p`)."""
+    values: dict[str, str] = {}
+    missing = []
+    overrides = {k: to_str(v) for k, v in (overrides or {}).items()}
+    for p in (spec.get("arguments") or {}).get("parameters") or []:
+        name = p["name"]
+        if name in overrides:
+            values[name] = overrides[name]
+        elif p.get("value") is not None:
+            values[name] = to_str(p["value"])
+        else:
+            missing.append(name)
+            continue
+        enum = p.get("enum")
+        if enum and values[name] not in [to_str(e) for e in enum]:
+            raise ManifestError(f"parameter {name}={values[name]!r} is not one of {enum}")
+    for name, value in overrides.items():
+        values.setdefault(name, value)
+    if missing:
+        flags = " ".join(f"-p {m}=VALUE" for m in missing)
+        raise ManifestError(
+            f"workflow parameters without a value: {', '.join(missing)}; pass {flags}"
+        )
+    return values

@@ -1,0 +1,166 @@
+"""`{{...}}` substitution, loop-item expansion and the small value conversions Argo applies.
+
+Substitution replaces only the tags whose name is known and leaves the rest in place, so a
+template can be filled in stages (inputs first, then task outputs, then `{{item}}`), as the
+Argo controller does; `unresolved` lists what is left once a stage must be complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = [
+    "TAG",
+    "render",
+    "substitute",
+    "unresolved",
+    "to_str",
+    "item_vars",
+    "item_label",
+    "expand_items",
+    "parse_duration",
+]
+
+TAG = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
+
+
+def to_str(value: Any) -> str:
+    """A parameter value as Argo writes it: strings raw, JSON for everything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return str(value)
+    if value is None:
+        return ""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def render(text: str, values: dict[str, str]) -> str:
+    """Replace the known `{{name}}` tags of one string."""
+    if "{{" not in text:
+        return text
+    return TAG.sub(lambda m: values[m.group(1)] if m.group(1) in values else m.group(0), text)
+
+
+def substitute(obj: Any, values: dict[str, str], *, skip: tuple[str, ...] = ()) -> Any:
+    """A copy of `obj` with known tags replaced in every string (keys in `skip` left as they are)."""
+    if isinstance(obj, str):
+        return render(obj, values)
+    if isinstance(obj, list):
+        return [substitute(v, values) for v in obj]
+    if isinstance(obj, dict):
+        return {k: (v if k in skip else substitute(v, values, skip=skip)) for k, v in obj.items()}
+    return obj
+
+
+def unresolved(obj: Any, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """Every `{{...}}` tag still present in `obj` (keys in `skip` not searched)."""
+    if isinstance(obj, str):
+        return ["{{" + m.group(1) + "}}" for m in TAG.finditer(obj)]
+    if isinstance(obj, list):
+        return [t for v in obj for t in unresolved(v)]
+    if isinstance(obj, dict):
+        return [t for k, v in obj.items() if k not in skip for t in unresolved(v, skip=skip)]
+    return []
+
+
+def item_vars(item: Any) -> dict[str, str]:
+    """The `{{item}}` / `{{item.field}}` values for one loop item."""
+    values = {"item": to_str(item)}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                values[f"{prefix}.{k}"] = to_str(v)
+                walk(f"{prefix}.{k}", v)
+
+    walk("item", item)
+    return values
+
+
+def _go_v(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + " ".join(_go_v(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{_go_v(v)}" for k, v in sorted(value.items())) + "]"
+    return to_str(value)
+
+
+def item_label(name: str, index: int, item: Any) -> str:
+    """Argo's name for an expanded node: `A(0:foo)`, `A(1:a:1,b:2)` for a map item."""
+    if isinstance(item, dict):
+        desc = ",".join(sorted(f"{k}:{_go_v(v)}" for k, v in item.items()))
+    else:
+        desc = _go_v(item)
+    return f"{name}({index}:{desc})"
+
+
+def _sequence(seq: dict) -> list[str]:
+    fmt = seq.get("format") or "%d"
+    if "count" in seq and "end" in seq:
+        raise ValueError("withSequence: give either count or end, not both")
+    start = int(to_str(seq.get("start", 0)) or 0)
+    if "count" in seq:
+        count = int(to_str(seq["count"]))
+        numbers = list(range(start, start + count))
+    elif "end" in seq:
+        end = int(to_str(seq["end"]))
+        step = 1 if end >= start else -1
+        numbers = list(range(start, end + step, step))
+    else:
+        raise ValueError("withSequence needs count or end")
+    return [fmt % n for n in numbers]
+
+
+def expand_items(spec: dict) -> list[Any] | None:
+    """The loop items of a substituted step/task, or None when it does not loop."""
+    if spec.get("withItems") is not None:
+        return list(spec["withItems"])
+    if spec.get("withParam") is not None:
+        raw = spec["withParam"]
+        if isinstance(raw, list):
+            return raw
+        try:
+            items = json.loads(raw)
+        except (TypeError, ValueError):
+            items = None
+        if not isinstance(items, list):
+            raise ValueError(
+                f"withParam value could not be parsed as a JSON list: {str(raw).strip()}"
+            )
+        return items
+    if spec.get("withSequence") is not None:
+        return _sequence(spec["withSequence"])
+    return None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h|d)")
+_UNIT = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a Go duration ("1m30s") or a plain number of seconds."""
+    text = to_str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"invalid duration {text!r} (use e.g. 30, 30s, 2m, 1h30m)")
+    return sum(float(n) * _UNIT[u] for n, u in parts)

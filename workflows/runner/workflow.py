@@ -1,0 +1,211 @@
+"""Run a whole Workflow manifest locally: the Python API behind `ckptflow run`."""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from workflows.runner import context as cx
+from workflows.runner import execute
+from workflows.runner.manifest import arguments_of, validate, workflow_spec
+from workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
+from workflows.runner.process import ProcessRegistry
+from workflows.runner.report import Reporter, final_table, write_status
+from workflows.runner.substitution import parse_duration
+
+__all__ = ["RunResult", "run_workflow", "EXIT_CODES"]
+
+EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, ERROR: 2}
+INTERRUPTED_EXIT = 130
+
+
+@dataclass
+class RunResult:
+    """The outcome of a local run: the phase Argo would report, and `status` as Argo writes it."""
+
+    name: str
+    phase: str
+    message: str
+    status: dict
+    workdir: str
+    status_file: str
+    table: str
+    interrupted: bool = False
+    nodes: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return INTERRUPTED_EXIT if self.interrupted else EXIT_CODES.get(self.phase, 2)
+
+    def node(self, name: str) -> dict:
+        """The node with this full name (`wf.A`, `wf[0].step`), or with this display name
+        when exactly one node has it."""
+        full = [n for n in self.nodes.values() if n["name"] == name]
+        if full:
+            return full[0]
+        shown = [n for n in self.nodes.values() if n["displayName"] == name]
+        if len(shown) != 1:
+            raise KeyError(f"{len(shown)} nodes have display name {name!r}")
+        return shown[0]
+
+    def phases(self) -> dict[str, str]:
+        """Display name -> phase of every node (last one wins for repeated display names)."""
+        return {n["displayName"]: n["phase"] for n in self.nodes.values()}
+
+
+def _workflow_name(manifest: dict) -> str:
+    meta = manifest.get("metadata") or {}
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+    if manifest.get("kind") in ("WorkflowTemplate", "ClusterWorkflowTemplate"):
+        return f"{meta.get('name', 'workflow')}-{suffix}"
+    if meta.get("name"):
+        return str(meta["name"])
+    return f"{meta.get('generateName', 'workflow-')}{suffix}"
+
+
+def _wait(run: cx.Run, node, scope: cx.Scope) -> bool:
+    """Wait for a node to finish; on Ctrl-C stop everything and return True."""
+    interrupted = False
+    while node.phase not in DONE:
+        gen = run.store.generation
+        try:
+            run.store.wait_change(gen, 0.1)
+        except KeyboardInterrupt:
+            interrupted = True
+            scope.cancel(cx.INTERRUPT, "Stopped by user (interrupted)")
+    return interrupted
+
+
+def run_workflow(
+    manifest: dict,
+    *,
+    arguments: dict[str, Any] | None = None,
+    workdir: str,
+    status_file: str | None = None,
+    stream: TextIO | None = None,
+    name: str | None = None,
+    cwd: str | None = None,
+    private_tmp: bool = True,
+    kill_grace: float = 3.0,
+    env: dict[str, str] | None = None,
+) -> RunResult:
+    """Run a Workflow/WorkflowTemplate manifest here; raise ManifestError before running anything
+    if it uses what the local runner refuses.
+
+    arguments: workflow parameters (like `argo submit -p`), overriding spec.arguments.
+    workdir: where logs (`logs/`), pod-private directories (`pods/`) and the status file go.
+    cwd: the working directory of processes without workingDir (default: the current one).
+    env: the environment the template `env` is added to (default: this process's); variables of
+    `secretKeyRef`/`configMapKeyRef` entries must be set in it.
+    """
+    spec = workflow_spec(manifest)
+    base_env = dict(os.environ if env is None else env)
+    validate(spec, env=base_env)
+    params = arguments_of(spec, arguments)
+    wf_name = name or _workflow_name(manifest)
+    work = Path(workdir).resolve()
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    status_path = str(Path(status_file).resolve() if status_file else work / "status.json")
+    meta = manifest.get("metadata") or {}
+    started = time.time()
+    state = {"phase": "Running", "message": "", "finished": None}
+    reporter = Reporter(stream)
+    store = NodeStore(wf_name, on_change=reporter.on_change)
+    parallelism = spec.get("parallelism")
+    run = cx.Run(
+        name=wf_name,
+        uid=str(uuid.uuid4()),
+        namespace=str(meta.get("namespace") or "default"),
+        spec=spec,
+        templates={t["name"]: t for t in spec["templates"]},
+        parameters=params,
+        store=store,
+        registry=ProcessRegistry(kill_grace),
+        workdir=str(work),
+        cwd=str(Path(cwd or os.getcwd()).resolve()),
+        pod_slots=threading.BoundedSemaphore(int(parallelism)) if parallelism else None,
+        private_tmp=private_tmp,
+        env=base_env,
+    )
+
+    def document() -> dict:
+        nodes = store.to_status()
+        pods = [n for n in nodes.values() if n["type"] == "Pod"]
+        done = sum(1 for n in pods if n["phase"] in DONE)
+        status = {
+            "phase": state["phase"],
+            "startedAt": rfc3339(started),
+            "finishedAt": rfc3339(state["finished"]),
+            "progress": f"{done}/{len(pods)}",
+            "nodes": nodes,
+        }
+        if state["message"]:
+            status["message"] = state["message"]
+        if run.global_outputs:
+            status["outputs"] = {
+                "parameters": [{"name": k, "value": v} for k, v in run.global_outputs.items()]
+            }
+        return {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "metadata": {"name": wf_name, "uid": run.uid, "namespace": run.namespace},
+            "status": status,
+        }
+
+    reporter.status = lambda: write_status(status_path, document())
+    reporter.start(store)
+    deadline = spec.get("activeDeadlineSeconds")
+    scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
+    interrupted = False
+    try:
+        root = execute.start(
+            run, name=wf_name, display=wf_name, template=spec["entrypoint"], args=params,
+            boundary_id=None, parents=[], scope=scope,
+        )  # fmt: skip
+        interrupted = _wait(run, root, scope)
+        phase, message = root.phase, root.message
+        if scope.reason() is not None and scope.reason()[0] == cx.DEADLINE:
+            phase, message = FAILED, scope.reason()[1]
+        if spec.get("onExit") and not interrupted:
+            run.exit_vars = {"workflow.status": phase, "workflow.failures": cx.failures(store)}
+            exit_scope = cx.Scope()
+            handler = execute.start(
+                run, name=f"{wf_name}.onExit", display=f"{wf_name}.onExit",
+                template=spec["onExit"], args=params, boundary_id=None, parents=[], scope=exit_scope,
+            )  # fmt: skip
+            interrupted = _wait(run, handler, exit_scope)
+            if phase == SUCCEEDED and handler.phase != SUCCEEDED:
+                phase, message = (
+                    handler.phase,
+                    f"exit handler {handler.phase.lower()}: {handler.message}",
+                )
+        if interrupted:
+            phase, message = FAILED, "Stopped by user (interrupted)"
+    finally:
+        run.registry.stop_all()
+        with run.threads_lock:
+            threads = list(run.threads)
+        for t in threads:
+            t.join(timeout=10)
+        state["finished"] = time.time()
+    state["phase"], state["message"] = phase, message
+    reporter.stop()
+    doc = document()
+    return RunResult(
+        name=wf_name,
+        phase=phase,
+        message=message,
+        status=doc,
+        workdir=str(work),
+        status_file=status_path,
+        table=final_table(store),
+        interrupted=interrupted,
+        nodes=doc["status"]["nodes"],
+    )
