@@ -13,7 +13,6 @@ import sys
 # subcommand -> ("module", "function taking argv and returning an exit code", "help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "ckpt": ("steps.checkpoint.cli", "main", "inspect, verify, pin, archive and gc checkpoints"),
-    "demo": ("steps.checkpoint.demo", "main", "a checkpoint save/load round trip"),
     "run": ("workflows.runner.cli", "main", "run a rendered Argo Workflow manifest locally"),
     "plan": ("steps.checkpoint.plan_cli", "main", "checkpoint size, stall, interval, storage cost"),
     "render": ("workflows.render", "main", "render a workflow's manifests (Argo YAML)"),
