@@ -24,3 +24,28 @@ lint: $(STAMP)
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+# --- Running it on a cluster (needs Docker, k3d and kubectl; see README "Run it on a cluster")
+IMAGE ?= ckptflow-steps:0.1.0
+CLUSTER ?= ckptflow
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: image image-cuda cluster cluster-down e2e
+
+image:
+	docker build -f images/step.Dockerfile --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) -t $(IMAGE) .
+
+# PyPI's Linux torch wheels bundle CUDA: the same image with GPU support (several GB larger).
+image-cuda:
+	$(MAKE) image TORCH_INDEX_URL=https://pypi.org/simple IMAGE=$(IMAGE)-cuda
+
+cluster: image
+	CLUSTER=$(CLUSTER) IMAGE=$(IMAGE) deploy/cluster-up.sh
+
+cluster-down:
+	CLUSTER=$(CLUSTER) deploy/cluster-down.sh
+
+# The cluster-marked tests, against the cluster `make cluster` made; a missing cluster fails.
+e2e: $(STAMP)
+	CKPTFLOW_E2E_REQUIRE=1 CKPTFLOW_E2E_IMAGE=$(IMAGE) CKPTFLOW_E2E_CONTEXT=k3d-$(CLUSTER) \
+		$(VENV)/bin/python -m pytest -m cluster tests/e2e -v
