@@ -43,8 +43,12 @@ def read_root_id(storage: Storage) -> str | None:
     return str(doc["root_id"])
 
 
-def ensure_root(storage: Storage) -> str:
-    """Return the root id, creating the root marker (exclusively) for a new root."""
+def ensure_root(storage: Storage, parent: dict | None = None) -> str:
+    """Return the root id, creating the root marker (exclusively) for a new root.
+
+    `parent` ({"uri", "step", "root_id"}) names a committed step of another root whose objects
+    this root's manifests may reference (a fine-tune deduplicated against its base).
+    """
     storage.check_reachable()
     root_id = read_root_id(storage)
     if root_id is not None:
@@ -55,6 +59,8 @@ def ensure_root(storage: Storage) -> str:
         "root_id": uuid.uuid4().hex,
         "created_at": time.time(),
     }
+    if parent:
+        doc["parent"] = parent
     # Another writer may have created it first: then theirs is used.
     with contextlib.suppress(AlreadyExists):
         storage.write(layout.ROOT_MARKER, json.dumps(doc).encode(), exclusive=True)
@@ -126,13 +132,51 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
     return m
 
 
+def read_parent(storage: Storage) -> dict | None:
+    """The root marker's `parent` ({"uri", "step", "root_id"}), or None (the usual case)."""
+    try:
+        doc = json.loads(storage.read(layout.ROOT_MARKER))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    parent = doc.get("parent") if isinstance(doc, dict) else None
+    if not (isinstance(parent, dict) and isinstance(parent.get("uri"), str)):
+        return None
+    return parent
+
+
+def parent_stores(storage: Storage, depth: int = 8) -> list[Storage]:
+    """Where objects this root borrows live: its parent step's storage (its archive root when
+    that step was archived), then the parent's own parents. [] for an ordinary root."""
+    out: list[Storage] = []
+    parent = read_parent(storage)
+    while parent is not None and len(out) < depth:
+        st = Storage(parent["uri"])
+        step = parent.get("step")
+        out.append(locate(st, step) if isinstance(step, int) else st)
+        parent = read_parent(st)
+    return out
+
+
+def read_object(storage: Storage, key: str, fallbacks: list[Storage]) -> tuple[bytes, str]:
+    """An object's stored bytes and URL: from `storage`, else from the first fallback (a parent
+    root) holding it. FileNotFoundError (naming `storage`'s URL) when none has it."""
+    rel = layout.object_path(key)
+    for st in (storage, *fallbacks):
+        try:
+            return st.read(rel), st.url(rel)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(storage.url(rel))
+
+
 def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:
     """Read every object a manifest needs, check size and checksum; return the bad files."""
     bad = []
+    fallbacks = parent_stores(storage)
     for key in sorted(keys if keys is not None else m["objects"]):
         rel = layout.object_path(key)
         try:
-            blob = storage.read(rel)
+            blob, _ = read_object(storage, key, fallbacks)
         except FileNotFoundError:
             bad.append(f"{storage.url(rel)} (missing)")
             continue

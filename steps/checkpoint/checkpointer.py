@@ -91,6 +91,25 @@ def _unwrap(exc: CheckpointException) -> BaseException:
     return exc
 
 
+def _part_bounds(m: dict) -> dict[str, list[int]]:
+    """fqn -> sorted global byte offsets where a manifest's parts of that tensor start and end,
+    for tensors stored in chunks of whole rows (dim-0 shards, as FSDP2 saves them)."""
+    out: dict[str, set] = {}
+    for it in m["items"].values():
+        t = m["tensors"].get(it["fqn"])
+        if it.get("offset") is None or t is None:
+            continue
+        size, offs, sizes = t["size"], it["offset"], it["sizes"]
+        if any(offs[1:]) or sizes[1:] != size[1:]:
+            continue
+        n = sum(p["raw_size"] for p in it["parts"])
+        start = offs[0] * (n // sizes[0]) if offs and sizes[0] else 0
+        bounds = out.setdefault(it["fqn"], set())
+        for p in it["parts"]:
+            bounds |= {start + p["raw_offset"], start + p["raw_offset"] + p["raw_size"]}
+    return {k: sorted(v) for k, v in out.items()}
+
+
 class Checkpointer:
     """Sharded, compressed, checksummed checkpoints under one root URI (local, memory://, s3://)."""
 
@@ -125,6 +144,9 @@ class Checkpointer:
         self._stager = Stager()
         self._inflight: SaveHandle | None = None
         self._prior: dict = {}
+        self._parent: dict | None = None  # set by inherit(): the step this root borrows from
+        self._inherited: dict = {}  # parts of that step (raw hash -> record), never forgotten
+        self._cuts: dict = {}  # fqn -> byte offsets where its parts end (aligned with them)
         self._base: dict = {}
         self._base_step: int | None = None
         self._saves_since_full = 0
@@ -212,6 +234,7 @@ class Checkpointer:
             part_bytes=self.part_bytes,
             metadata=dict(metadata),
             prior=self._prior,
+            cuts=self._cuts,
         )
         if delta:
             job.kind, job.base, job.base_step = "delta", self._base, self._base_step
@@ -222,7 +245,7 @@ class Checkpointer:
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()
         if self.rank == 0:
-            job.root_id = catalog.ensure_root(self.storage)
+            job.root_id = catalog.ensure_root(self.storage, self._parent)
         try:
             dcp.save(
                 state_dict,
@@ -243,7 +266,8 @@ class Checkpointer:
 
     def _after_commit(self, job: SaveJob) -> None:
         """Only committed data may be deduplicated against or used as a delta base."""
-        self._prior = {r["raw_hash"]: r for r in job.part_records if r["base"] is None}
+        own = {r["raw_hash"]: r for r in job.part_records if r["base"] is None}
+        self._prior = {**self._inherited, **own}
         if job.capture_base is not None:
             self._base, self._base_step, self._saves_since_full = job.capture_base, job.step, 1
         else:
@@ -297,7 +321,13 @@ class Checkpointer:
             else None
         )
         located = catalog.locate(self.storage, step)  # an archived step reads its archive root
-        reader = CkptStorageReader(located, m, threads=self.threads, exchange=exchange)
+        reader = CkptStorageReader(
+            located,
+            m,
+            threads=self.threads,
+            exchange=exchange,
+            fallbacks=catalog.parent_stores(self.storage),
+        )
         try:
             dcp.load(
                 state_dict,
@@ -312,9 +342,45 @@ class Checkpointer:
         self._prior = {
             p["raw_hash"]: p for it in m["items"].values() for p in it["parts"] if p["base"] is None
         }
-        if located is not self.storage:
+        # Only the latest valid step is never collected: deduplicating against an older one
+        # could reference objects that a concurrent GC is deleting.
+        if located is not self.storage or step != self.latest():
             self._prior = {}
+        self._prior = {**self._inherited, **self._prior}
         return reader
+
+    # -- parent roots (fine-tuning) ------------------------------------------------------------
+    def inherit(self, parent: Checkpointer, step: int) -> None:
+        """Deduplicate this root's saves against committed step `step` of another root.
+
+        For a fine-tune saved under its own root: tensors still equal to the base's (frozen
+        ones) are referenced, not stored again, even when the base was saved by another world
+        size (parts are cut where the base's parts end). This root's marker names the parent,
+        so every reader of this root finds those objects there. Call it on every rank before
+        the first save (and again after a resume); the parent step must outlive this root
+        (pin it).
+        """
+        m = parent.manifest(step)
+        ref = {"uri": parent.storage.url(), "step": step, "root_id": m["root_id"]}
+        existing = catalog.read_parent(self.storage)
+        if existing is None and catalog.committed_steps(self.storage):
+            raise CheckpointError(
+                f"{self.root} already holds checkpoints not derived from {ref['uri']} step "
+                f"{step}; use a new root for this fine-tune"
+            )
+        if existing is not None and (existing.get("uri"), existing.get("step")) != (
+            ref["uri"],
+            step,
+        ):
+            raise CheckpointError(
+                f"{self.root} was created from {existing.get('uri')} step {existing.get('step')}, "
+                f"not {ref['uri']} step {step}; use a new root for this fine-tune"
+            )
+        self._parent = ref
+        # Delta parts are kept too: reusing one references its base object as well.
+        self._inherited = {p["raw_hash"]: p for it in m["items"].values() for p in it["parts"]}
+        self._prior = {**self._inherited, **self._prior}
+        self._cuts = _part_bounds(m)
 
     def close(self) -> None:
         """Wait for the save in flight (raising its failure) and release the worker."""

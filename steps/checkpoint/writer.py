@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,7 @@ class SaveJob:
     base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
     capture_base: dict | None = None  # filled on full saves when deltas will follow
     prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
+    cuts: dict = field(default_factory=dict)  # fqn -> global byte offsets where parts must end
     metadata: dict = field(default_factory=dict)
     raw_bytes: int = 0
     written_bytes: int = 0
@@ -85,6 +87,30 @@ def _raw_view(data) -> tuple[np.ndarray, int]:
     t = t.contiguous().reshape(-1)
     width = t.element_size() if t.is_floating_point() else 1
     return t.view(torch.uint8).numpy(), width
+
+
+def _local_cuts(cuts: list[int] | None, item, n: int) -> list[int]:
+    """Cut points inside this item from global byte offsets of a tensor (`Checkpointer.inherit`),
+    so parts line up with another checkpoint's parts of the same tensor, saved by another
+    world size, and deduplicate against them. Only for chunks of whole rows (dim-0 shards)."""
+    td = item.tensor_data
+    if not cuts or td is None or n == 0:
+        return []
+    size, offs, sizes = list(td.size), list(item.index.offset), list(td.chunk.sizes)
+    if any(offs[1:]) or sizes[1:] != size[1:]:
+        return []
+    start = offs[0] * (n // max(sizes[0], 1)) if offs else 0
+    return [c - start for c in cuts if start < c < start + n]
+
+
+def _part_ranges(n: int, step_: int, cuts: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each part: at most `step_` bytes, ending at every cut point."""
+    if n == 0:
+        return [(0, 0)]
+    out, bounds = [], [0, *sorted(set(cuts)), n]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        out += [(o, min(o + step_, b)) for o in range(a, b, step_)]
+    return out
 
 
 class CkptStorageWriter(StorageWriter):
@@ -143,9 +169,10 @@ class CkptStorageWriter(StorageWriter):
                 offset = None if item.type == WriteItemType.BYTE_IO else list(item.index.offset)
                 key = mf.item_key(item.index.fqn, offset)
                 step_ = max(job.part_bytes - job.part_bytes % max(width, 1), width)
+                cuts = _local_cuts(job.cuts.get(item.index.fqn), item, len(raw))
                 futs = [
-                    pool.submit(self._store_part, key, i, raw[o : o + step_], o, width)
-                    for i, o in enumerate(range(0, max(len(raw), 1), step_))
+                    pool.submit(self._store_part, key, i, raw[o:e], o, width)
+                    for i, (o, e) in enumerate(_part_ranges(len(raw), step_, cuts))
                 ]
                 rec = {"fqn": item.index.fqn, "offset": offset}
                 if item.tensor_data is not None:
@@ -215,6 +242,8 @@ class CkptStorageWriter(StorageWriter):
         # A content-addressed object already present with the right size is identical; rewriting
         # a local file in place would briefly truncate data that a committed step references.
         if st.protocol == "file" and st.exists(rel) and st.size(rel) == len(data):
+            # Refresh its age: GC's grace period then protects it until this save commits.
+            os.utime(st.path(rel))
             return
         st.write(rel, data)
         with self._lock:

@@ -18,6 +18,7 @@ from workflows.runner.workflow import run_workflow
 __all__ = ["build_parser", "main", "resolve_manifest", "run_manifest"]
 
 REFUSED_EXIT = 3  # the manifest was refused before anything ran
+BUILDER_TARGETS = ("pipeline", "pretrain", "finetune")  # see workflows/local.py
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +90,12 @@ def _sigterm(signum, frame):  # SIGTERM stops the run like Ctrl-C: processes are
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in BUILDER_TARGETS and not Path(argv[0]).exists():
+        # `ckptflow run pipeline --local`: a builder name, rendered by hera then run here.
+        from workflows.local import main as run_builder
+
+        return run_builder(argv)
     args = build_parser().parse_args(argv)
     if hasattr(signal, "SIGTERM"):
         # signal() refuses outside the main thread (e.g. main() called from a test thread)

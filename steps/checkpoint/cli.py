@@ -1,0 +1,275 @@
+"""`ckptflow ckpt`: list, verify, pin, collect and archive the checkpoints of a root.
+
+    ckptflow ckpt ls ROOT [--json] [--verify]
+    ckptflow ckpt verify ROOT [--step N | --all]
+    ckptflow ckpt pin ROOT STEP [--reason TEXT]
+    ckptflow ckpt unpin ROOT STEP
+    ckptflow ckpt gc ROOT --policy SPEC [--grace 1h] [--yes] [--json]
+    ckptflow ckpt archive ROOT --older-than 7d --to URI [--grace 1h] [--yes] [--json]
+
+ROOT is a local path or s3://bucket/prefix. gc and archive are dry runs unless --yes. Exit codes:
+0 success, 1 a verification found bad data, 2 a usage error (the message names the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+
+from steps.checkpoint import catalog, inventory, layout
+from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from steps.checkpoint.retention import POLICY_EXAMPLE, PolicyError, parse_duration
+from steps.checkpoint.storage import StorageError
+
+_H = inventory.human_bytes
+
+
+def _duration(text: str) -> float:
+    """argparse type: a duration such as 1h, or 0 for none."""
+    if text.strip().rstrip("smhdw") in ("0", "0.0"):
+        return 0.0
+    try:
+        return parse_duration(text)
+    except PolicyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ckptflow ckpt", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    ls = sub.add_parser("ls", help="one row per step: kind, sizes, state, pin, tier, metrics")
+    ls.add_argument("root", help="checkpoint root: a local path or s3://bucket/prefix")
+    ls.add_argument("--json", action="store_true", help="print JSON rows for scripts")
+    ls.add_argument("--verify", action="store_true", help="read every byte (slow; finds bit rot)")
+    v = sub.add_parser("verify", help="check every byte against the manifests")
+    v.add_argument("root")
+    which = v.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="verify this step only")
+    which.add_argument("--all", action="store_true", help="verify every committed step (default)")
+    for name, helptext in (("pin", "never delete STEP by any policy"), ("unpin", "undo pin")):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("root")
+        q.add_argument("step", type=int)
+        if name == "pin":
+            q.add_argument("--reason", default="", help="why (e.g. 'published as v3')")
+    g = sub.add_parser("gc", help="delete what a retention policy does not keep (dry run)")
+    g.add_argument("root")
+    g.add_argument("--policy", required=True, help=f"retention policy, e.g. {POLICY_EXAMPLE}")
+    g.add_argument("--grace", type=_duration, default=3600.0, help="leave younger files (1h)")
+    g.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
+    a = sub.add_parser("archive", help="move old steps to an archive root (dry run)")
+    a.add_argument("root")
+    a.add_argument("--older-than", type=_duration, required=True, help="e.g. 7d")
+    a.add_argument("--to", required=True, help="archive root: another bucket or prefix")
+    a.add_argument("--grace", type=_duration, default=3600.0, help="leave younger objects (1h)")
+    a.add_argument("--yes", action="store_true", help="really archive (default: dry run)")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+# -- ls --------------------------------------------------------------------------------------------
+def _metrics_text(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "-"
+
+
+def _table(rows: list[inventory.StepRow]) -> list[str]:
+    head = ("STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "PIN", "TIER")
+    head = (*head, "METRICS")
+    body = []
+    for r in rows:
+        kind = r.kind or "-"
+        if r.kind == "delta":
+            kind = f"delta<{r.base_step}"
+        done = r.state != "uncommitted"
+        body.append(
+            (
+                str(r.step),
+                r.state,
+                inventory.human_age(r.age_s),
+                kind,
+                _H(r.logical_bytes) if done else "-",
+                _H(r.stored_bytes) if done else "-",
+                _H(r.new_bytes) if done else "-",
+                f"{r.ratio:.2f}x" if r.ratio else "-",
+                "pinned" if r.pinned else "-",
+                r.tier,
+                _metrics_text(r.metrics),
+            )
+        )
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)).rstrip()
+        for x in [head, *body]
+    ]
+    for r in rows:
+        lines += [f"  step {r.step}: bad file {p}" for p in r.problems]
+    return lines
+
+
+def cmd_ls(args) -> int:
+    st = inventory.open_root(args.root)
+    rows = inventory.build_rows(st, now=time.time(), check=True, deep=args.verify)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=1, sort_keys=True))
+    elif not rows:
+        print(f"no checkpoints under {st.uri}")
+    else:
+        print("\n".join(_table(rows)))
+    return 0
+
+
+# -- verify ----------------------------------------------------------------------------------------
+class _Progress:
+    """A one-line progress counter on a terminal (stderr); silent in logs."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.done, self.label = total, 0, label
+        self.enabled = sys.stderr.isatty()
+        self._last = 0.0
+        self._lock = threading.Lock()  # verify threads report concurrently
+
+    def add(self, n: int, total: int | None = None) -> None:
+        with self._lock:
+            self.done += n
+            self.total = self.total if total is None else total
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
+            self._last = now
+            print(f"\r{self.label}: {_H(self.done)} / {_H(self.total)}", end="", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.enabled:
+            print("\r\033[K", end="", file=sys.stderr)
+
+
+def cmd_verify(args) -> int:
+    st = inventory.open_root(args.root)
+    steps = catalog.committed_steps(st)
+    if args.step is not None:
+        if args.step not in steps:
+            raise CheckpointError(
+                f"step {args.step} is not a committed checkpoint under {st.uri}; "
+                f"committed steps: {steps or 'none'} (see `ckptflow ckpt ls {args.root}`)"
+            )
+        steps = [args.step]
+    if not steps:
+        raise CheckpointError(f"no committed checkpoints under {st.uri} to verify")
+    n_bad = 0
+    for step in steps:
+        prog = _Progress(0, f"verify step {step}")
+        m, bad = inventory.verify_step(st, step, progress=prog.add)
+        prog.close()
+        if bad:
+            n_bad += 1
+            print(f"step {step}: CORRUPT")
+            for b in bad:
+                print(f"  bad file {b}")
+        else:
+            print(
+                f"step {step}: ok ({len(m['objects'])} objects, {_H(m['stats']['stored_bytes'])})"
+            )
+    print(f"{len(steps)} step(s) verified: " + (f"{n_bad} corrupt" if n_bad else "all sound"))
+    return 1 if n_bad else 0
+
+
+# -- pin / unpin -----------------------------------------------------------------------------------
+def _committed(st, step: int) -> None:
+    if not st.exists(layout.commit_path(step)):
+        raise CheckpointError(
+            f"step {step} is not a committed checkpoint under {st.uri}; committed steps: "
+            f"{catalog.committed_steps(st) or 'none'}"
+        )
+
+
+def cmd_pin(args) -> int:
+    st = inventory.open_root(args.root)
+    _committed(st, args.step)
+    doc = {"reason": args.reason, "pinned_at": time.time()}
+    st.write(f"{layout.step_dir(args.step)}/{layout.PIN}", json.dumps(doc).encode())
+    print(f"pinned step {args.step}" + (f" ({args.reason})" if args.reason else ""))
+    return 0
+
+
+def cmd_unpin(args) -> int:
+    st = inventory.open_root(args.root)
+    rel = f"{layout.step_dir(args.step)}/{layout.PIN}"
+    if not st.exists(rel):
+        _committed(st, args.step)
+        print(f"step {args.step} was not pinned")
+        return 0
+    st.delete([rel])
+    print(f"unpinned step {args.step}: retention policies may delete it now")
+    return 0
+
+
+# -- gc / archive ----------------------------------------------------------------------------------
+def cmd_gc(args) -> int:
+    from steps.checkpoint.gc import gc
+
+    report = gc(args.root, args.policy, apply=args.yes, grace_s=args.grace)
+    print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
+    return 0
+
+
+def cmd_archive(args) -> int:
+    from steps.checkpoint.archive import archive
+
+    report = archive(
+        args.root,
+        args.to,
+        args.older_than,
+        apply=args.yes,
+        grace_s=args.grace,
+        progress=sys.stderr.isatty(),
+    )
+    print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
+    return 0
+
+
+COMMANDS = {
+    "ls": cmd_ls,
+    "verify": cmd_verify,
+    "pin": cmd_pin,
+    "unpin": cmd_unpin,
+    "gc": cmd_gc,
+    "archive": cmd_archive,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one `ckptflow ckpt` subcommand; user errors print one line and return 2."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the usage and the problem
+        return int(exc.code or 0)
+    try:
+        return COMMANDS[args.cmd](args)
+    except CorruptCheckpoint as exc:
+        print(f"ckptflow ckpt {args.cmd}: corrupt checkpoint: {exc}", file=sys.stderr)
+        return 1
+    except (CheckpointError, StorageError, PolicyError) as exc:
+        print(f"ckptflow ckpt {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not _unreachable(exc):
+            raise
+        print(
+            f"ckptflow ckpt {args.cmd}: error: cannot reach the storage of {args.root} ({exc}); "
+            "check the URI, AWS_ENDPOINT_URL and the network",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A storage endpoint that does not answer (wrong endpoint URL, network down)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionError"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""Garbage collection of a checkpoint root under a retention policy (docs/format.md "Deletion").
+
+`gc(root, policy)` plans and, with `apply=True`, deletes:
+
+* committed hot steps the policy does not keep: the COMMIT marker first (so a half-deleted step
+  is never seen as valid), then the folder's other files;
+* uncommitted leftovers of crashed saves whose newest file is older than the grace period; a
+  folder with a younger file is a save in progress and is never touched;
+* in kept steps, a losing racer's manifest and intent (not named by COMMIT), after the grace;
+* objects that no kept manifest references and that are older than the grace. The committed
+  steps are listed again right before objects are deleted, so a save that committed meanwhile
+  keeps its objects; the manifest of a save between its manifest write and its commit protects
+  its objects too. Objects of a save in progress are younger than the grace.
+
+Every deletion ignores files already gone, so a crash mid-GC leaves only things a later `gc`
+removes: a step without COMMIT is an uncommitted leftover, an unreferenced object is garbage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from steps.checkpoint import catalog, inventory, layout
+from steps.checkpoint.errors import CorruptCheckpoint
+from steps.checkpoint.retention import Policy, plan_retention
+from steps.checkpoint.storage import Storage
+
+DEFAULT_GRACE_S = 3600.0
+
+
+@dataclass
+class GcReport:
+    """What a GC run would delete (dry run) or deleted (applied), and the bytes freed."""
+
+    root: str  # the checkpoint root
+    policy: str  # the policy, in its string form
+    applied: bool  # False: a dry run, nothing was deleted
+    keep: dict[int, list[str]] = field(default_factory=dict)  # kept hot step -> reasons
+    delete_steps: list[int] = field(default_factory=list)  # committed steps deleted
+    leftovers: list[int] = field(default_factory=list)  # uncommitted folders removed
+    in_progress: list[int] = field(default_factory=list)  # uncommitted folders left alone
+    orphan_files: list[str] = field(default_factory=list)  # racers' files in kept steps
+    objects: list[str] = field(default_factory=list)  # object keys freed
+    bytes_freed: int = 0  # objects plus step files
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["keep"] = {str(k): v for k, v in self.keep.items()}
+        return d
+
+    def lines(self) -> list[str]:
+        """The report for a person: what goes, what stays and why, and the bytes freed."""
+        verb = "deleted" if self.applied else "would delete"
+        out = [f"gc {self.root}  policy {self.policy}"]
+        out += [f"  keep   step {s:>10}  ({', '.join(r)})" for s, r in sorted(self.keep.items())]
+        out += [f"  {verb} step {s:>10}" for s in self.delete_steps]
+        out += [f"  {verb} uncommitted leftover step {s}" for s in self.leftovers]
+        out += [f"  left alone: save in progress at step {s}" for s in self.in_progress]
+        out += [f"  {verb} orphan file {f}" for f in self.orphan_files]
+        out += [f"  warning: {w}" for w in self.warnings]
+        out.append(
+            f"{verb} {len(self.delete_steps)} step(s), {len(self.leftovers)} leftover(s), "
+            f"{len(self.objects)} object(s): {inventory.human_bytes(self.bytes_freed)} freed"
+        )
+        if not self.applied:
+            out.append("dry run: nothing was deleted; add --yes to delete")
+        return out
+
+
+def parse_policy(spec: str) -> Policy:
+    """A policy string; a bare thinning spec (`2h:all,1d:1h,7d:1d,*:7d`, no `=`) means thin=."""
+    if "=" not in spec and ":" in spec:
+        return Policy(thinning=spec)
+    return Policy.parse(spec)
+
+
+def gc(
+    root_uri: str,
+    policy: Policy | str,
+    *,
+    apply: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    now: float | None = None,
+    storage: Storage | None = None,
+) -> GcReport:
+    """Collect a checkpoint root under `policy` (dry run unless `apply`); see the module doc."""
+    now = time.time() if now is None else now
+    policy = parse_policy(policy) if isinstance(policy, str) else policy
+    st = inventory.open_root(root_uri, storage, must_exist=False)
+    report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
+    rows = inventory.build_rows(st, now=now, check=True)
+    plan = plan_retention(inventory.entries(rows), policy, now)
+    report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
+    report.warnings += plan.warnings
+    by_step = {r.step: r for r in rows}
+    doomed: list[tuple[int, list]] = []
+    for step in plan.delete:
+        doomed.append((step, inventory.step_files(st, step)))
+    for row in rows:
+        if row.state != "uncommitted":
+            continue
+        if row.age_s is not None and row.age_s < grace_s:
+            report.in_progress.append(row.step)
+        else:
+            report.leftovers.append(row.step)
+            # Only old files: a new save of the same step may have started since the look above.
+            files = [e for e in inventory.step_files(st, row.step) if e.mtime < now - grace_s]
+            doomed.append((row.step, files))
+    orphans = _orphans(st, [by_step[s] for s in plan.keep], now - grace_s)
+    report.orphan_files = [st.url(e.path) for e in orphans]
+    report.bytes_freed = sum(e.size for _, files in doomed for e in files)
+    report.bytes_freed += sum(e.size for e in orphans)
+    if apply:
+        for step, files in doomed:
+            if step in report.delete_steps and st.exists(f"{layout.step_dir(step)}/{layout.PIN}"):
+                report.delete_steps.remove(step)  # pinned while this gc ran: pins always win
+                report.bytes_freed -= sum(e.size for e in files)
+                report.warnings.append(f"step {step} was pinned during gc; kept")
+                continue
+            _delete_step(st, step, files)
+        delete_files(st, [e.path for e in orphans])
+    keys, size = free_objects(st, rows, set(plan.delete), now - grace_s, report.warnings, apply)
+    report.objects, report.bytes_freed = keys, report.bytes_freed + size
+    return report
+
+
+def _orphans(st: Storage, kept: list[inventory.StepRow], cutoff: float) -> list:
+    """Manifests and intents in committed steps that COMMIT does not name (a losing racer)."""
+    out = []
+    for row in kept:
+        if row.save_id is None:
+            continue
+        for e in inventory.step_files(st, row.step):
+            name = e.path.rsplit("/", 1)[-1]
+            stem = name.removesuffix(".json")
+            for prefix in ("manifest-", "saving-"):
+                if (
+                    name.endswith(".json")
+                    and stem.startswith(prefix)
+                    and stem[len(prefix) :] != row.save_id
+                    and e.mtime < cutoff
+                ):
+                    out.append(e)
+    return out
+
+
+def _delete_step(st: Storage, step: int, files: list) -> None:
+    """COMMIT first (the step stops being valid), then the rest of the files that were listed."""
+    sd = layout.step_dir(step)
+    commit = f"{sd}/{layout.COMMIT}"
+    rels = [e.path for e in files]
+    if commit in rels:
+        st.delete([commit])
+    delete_files(st, [r for r in rels if r != commit])
+    if st.protocol == "file":  # local folders do not vanish with their last file
+        with contextlib.suppress(OSError):
+            st.fs.rmdir(st.path(sd))
+
+
+def delete_files(st: Storage, rels: list[str], threads: int = 16) -> None:
+    if not rels:
+        return
+    with ThreadPoolExecutor(max_workers=min(threads, len(rels))) as pool:
+        list(pool.map(lambda r: st.delete([r]), rels))
+
+
+def referenced(
+    st: Storage, rows: list[inventory.StepRow], skip: set[int], fresh: bool, warnings: list[str]
+) -> set[str] | None:
+    """Object keys hot steps need: committed steps (listed again when `fresh`; else the rows
+    less `skip`) and manifests of saves not committed yet. None when a needed manifest is
+    unreadable, so no object is deleted on a guess."""
+    if fresh:
+        cache = {(r.step, r.save_id): r for r in rows if r.save_id and r.objects}
+        root_id = catalog.read_root_id(st)
+        committed = [_current(st, s, cache, root_id) for s in catalog.committed_steps(st)]
+    else:
+        committed = [r for r in rows if r.state != "uncommitted" and r.step not in skip]
+    refs: set[str] = set()
+    for row in committed:
+        if row.state == "uncommitted" or row.tier != "hot":
+            continue  # deleted meanwhile, or its data lives in the archive root
+        if row.state == "corrupt" and not row.objects:  # the manifest itself is unreadable
+            warnings.append(
+                f"objects not collected: the manifest of kept step {row.step} cannot be read "
+                f"({'; '.join(row.problems)}); repair it or delete that step"
+            )
+            return None
+        refs |= set(row.objects)
+    if fresh:
+        pending = [s for s in catalog.step_names(st) if not st.exists(layout.commit_path(s))]
+    else:
+        pending = [r.step for r in rows if r.state == "uncommitted"]
+    for step in pending:
+        refs |= _pending_refs(st, step)
+    return refs
+
+
+def _current(st: Storage, step: int, cache: dict, root_id: str | None) -> inventory.StepRow:
+    """A committed step's row now: the cached one when the same save is still committed."""
+    try:
+        save_id = catalog.read_commit(st, step)["save_id"]
+    except (FileNotFoundError, CorruptCheckpoint):
+        save_id = None
+    row = cache.get((step, save_id))
+    if row is None:
+        return inventory.read_row(st, step, root_id, time.time())
+    try:  # an archive run may have moved it meanwhile
+        row.tier = "archive" if catalog.locate(st, step) is not st else "hot"
+    except CorruptCheckpoint:
+        row.tier = "hot"
+    return row
+
+
+def _pending_refs(st: Storage, step: int) -> set[str]:
+    """Objects named by a manifest in an uncommitted folder (a save about to commit)."""
+    refs: set[str] = set()
+    sd = layout.step_dir(step)
+    for name in st.listdir(sd):
+        if name.startswith("manifest-") and name.endswith(".json"):
+            with contextlib.suppress(FileNotFoundError, ValueError, UnicodeDecodeError, TypeError):
+                refs |= set(json.loads(st.read(f"{sd}/{name}")).get("objects") or {})
+    return refs
+
+
+def free_objects(
+    st: Storage,
+    rows: list,
+    skip: set[int],
+    cutoff: float,
+    warnings: list[str],
+    apply: bool,
+    only: set[str] | None = None,
+) -> tuple[list[str], int]:
+    """Objects (among `only`, if given) older than the cutoff that no kept manifest references;
+    deleted when `apply`. Returns the keys and their bytes."""
+    listing = inventory.list_objects(st)
+    # Listed again right before deleting: a save that committed meanwhile keeps its objects.
+    refs = referenced(st, rows, skip, fresh=apply, warnings=warnings)
+    if refs is None:
+        return [], 0
+    keys = sorted(
+        k
+        for k, e in listing.items()
+        if k not in refs and e.mtime < cutoff and (only is None or k in only)
+    )
+    if apply:
+        delete_files(st, [layout.object_path(k) for k in keys])
+    return keys, sum(listing[k].size for k in keys)

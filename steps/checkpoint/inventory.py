@@ -1,0 +1,280 @@
+"""The catalog of a checkpoint root: one row per step folder, as `ckptflow ckpt ls` shows it.
+
+A row says what a step is (full, delta, or deduplicated: a full step that stored little that
+was new), its logical and stored size, its state (committed, uncommitted leftover of a save, or
+corrupt when a check found it), whether it is pinned, its tier (hot, or archive when its data
+was moved), and the evaluation metrics an evaluator recorded. The cheap checks read the commit
+marker and manifest and list the objects (existence and size); `deep=True` also reads every
+byte. Rows become `retention.CatalogEntry` values for the policies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from steps.checkpoint import catalog, codec, layout
+from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from steps.checkpoint.retention import CatalogEntry
+from steps.checkpoint.storage import Entry, Storage, StorageError
+
+DEDUP_RATIO = 0.5  # a full step whose new bytes are below this share of its stored bytes
+
+
+@dataclass
+class StepRow:
+    """One step folder of a root, with what the catalog knows about it."""
+
+    step: int  # training step
+    state: str  # "committed", "corrupt" or "uncommitted"
+    kind: str | None = None  # "full", "delta" or "deduplicated" (None: no readable manifest)
+    base_step: int | None = None  # the full step a delta needs
+    logical_bytes: int = 0  # raw bytes of the state dict (manifest stats.raw_bytes)
+    stored_bytes: int = 0  # bytes of every object the step references
+    new_bytes: int = 0  # bytes this save wrote (the rest was shared)
+    pinned: bool = False  # a PIN file exists: never deleted by a policy
+    pin_reason: str | None = None  # why it was pinned
+    tier: str = "hot"  # "hot", or "archive" when an ARCHIVED marker names its archive root
+    archive_uri: str | None = None  # the archive root (tier "archive")
+    metrics: dict[str, float] = field(default_factory=dict)  # from eval.json
+    committed_at: float | None = None  # commit time (epoch seconds)
+    save_id: str | None = None  # the save the commit marker names
+    age_s: float | None = None  # since commit; uncommitted: since its newest file changed
+    problems: list[str] = field(default_factory=list)  # bad files, for corrupt steps
+    objects: dict[str, int] = field(default_factory=dict, repr=False)  # key -> stored size
+
+    @property
+    def ratio(self) -> float | None:
+        """Logical / stored bytes (how much compression, deltas and sharing saved)."""
+        return self.logical_bytes / self.stored_bytes if self.stored_bytes else None
+
+    @property
+    def valid(self) -> bool:
+        return self.state == "committed"
+
+    def entry(self) -> CatalogEntry:
+        """This row as the retention policies see it (committed rows only)."""
+        return CatalogEntry(
+            step=self.step,
+            committed_at=self.committed_at or 0.0,
+            kind="delta" if self.kind == "delta" else "full",
+            base_step=self.base_step,
+            pinned=self.pinned,
+            metrics=dict(self.metrics),
+            tier=self.tier,
+            valid=self.valid,
+        )
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("objects")
+        d["ratio"] = self.ratio
+        return d
+
+
+def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = True) -> Storage:
+    """A Storage for a checkpoint root, with the errors a user can cause made clear: a bad
+    URI, a missing bucket, a folder that holds something else, or (must_exist) nothing there."""
+    st = storage or Storage(uri)
+    st.check_reachable()
+    if catalog.read_root_id(st) is None and must_exist and not st.listdir():
+        raise CheckpointError(f"{st.uri}: no checkpoints there; check the root URI")
+    return st
+
+
+def _json(storage: Storage, rel: str) -> dict | None:
+    try:
+        doc = json.loads(storage.read(rel))
+    except FileNotFoundError:
+        return None
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _metrics(doc: dict | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    raw = (doc or {}).get("metrics")
+    for name, val in (raw if isinstance(raw, dict) else {}).items():
+        with contextlib.suppress(TypeError, ValueError):
+            if not isinstance(val, bool) and not math.isnan(float(val)):
+                out[str(name)] = float(val)
+    return out
+
+
+def step_files(storage: Storage, step: int) -> list[Entry]:
+    """Every file of a step folder, with size and modification time."""
+    return storage.walk(layout.step_dir(step))
+
+
+def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> StepRow:
+    """A step's row from its folder alone (no object checks; see `check_objects`)."""
+    files = step_files(storage, step)
+    names = {e.path.rsplit("/", 1)[-1] for e in files}
+    row = StepRow(step=step, state="uncommitted")
+    if files:
+        row.age_s = max(0.0, now - max(e.mtime for e in files))
+    sd = layout.step_dir(step)
+    if layout.PIN in names:
+        pin = _json(storage, f"{sd}/{layout.PIN}")
+        row.pinned, row.pin_reason = True, (pin or {}).get("reason")
+    if layout.EVAL in names:
+        row.metrics = _metrics(_json(storage, f"{sd}/{layout.EVAL}"))
+    if layout.COMMIT not in names:
+        return row
+    try:
+        commit = catalog.read_commit(storage, step)
+        row.save_id, row.committed_at = commit["save_id"], float(commit.get("committed_at") or 0)
+        located = catalog.locate(storage, step) if layout.ARCHIVED in names else storage
+        if located is not storage:
+            row.tier, row.archive_uri = "archive", located.uri
+        m = catalog.read_manifest(storage, step, root_id)
+    except FileNotFoundError:  # the commit marker went away while we looked (GC)
+        return row
+    except CorruptCheckpoint as exc:
+        row.state, row.problems = "corrupt", list(exc.files) or [str(exc)]
+        return row
+    stats = m["stats"]
+    row.state = "committed"
+    row.kind, row.base_step = m["kind"], m.get("base_step")
+    if row.kind == "full" and stats["new_bytes"] < DEDUP_RATIO * stats["stored_bytes"]:
+        row.kind = "deduplicated"
+    row.logical_bytes, row.stored_bytes = stats["raw_bytes"], stats["stored_bytes"]
+    row.new_bytes = stats["new_bytes"]
+    row.objects = {k: v["size"] for k, v in m["objects"].items()}
+    row.committed_at = row.committed_at or float(m["created_at"])
+    row.age_s = max(0.0, now - row.committed_at)
+    return row
+
+
+def list_objects(storage: Storage) -> dict[str, Entry]:
+    """Every object under the root: key -> Entry (size, mtime). One listing, no reads."""
+    with contextlib.suppress(AttributeError):
+        storage.fs.invalidate_cache()  # a long-lived process must not see a stale listing
+    out = {}
+    for e in storage.walk(layout.OBJECTS):
+        key = e.path.rsplit("/", 1)[-1]
+        if layout.KEY_RE.match(key):
+            out[key] = e
+    return out
+
+
+def check_objects(
+    row: StepRow, listing: dict[str, Entry], located: Storage, borrowed: dict[str, int | None]
+) -> None:
+    """Mark a committed row corrupt when an object it needs is missing or has the wrong size.
+    An object not in this root may be borrowed from a parent root (a fine-tune's base):
+    `borrowed` caches its size there (None: absent everywhere)."""
+    fallbacks = None
+    for key, size in sorted(row.objects.items()):
+        found, url = listing.get(key), located.url(layout.object_path(key))
+        have = found.size if found is not None else None
+        if found is None:
+            if key not in borrowed:
+                fallbacks = catalog.parent_stores(located) if fallbacks is None else fallbacks
+                borrowed[key] = _size_in(fallbacks, key)
+            have = borrowed[key]
+        if have is None:
+            row.problems.append(f"{url} (missing)")
+        elif have != size:
+            row.problems.append(f"{url} (size {have}, expected {size})")
+    if row.problems:
+        row.state = "corrupt"
+
+
+def _size_in(stores: list[Storage], key: str) -> int | None:
+    for st in stores:
+        try:
+            return st.size(layout.object_path(key))
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def verify_step(
+    storage: Storage, step: int, *, threads: int = 8, progress=None
+) -> tuple[dict | None, list[str]]:
+    """Read every byte of a committed step (from its archive root when archived, borrowed
+    objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
+    `progress(nbytes, total_bytes)` is called as each object is checked."""
+    located = catalog.locate(storage, step)
+    try:
+        m = catalog.read_manifest(located, step)
+    except CorruptCheckpoint as exc:
+        return None, list(exc.files) or [str(exc)]
+    fallbacks = catalog.parent_stores(located)
+    total = sum(v["size"] for v in m["objects"].values())
+
+    def one(key: str) -> str | None:
+        size = m["objects"][key]["size"]
+        try:
+            blob, url = catalog.read_object(located, key, fallbacks)
+        except FileNotFoundError:
+            return f"{located.url(layout.object_path(key))} (missing)"
+        finally:
+            if progress is not None:
+                progress(size, total)
+        if len(blob) != size:
+            return f"{url} (size {len(blob)}, expected {size})"
+        return f"{url} (checksum mismatch)" if codec.digest(blob) != key else None
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-verify") as pool:
+        bad = [b for b in pool.map(one, sorted(m["objects"])) if b]
+    return m, bad
+
+
+def build_rows(
+    storage: Storage, *, now: float, check: bool = True, deep: bool = False
+) -> list[StepRow]:
+    """One row per step folder, ascending. `check` lists objects; `deep` reads every byte."""
+    root_id = catalog.read_root_id(storage)
+    rows = [read_row(storage, s, root_id, now) for s in sorted(catalog.step_names(storage))]
+    if not (check or deep):
+        return rows
+    # Objects are listed AFTER the manifests were read: a step committed by then has them all.
+    listings: dict[str, dict[str, Entry]] = {}
+    borrowed: dict[str, dict[str, int | None]] = {}  # per located root: key -> size
+    for row in rows:
+        if row.state != "committed":
+            continue
+        if deep:
+            _, bad = verify_step(storage, row.step)
+            if bad:
+                row.state, row.problems = "corrupt", bad
+            continue
+        located = Storage(row.archive_uri) if row.archive_uri else storage
+        if located.uri not in listings:
+            try:
+                listings[located.uri] = list_objects(located)
+            except StorageError as exc:  # an archive root gone or unreachable: say so per row
+                listings[located.uri] = {}
+                row.problems.append(f"{located.uri}: cannot list objects ({exc})")
+        check_objects(row, listings[located.uri], located, borrowed.setdefault(located.uri, {}))
+    return rows
+
+
+def entries(rows: list[StepRow]) -> list[CatalogEntry]:
+    """The committed (valid or corrupt) rows as retention catalog entries."""
+    return [r.entry() for r in rows if r.state != "uncommitted"]
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people: 0 B, 512 B, 1.5 KiB, 3.2 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def human_age(seconds: float | None) -> str:
+    """An age for people: 45s, 12m, 3.5h, 2.0d."""
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

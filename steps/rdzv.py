@@ -1,0 +1,73 @@
+"""`python -m steps.rdzv`: the TCP store where torchrun's c10d rendezvous of N rank pods meets.
+
+The pretraining DAG runs this as an Argo daemon task; each rank's torchrun connects to
+`{{tasks.rdzv.ip}}:PORT` with `--rdzv-conf=is_host=false` (workflows/pretrain.py explains
+why a separate daemon rather than rank 0). The store holds only rendezvous bookkeeping: no
+training state, so it needs no storage, credentials or MLflow. It serves until stopped
+(Argo stops daemons when their DAG ends) or until `--timeout-seconds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class RdzvConfig:
+    """Settings of the rendezvous store."""
+
+    host: str = "0.0.0.0"  # address to listen on (all interfaces: ranks run in other pods)
+    port: int = 29400  # TCP port ranks pass in --rdzv-endpoint
+    timeout_s: float = 0.0  # stop after this many seconds; 0 serves until stopped
+    output_dir: str = ""  # accepted like every step's; the store writes no outputs
+
+
+def parse_args(argv: list[str] | None) -> RdzvConfig:
+    """Build the config from the command line."""
+    ap = argparse.ArgumentParser(prog="python -m steps.rdzv", description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default=RdzvConfig.host, help="listen address")
+    ap.add_argument("--port", type=int, default=RdzvConfig.port, help="listen port")
+    ap.add_argument("--timeout-seconds", dest="timeout_s", type=float, default=0.0)
+    ap.add_argument("--output-dir", default="", help="unused (no outputs)")
+    a = ap.parse_args(argv)
+    return RdzvConfig(host=a.host, port=a.port, timeout_s=a.timeout_s, output_dir=a.output_dir)
+
+
+def serve(cfg: RdzvConfig, stop: threading.Event) -> None:
+    """Host the store until `stop` is set or the timeout passes."""
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(
+            cfg.host,
+            cfg.port,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=60),
+        )
+    except (RuntimeError, OSError) as exc:
+        # The usual cause is a port already taken (another run's store on this host).
+        raise SystemExit(f"steps.rdzv: cannot listen on {cfg.host}:{cfg.port}: {exc}") from exc
+    print(f"rendezvous store listening on {cfg.host}:{cfg.port}", flush=True)
+    stop.wait(cfg.timeout_s or None)
+    del store
+    print("rendezvous store stopped", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the rendezvous store; SIGTERM/SIGINT stop it cleanly (exit 0)."""
+    cfg = parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(cfg, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

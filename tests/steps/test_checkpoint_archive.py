@@ -1,0 +1,159 @@
+"""The archive tier on real checkpoints: copy, verify, mark, free hot objects, load via the hot root."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from steps.checkpoint import Checkpointer, CorruptCheckpoint, catalog, inventory, layout
+from steps.checkpoint.archive import archive
+from steps.checkpoint.cli import main
+from steps.checkpoint.gc import gc
+from steps.checkpoint.storage import Storage
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(64, 64, generator=g), "frozen": torch.ones(16, 16), "step": seed}
+
+
+def save_steps(root: str, steps, full_every: int = 3) -> dict[int, dict]:
+    ck = Checkpointer(root, full_every=full_every)
+    out = {s: state(s) for s in steps}
+    for s in steps:
+        ck.save(s, out[s])
+    return out
+
+
+def assert_loads(root: str, step: int, expected: dict) -> None:
+    target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
+    ck = Checkpointer(root)
+    assert ck.load(target, step=step) == step
+    ck.verify(step)
+    assert torch.equal(target["w"], expected["w"]) and target["step"] == expected["step"]
+
+
+def rows_of(root: str) -> dict[int, inventory.StepRow]:
+    return {r.step: r for r in inventory.build_rows(Storage(root), now=time.time())}
+
+
+def test_archive_then_load_from_the_hot_root(tmp_path, capsys):
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = save_steps(root, range(1, 8))  # 1 4 7 full; 2 3 5 6 deltas
+    hot_before = inventory.list_objects(Storage(root))
+    report = archive(root, arch, 5.0, apply=True, now=time.time() + 10, grace_s=0)
+    assert report.steps == [1, 2, 3, 4, 5, 6]  # all but the latest valid
+    rows = rows_of(root)
+    assert [rows[s].tier for s in range(1, 8)] == ["archive"] * 6 + ["hot"]
+    assert all(rows[s].state == "committed" for s in rows) and rows[5].archive_uri == arch
+    # the hot folder keeps what lists it; its data moved
+    assert {"COMMIT", layout.ARCHIVED} <= set(os.listdir(os.path.join(root, "step-00000005")))
+    hot_after = inventory.list_objects(Storage(root))
+    assert set(hot_after) == set(catalog.read_manifest(Storage(root), 7)["objects"])
+    assert report.bytes_freed == sum(e.size for k, e in hot_before.items() if k not in hot_after)
+    marker = json.loads(Storage(arch).read(layout.ROOT_MARKER))
+    assert marker["root_id"] == catalog.read_root_id(Storage(root))
+    for step in (1, 2, 5, 6, 7):
+        assert_loads(root, step, states[step])
+    capsys.readouterr()
+    assert (
+        main(["verify", root]) == 0 and "7 step(s) verified: all sound" in capsys.readouterr().out
+    )
+    # GC never deletes archived steps, and a second archive run has nothing left to do
+    assert gc(root, "last=1", apply=True, grace_s=0).delete_steps == []
+    assert archive(root, arch, 5.0, apply=True, now=time.time() + 10).steps == []
+    assert_loads(root, 2, states[2])
+
+
+def test_a_delta_archived_alone_is_self_contained_and_its_hot_base_stays(tmp_path):
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = save_steps(root, range(1, 5))  # 1 full, 2 3 deltas of 1, 4 full
+    rows = rows_of(root)
+    now = rows[3].committed_at  # steps 1 and 2 are older than 0.001 s, step 3 is not
+    report = archive(root, arch, 0.001, apply=True, now=now, grace_s=0)
+    assert report.steps == [2]  # step 1 is the base of step 3, which stays hot
+    rows = rows_of(root)
+    assert (rows[1].tier, rows[2].tier, rows[3].tier) == ("hot", "archive", "hot")
+    base_objects = set(catalog.read_manifest(Storage(root), 1)["objects"])
+    assert base_objects <= set(inventory.list_objects(Storage(arch)))  # copied with the delta
+    assert base_objects <= set(inventory.list_objects(Storage(root)))  # and kept hot
+    for step in (1, 2, 3):
+        assert_loads(root, step, states[step])
+    plan = gc(root, "last=1", now=time.time() + 7200)
+    assert 1 in plan.keep and plan.delete_steps == [3]  # 4 is kept as the latest
+
+
+def test_a_corrupt_source_is_not_archived(tmp_path):
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    save_steps(root, range(1, 3), full_every=1)
+    st = Storage(root)
+    key = sorted(
+        set(catalog.read_manifest(st, 1)["objects"]) - set(catalog.read_manifest(st, 2)["objects"])
+    )[0]
+    path = os.path.join(root, layout.object_path(key))
+    with open(path, "r+b") as f:  # flip one bit of the first byte
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 1]))
+    with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
+        archive(root, arch, 1.0, apply=True, now=time.time() + 10)
+    assert not st.exists(f"{layout.step_dir(1)}/{layout.ARCHIVED}")
+    assert rows_of(root)[1].tier == "hot"
+
+
+def test_archive_root_of_another_run_is_refused(tmp_path, capsys):
+    arch = str(tmp_path / "archive")
+    for name in ("run1", "run2"):
+        save_steps(str(tmp_path / name), range(1, 3), full_every=1)
+    later = time.time() + 10
+    archive(str(tmp_path / "run1"), arch, 1.0, apply=True, now=later)
+    rc = main(["archive", str(tmp_path / "run2"), "--older-than", "0.001s", "--to", arch, "--yes"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "holds checkpoints of another run" in err and "Traceback" not in err
+
+
+@pytest.mark.s3
+def test_archive_cli_s3_to_another_bucket_dry_run_then_yes(s3_bucket, s3_env, capsys):
+    import boto3
+
+    other = f"{s3_bucket}-arch"
+    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=other)
+    root, arch = f"s3://{s3_bucket}/run/ckpt", f"s3://{other}/archive/run"
+    states = save_steps(root, range(1, 4), full_every=2)  # 1 full, 2 delta, 3 full
+    argv = ["archive", root, "--older-than", "0.001s", "--to", arch, "--grace", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "would archive step 2" in out and "add --yes" in out
+    assert not Storage(arch).listdir()  # the dry run wrote nothing
+    assert main([*argv, "--yes", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"] == [1, 2] and report["objects"]
+    assert main(["ls", root, "--json"]) == 0
+    rows = {r["step"]: r for r in json.loads(capsys.readouterr().out)}
+    assert [rows[s]["tier"] for s in (1, 2, 3)] == ["archive", "archive", "hot"]
+    assert rows[2]["archive_uri"] == arch and rows[2]["state"] == "committed"
+    for step in (2, 3):
+        assert_loads(root, step, states[step])
+
+
+def test_archive_of_a_fine_tune_copies_the_objects_it_borrows(tmp_path):
+    base_root, child_root = str(tmp_path / "base"), str(tmp_path / "child")
+    arch = str(tmp_path / "archive")
+    save_steps(base_root, [10], full_every=1)
+    child = Checkpointer(child_root, full_every=1)
+    child.inherit(Checkpointer(base_root), 10)
+    states = {s: state(s) for s in (1, 2)}
+    for s, sd in states.items():
+        child.save(s, sd)
+    needed = set(catalog.read_manifest(Storage(child_root), 1)["objects"])
+    assert needed - set(inventory.list_objects(Storage(child_root)))  # some are borrowed
+    assert archive(child_root, arch, 1.0, apply=True, now=time.time() + 10).steps == [1]
+    assert needed <= set(inventory.list_objects(Storage(arch)))  # self-contained copy
+    assert_loads(child_root, 1, states[1])
+    assert_loads(child_root, 2, states[2])

@@ -1,0 +1,347 @@
+"""GC on real checkpoints (made with Checkpointer) on local disk and the in-process S3 server."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from steps.checkpoint import Checkpointer, CheckpointError, catalog, inventory, layout
+from steps.checkpoint.gc import gc
+from steps.checkpoint.retention import Policy
+from steps.checkpoint.storage import Storage
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+HOUR = 3600.0
+
+
+def state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(64, 64, generator=g),
+        "frozen": torch.ones(32, 32),  # identical in every step: deduplicated
+        "step": seed,
+    }
+
+
+def blank() -> dict:
+    return {"w": torch.zeros(64, 64), "frozen": torch.zeros(32, 32), "step": -1}
+
+
+def save_steps(root: str, steps, full_every: int = 3, **kw) -> dict[int, dict]:
+    ck = Checkpointer(root, full_every=full_every, **kw)
+    out = {}
+    for s in steps:
+        out[s] = state(s)
+        ck.save(s, out[s])
+    ck.close()
+    return out
+
+
+def assert_loads(root: str, step: int, expected: dict) -> None:
+    target = blank()
+    ck = Checkpointer(root)
+    assert ck.load(target, step=step) == step
+    ck.verify(step)
+    assert torch.equal(target["w"], expected["w"]) and torch.equal(
+        target["frozen"], expected["frozen"]
+    )
+    assert target["step"] == expected["step"]
+
+
+def age_tree(path: str, seconds: float) -> None:
+    """Make every file under `path` look `seconds` old (what a later gc would see)."""
+    t = time.time() - seconds
+    for d, _, files in os.walk(path):
+        for f in files:
+            os.utime(os.path.join(d, f), (t, t))
+
+
+def tree(path: str) -> dict[str, int]:
+    return {
+        os.path.relpath(os.path.join(d, f), path): os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(path)
+        for f in files
+    }
+
+
+class PausingStorage(Storage):
+    """A real Storage whose writes of matching files wait until released (a slow save)."""
+
+    def __init__(self, uri: str, match):
+        super().__init__(uri)
+        self.match, self.reached, self.release = match, threading.Event(), threading.Event()
+
+    def write(self, rel, data, *, exclusive=False):
+        if self.match(rel) and not self.release.is_set():
+            self.reached.set()
+            assert self.release.wait(60), "test never released the paused save"
+        super().write(rel, data, exclusive=exclusive)
+
+
+class HookStorage(Storage):
+    """A real Storage that runs `hook` before its first delete (something happens mid-GC)."""
+
+    def __init__(self, uri: str, hook):
+        super().__init__(uri)
+        self.hook = hook
+
+    def delete(self, rels):
+        hook, self.hook = self.hook, None
+        if hook:
+            hook()
+        super().delete(rels)
+
+
+class FailingStorage(Storage):
+    """A real Storage that crashes after `n` deletes (a GC killed midway)."""
+
+    def __init__(self, uri: str, n: int):
+        super().__init__(uri)
+        self.left = n
+
+    def delete(self, rels):
+        if self.left <= 0:
+            raise KeyboardInterrupt("gc killed")
+        self.left -= 1
+        super().delete(rels)
+
+
+def objects_of(root: str, step: int) -> set[str]:
+    return set(catalog.read_manifest(Storage(root), step)["objects"])
+
+
+def test_dry_run_deletes_nothing_and_yes_frees_the_reported_bytes(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 8))
+    before = tree(root)
+    dry = gc(root, "last=1", now=time.time() + 2 * HOUR)
+    assert not dry.applied and tree(root) == before
+    assert dry.delete_steps == [1, 2, 3, 4, 5, 6] and dry.keep == {7: ["last-1", "latest-valid"]}
+    real = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    after = tree(root)
+    assert real.delete_steps == dry.delete_steps and real.objects == dry.objects
+    assert real.bytes_freed == dry.bytes_freed == sum(before.values()) - sum(after.values())
+    assert catalog.committed_steps(Storage(root)) == [7]
+    assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
+    on_disk = {p.rsplit("/", 1)[-1] for p in after if p.startswith("objects/")}
+    assert on_disk == objects_of(root, 7)  # nothing unreferenced is left
+    assert_loads(root, 7, states[7])
+    again = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert again.delete_steps == [] and again.objects == [] and again.bytes_freed == 0
+
+
+def test_kept_delta_keeps_its_base_and_deleted_delta_objects_are_freed(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 7))  # 1 full, 2-3 deltas of 1, 4 full, 5-6 deltas of 4
+    m6 = catalog.read_manifest(Storage(root), 6)
+    assert (m6["kind"], m6["base_step"]) == ("delta", 4)
+    only5 = objects_of(root, 5) - objects_of(root, 4) - objects_of(root, 6)
+    assert only5
+    report = gc(root, Policy(keep_last=1), apply=True, now=time.time() + 2 * HOUR)
+    assert report.keep == {4: ["base-of:6"], 6: ["last-1", "latest-valid"]}
+    assert report.delete_steps == [1, 2, 3, 5]
+    assert only5 <= set(report.objects)
+    listing = inventory.list_objects(Storage(root))
+    assert not only5 & set(listing) and objects_of(root, 6) <= set(listing)
+    assert_loads(root, 6, states[6])
+    assert_loads(root, 4, states[4])
+
+
+def test_pinned_step_and_its_base_survive_until_unpinned(tmp_path):
+    from steps.checkpoint.cli import main
+
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 5))
+    assert main(["pin", root, "2", "--reason", "published v1"]) == 0
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.keep[2] == ["pinned"] and report.keep[1] == ["base-of:2"]
+    assert catalog.committed_steps(Storage(root)) == [1, 2, 4]
+    assert_loads(root, 2, states[2])
+    assert main(["unpin", root, "2"]) == 0
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.delete_steps == [1, 2]
+    assert catalog.committed_steps(Storage(root)) == [4]
+
+
+def test_gc_while_an_async_save_runs_leaves_it_whole(tmp_path):
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 4), full_every=1)
+    age_tree(root, 3 * HOUR)  # the committed steps are old; the save below is fresh
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(4)
+    handle = ck.save(4, new, block=False)
+    assert paused.reached.wait(30)  # objects and intent written, manifest not yet
+    in_flight = {p for p in tree(root) if p.startswith("step-00000004") or p.startswith("objects")}
+    report = gc(root, "last=1", apply=True)
+    assert report.in_progress == [4] and report.leftovers == []
+    assert report.delete_steps == [1, 2] and report.objects  # old data was collected
+    left = set(tree(root))
+    assert {p for p in in_flight if p.startswith("step-00000004")} <= left
+    new_objects = {p for p in in_flight if p.startswith("objects")} - {
+        layout.object_path(k) for k in report.objects
+    }
+    assert new_objects <= left
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 4, new)
+    assert gc(root, "last=1", apply=True).in_progress == []
+
+
+def test_objects_of_a_save_that_commits_during_gc_are_kept(tmp_path):
+    # The save's objects look old (as content revived by a rewrite can), so only looking again
+    # (committed steps, pending manifests) right before objects are deleted protects them.
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 3), full_every=1)
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(3)
+    handle = ck.save(3, new, block=False)
+    assert paused.reached.wait(30)
+    age_tree(os.path.join(root, "objects"), 3 * HOUR)
+
+    def commit_now():
+        paused.release.set()
+        handle.wait()
+
+    report = gc(root, "last=1", apply=True, storage=HookStorage(root, commit_now))
+    assert report.delete_steps == [1] and report.in_progress == [3] and report.leftovers == []
+    assert not objects_of(root, 3) & set(report.objects)
+    ck.close()
+    assert_loads(root, 3, new)
+
+
+def test_crashed_save_leftover_is_removed_only_after_the_grace(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 3), full_every=1)
+
+    class Crash(Storage):
+        def write(self, rel, data, *, exclusive=False):
+            if "/manifest-" in rel:
+                raise OSError("node lost")
+            super().write(rel, data, exclusive=exclusive)
+
+    with pytest.raises(OSError):
+        Checkpointer(root, storage=Crash(root)).save(3, state(3))
+    young = gc(root, "last=1", apply=True)
+    assert young.in_progress == [3] and os.path.isdir(os.path.join(root, "step-00000003"))
+    old = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert old.leftovers == [3] and not os.path.exists(os.path.join(root, "step-00000003"))
+    listing = set(inventory.list_objects(Storage(root)))
+    assert listing == objects_of(root, 2)  # the crashed save's objects are gone too
+    assert_loads(root, 2, states[2])
+
+
+def test_losing_racer_manifest_is_removed_after_the_grace(tmp_path):
+    root = str(tmp_path / "ckpt")
+    save_steps(root, [1], full_every=1)
+    paused = PausingStorage(root, lambda rel: rel.endswith("/COMMIT"))
+    loser = Checkpointer(root, full_every=1, storage=paused)
+    handle = loser.save(2, state(20), block=False)
+    assert paused.reached.wait(30)
+    winner = state(2)
+    save_steps(root, [2], full_every=1)
+    paused.release.set()
+    with pytest.raises(CheckpointError, match="committed by another writer"):
+        loser.close()  # waits for the save and re-raises its failure
+    assert handle.done()
+    names = os.listdir(os.path.join(root, "step-00000002"))
+    assert sum(n.startswith("manifest-") for n in names) == 2
+    assert gc(root, "last=5", apply=True).orphan_files == []  # younger than the grace
+    report = gc(root, "last=5", apply=True, now=time.time() + 2 * HOUR)
+    assert len(report.orphan_files) == 2  # its manifest and its intent
+    names = os.listdir(os.path.join(root, "step-00000002"))
+    assert sum(n.startswith("manifest-") for n in names) == 1
+    assert set(report.objects) and not set(report.objects) & objects_of(root, 2)
+    assert_loads(root, 2, winner)
+
+
+@pytest.mark.parametrize("crash_after", [0, 1, 3, 6])
+def test_a_crash_mid_gc_leaves_nothing_a_later_gc_cannot_finish(tmp_path, crash_after):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 8))
+    later = time.time() + 2 * HOUR
+    with pytest.raises(KeyboardInterrupt):
+        gc(root, "last=1", apply=True, now=later, storage=FailingStorage(root, crash_after))
+    st = Storage(root)
+    for step in catalog.committed_steps(st):  # whatever is still committed is whole
+        Checkpointer(root).verify(step)
+    gc(root, "last=1", apply=True, now=later + 2 * HOUR)
+    assert catalog.committed_steps(st) == [7]
+    assert set(inventory.list_objects(st)) == objects_of(root, 7)
+    assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
+    assert_loads(root, 7, states[7])
+
+
+def test_corrupt_step_is_collected_and_latest_valid_kept(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 4), full_every=1)
+    victim = sorted(objects_of(root, 3) - objects_of(root, 2))[0]
+    os.remove(os.path.join(root, layout.object_path(victim)))
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.keep == {2: ["last-1", "latest-valid"]} and report.delete_steps == [1, 3]
+    assert_loads(root, 2, states[2])
+
+
+def test_bare_thinning_spec_is_accepted(tmp_path):
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 4), full_every=1)
+    report = gc(root, "2h:all,1d:1h,7d:1d,*:7d")
+    assert report.policy == "thin=2h:all/1d:1h/7d:1d/*:7d" and report.delete_steps == []
+
+
+@pytest.mark.s3
+def test_gc_on_s3_with_a_delta_base_and_a_concurrent_save(s3_bucket):
+    root = f"s3://{s3_bucket}/run/ckpt"
+    states = save_steps(root, range(1, 5), full_every=2)  # 1 3 full, 2 4 deltas
+    time.sleep(2.5)  # S3 times have no utime: the committed data is 2.5 s old, the save fresh
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    handle = ck.save(5, state(5), block=False)
+    assert paused.reached.wait(30)
+    only2 = objects_of(root, 2) - objects_of(root, 1) - objects_of(root, 4)
+    report = gc(root, "last=1", apply=True, grace_s=2.0)
+    assert report.keep == {3: ["base-of:4"], 4: ["last-1", "latest-valid"]}
+    assert report.delete_steps == [1, 2] and report.in_progress == [5]
+    listing = set(inventory.list_objects(Storage(root)))
+    assert listing >= objects_of(root, 4) and not listing & only2
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 4, states[4])
+    assert_loads(root, 5, state(5))
+
+
+def test_fine_tune_root_borrowing_objects_from_its_parent_is_valid(tmp_path):
+    base_root, child_root = str(tmp_path / "base"), str(tmp_path / "child")
+    save_steps(base_root, [10], full_every=1)
+    child = Checkpointer(child_root, full_every=1)
+    child.inherit(Checkpointer(base_root), 10)
+    states = {s: state(s) for s in (1, 2, 3)}
+    for s, sd in states.items():
+        child.save(s, sd)  # "frozen" is the base's: referenced there, not stored here
+    borrowed = objects_of(child_root, 3) - set(inventory.list_objects(Storage(child_root)))
+    assert borrowed and borrowed <= objects_of(base_root, 10)
+    rows = inventory.build_rows(Storage(child_root), now=time.time())
+    assert [r.state for r in rows] == ["committed"] * 3
+    report = gc(child_root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.delete_steps == [1, 2] and not set(report.objects) & borrowed
+    assert objects_of(base_root, 10) <= set(inventory.list_objects(Storage(base_root)))
+    assert_loads(child_root, 3, states[3])
+
+
+def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
+    from steps.checkpoint.cli import main
+
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 5), full_every=1)
+    hook = HookStorage(root, lambda: main(["pin", root, "3", "--reason", "late publish"]))
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR, storage=hook)
+    assert report.delete_steps == [1, 2] and "step 3 was pinned during gc; kept" in report.warnings
+    assert catalog.committed_steps(Storage(root)) == [3, 4]
+    assert_loads(root, 3, states[3])

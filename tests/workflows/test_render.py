@@ -1,0 +1,286 @@
+"""Rendered manifests: golden files, Argo v4.1.2's schema (strict), and their structure.
+
+Regenerate the golden files after an intended change with
+`CKPTFLOW_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/workflows/test_render.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hera.workflows import CronWorkflow, Workflow, WorkflowTemplate
+
+from tests.workflows.argo_schema import errors
+from workflows.config import PipelineConfig, apply_overrides
+from workflows.render import BUILDER_NAMES, manifests, to_yaml
+from workflows.render import main as render_main
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("CKPTFLOW_UPDATE_GOLDEN") == "1"
+
+
+def templates(doc: dict) -> dict[str, dict]:
+    spec = doc["spec"].get("workflowSpec", doc["spec"])
+    return {t["name"]: t for t in spec["templates"]}
+
+
+def tasks(doc: dict, dag: str) -> dict[str, dict]:
+    return {t["name"]: t for t in templates(doc)[dag]["dag"]["tasks"]}
+
+
+def render(name: str, *overrides: str) -> list[dict]:
+    return manifests(name, apply_overrides(PipelineConfig(), overrides))
+
+
+@pytest.mark.parametrize("name", BUILDER_NAMES)
+def test_golden(name):
+    text = to_yaml(render(name))
+    path = GOLDEN / f"{name}.yaml"
+    if UPDATE:
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with CKPTFLOW_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), (
+        f"{name} renders differently from {path}; if intended, regenerate with "
+        "CKPTFLOW_UPDATE_GOLDEN=1"
+    )
+
+
+@pytest.mark.parametrize("name", BUILDER_NAMES)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),
+        (
+            "pretrain.ranks=4",
+            "pretrain.rank_resources.gpu=8",
+            "platform.node_selector=pool=gpu,zone=a",
+            "platform.tolerations=nvidia.com/gpu:NoSchedule,spot=true:NoExecute",
+            "platform.pod_gc=",
+            "finetune.lrs=1e-3,3e-4,1e-4",
+            "finetune.force=true",
+            "retention.roots=s3://b/r1/ckpt,s3://b/r2/ckpt",
+        ),
+    ],
+    ids=["defaults", "overridden"],
+)
+def test_every_manifest_validates_against_argo_schema(name, overrides):
+    for doc in render(name, *overrides):
+        assert errors(doc) == [], f"{name} {doc['kind']} is invalid"
+        if doc["kind"] == "Sensor":
+            for trigger in doc["spec"]["triggers"]:
+                embedded = trigger["template"]["argoWorkflow"]["source"]["resource"]
+                assert errors(embedded) == []
+
+
+def test_schema_check_rejects_unknown_and_mistyped_fields():
+    doc = render("pipeline")[0]
+    doc["spec"]["templates"][0]["container"]["imagePullPolcy"] = "Always"
+    doc["spec"]["podGC"]["strategie"] = "OnPodSuccess"
+    doc["spec"]["activeDeadlineSeconds"] = "soon"
+    found = "\n".join(errors(doc))
+    assert "imagePullPolcy" in found and "strategie" in found
+    assert "activeDeadlineSeconds" in found
+    sensor = render("evaluate")[2]
+    sensor["spec"]["triggers"][0]["template"]["argoWorkflw"] = {}
+    assert any("argoWorkflw" in e for e in errors(sensor))
+
+
+def test_builders_return_hera_objects():
+    from workflows.evaluate import build_evaluate
+    from workflows.finetune import build_finetune
+    from workflows.pipeline import build_pipeline
+    from workflows.pretrain import build_pretrain
+    from workflows.retention import build_retention
+
+    cfg = PipelineConfig()
+    for build in (build_pipeline, build_pretrain, build_finetune):
+        assert type(build(cfg)) is Workflow
+    assert isinstance(build_retention(cfg), CronWorkflow)
+    assert isinstance(build_evaluate(cfg), WorkflowTemplate)
+
+
+def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
+    doc = render("pipeline", "pretrain.ranks=3", "pretrain.procs_per_rank=2")[0]
+    tpl = templates(doc)
+    rdzv = tpl["rdzv"]
+    assert rdzv["daemon"] is True
+    assert rdzv["container"]["command"] == ["python", "-m", "steps.rdzv"]
+    assert rdzv["container"]["readinessProbe"]["tcpSocket"]["port"] == 29400
+    assert "env" not in rdzv["container"]  # no credentials where none are needed
+    dag = tasks(doc, "pretrain")
+    assert dag["rank"]["withItems"] == [0, 1, 2]
+    assert dag["rank"]["depends"] == "rdzv"
+    args = {p["name"]: p["value"] for p in dag["rank"]["arguments"]["parameters"]}
+    assert args["rdzv_host"] == "{{tasks.rdzv.ip}}"
+    assert "depends" not in dag["evaluate"]  # concurrent with the ranks
+    cmd = tpl["pretrain-rank"]["container"]["command"]
+    assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
+    assert cmd[-2:] == ["-m", "steps.pretrain"]
+    assert "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
+    assert "--rdzv-endpoint={{inputs.parameters.rdzv_host}}:29400" in cmd
+    assert "--rdzv-id={{workflow.uid}}" in cmd
+    assert any(a.startswith("--rdzv-conf=is_host=false") for a in cmd)
+    rank_args = tpl["pretrain-rank"]["container"]["args"]
+    assert rank_args[:2] == ["--run-root", "{{inputs.parameters.run_root}}"]
+    assert rank_args[-2:] == ["--output-dir", "/tmp/outputs"]
+    eval_args = tpl["evaluate-background"]["container"]["args"]
+    assert "--until-finished" in eval_args
+
+
+def test_rank_pods_retry_and_are_scheduled_as_configured():
+    doc = render(
+        "pretrain",
+        "pretrain.retries=5",
+        "pretrain.rank_deadline_s=7200",
+        "pretrain.shm_size=8Gi",
+        "pretrain.rank_resources.gpu=1",
+        "platform.node_selector=pool=gpu",
+        "platform.tolerations=nvidia.com/gpu:NoSchedule,spot=yes:NoExecute",
+        "platform.pod_gc=OnWorkflowSuccess",
+    )[0]
+    rank = templates(doc)["pretrain-rank"]
+    assert rank["retryStrategy"]["limit"] == 5
+    assert rank["retryStrategy"]["retryPolicy"] == "Always"
+    assert rank["activeDeadlineSeconds"] == 7200
+    assert rank["volumes"] == [
+        {"emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}, "name": "dshm"}
+    ]
+    assert rank["container"]["volumeMounts"] == [{"mountPath": "/dev/shm", "name": "dshm"}]
+    assert rank["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    spec = doc["spec"]
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"] == [
+        {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"},
+        {"effect": "NoExecute", "key": "spot", "operator": "Equal", "value": "yes"},
+    ]
+    assert spec["podGC"] == {"strategy": "OnWorkflowSuccess"}
+    assert spec["serviceAccountName"] == "ckptflow-workflow"
+
+
+def test_pipeline_is_one_workflow_with_one_parent_run():
+    doc = render("pipeline")[0]
+    meta, spec = doc["metadata"], doc["spec"]
+    assert meta["generateName"] == "ckptflow-"
+    assert meta["annotations"]["workflows.argoproj.io/title"].startswith("ckptflow pipeline")
+    assert meta["annotations"]["workflows.argoproj.io/description"]
+    assert meta["labels"]["ckptflow.io/mlflow-experiment"] == "ckptflow"
+    run_name = spec["workflowMetadata"]["labelsFrom"]["ckptflow.io/mlflow-run-name"]
+    assert run_name == {"expression": "workflow.name"}
+    main = tasks(doc, "main")
+    assert main["pretrain"]["depends"] == "start-run"
+    assert main["finetune"]["depends"] == "pretrain"
+    assert spec["onExit"] == "finish-run"
+    finish = templates(doc)["finish-run"]["container"]["args"]
+    assert finish == [
+        "--run-id",
+        "{{workflow.outputs.parameters.mlflow_run_id}}",
+        "--status",
+        "{{workflow.status}}",
+    ]
+    start = templates(doc)["start-run"]
+    assert start["outputs"]["parameters"][0]["globalName"] == "mlflow_run_id"
+    start_args = start["container"]["args"]
+    assert start_args[start_args.index("--run-name") + 1] == "{{workflow.name}}"
+    recorded = json.loads(start_args[start_args.index("--config-json") + 1])
+    assert recorded["pretrain"]["ranks"] == 2 and "finetune" in recorded
+    # Every later step nests under the parent run.
+    for name in ("pretrain", "finetune"):
+        args = {p["name"]: p["value"] for p in main[name]["arguments"]["parameters"]}
+        assert args["parent_run_id"] == "{{tasks.start-run.outputs.parameters.run_id}}"
+
+
+def test_only_references_pass_between_tasks():
+    doc = render("pipeline", "finetune.lrs=1e-3,1e-4", "finetune.freeze_blocks=0,2")[0]
+    main = {
+        t: {p["name"]: p["value"] for p in v["arguments"]["parameters"]}
+        for t, v in tasks(doc, "main").items()
+        if "arguments" in v
+    }
+    root = "s3://ckptflow/runs/{{workflow.name}}"
+    assert main["pretrain"]["run_root"] == f"{root}/pretrain"
+    assert main["finetune"] == {
+        "base_root": f"{root}/pretrain",
+        "run_root": root,
+        "parent_run_id": "{{tasks.start-run.outputs.parameters.run_id}}",
+    }
+    ft = tasks(doc, "finetune")
+    names = [item["name"] for item in ft["variant"]["withItems"]]
+    assert names == ["lr0.001-freeze0", "lr0.001-freeze2", "lr0.0001-freeze0", "lr0.0001-freeze2"]
+    assert ft["variant"]["continueOn"] == {"error": True, "failed": True}
+    assert ft["select"]["depends"] == "variant.Succeeded || variant.Failed || variant.Errored"
+    select = templates(doc)["select"]["container"]["args"]
+    candidates = select[select.index("--candidates") + 1].split(",")
+    assert candidates == [f"{{{{inputs.parameters.run_root}}}}/finetune/{n}" for n in names]
+    variant_cmd = templates(doc)["finetune-variant"]["container"]["command"]
+    assert "--standalone" in variant_cmd and "--nproc-per-node=1" in variant_cmd
+
+
+def test_s3_keys_come_from_the_secret_never_inline():
+    for name in BUILDER_NAMES:
+        for doc in render(name, "platform.s3_secret=team-s3"):
+            if doc["kind"] in ("EventSource", "Sensor"):
+                continue
+            for tpl in templates(doc).values():
+                for env in (tpl.get("container") or {}).get("env", []):
+                    if env["name"].startswith("AWS_") and "KEY" in env["name"]:
+                        assert "value" not in env
+                        assert env["valueFrom"]["secretKeyRef"]["name"] == "team-s3"
+    es = render("evaluate", "platform.s3_secret=team-s3")[1]
+    minio = es["spec"]["minio"]["checkpoint-commits"]
+    assert minio["accessKey"] == {"name": "team-s3", "key": "AWS_ACCESS_KEY_ID"}
+    # Without a Secret (local runs) no key variable is set at all: the environment passes.
+    doc = render("pipeline", "platform.s3_secret=")[0]
+    for tpl in templates(doc).values():
+        names = {e["name"] for e in (tpl.get("container") or {}).get("env", [])}
+        assert "AWS_SECRET_ACCESS_KEY" not in names
+
+
+def test_mlflow_uri_and_argo_names_reach_every_step():
+    doc = render("pipeline", "platform.mlflow_tracking_uri=http://mlflow.example:5000")[0]
+    for name, tpl in templates(doc).items():
+        if "container" not in tpl or name == "rdzv":
+            continue
+        env = {e["name"]: e.get("value") for e in tpl["container"]["env"]}
+        assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.example:5000", name
+        assert env["ARGO_WORKFLOW_NAME"] == "{{workflow.name}}"
+        assert env["ARGO_WORKFLOW_UID"] == "{{workflow.uid}}"
+        assert env["ARGO_WORKFLOW_NAMESPACE"] == "{{workflow.namespace}}"
+
+
+def test_no_template_carries_inline_source():
+    for name in BUILDER_NAMES:
+        doc = render(name)[0]
+        for tpl in templates(doc).values():
+            assert "script" not in tpl
+            if "container" in tpl:
+                cmd = tpl["container"]["command"]
+                assert cmd[:2] == ["python", "-m"], cmd
+
+
+def test_retention_uses_v4_schedules_and_the_gc_cli():
+    doc = render("retention", "retention.schedules=0 * * * *,30 4 * * 0")[0]
+    assert doc["kind"] == "CronWorkflow"
+    assert doc["spec"]["schedules"] == ["0 * * * *", "30 4 * * 0"]
+    assert "schedule" not in doc["spec"]
+    gc = templates(doc)["gc"]["container"]
+    assert gc["command"] == ["python", "-m", "ckptflow.cli"]
+    assert gc["args"] == [
+        "ckpt", "gc", "{{inputs.parameters.root}}", "--policy", "2h:all,1d:1h,7d:1d,*:7d", "--yes"
+    ]  # fmt: skip
+    assert doc["spec"]["concurrencyPolicy"] == "Forbid"
+
+
+def test_render_cli_writes_a_file_and_rejects_unknown_keys(tmp_path, capsys):
+    out = tmp_path / "pipeline.yaml"
+    assert render_main(["pipeline", "-o", str(out), "--set", "pretrain.ranks=3"]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert tasks(doc, "pretrain")["rank"]["withItems"] == [0, 1, 2]
+    assert render_main(["pipeline", "--set", "pretrain.rnks=3"]) == 2
+    assert "did you mean pretrain.ranks" in capsys.readouterr().err
+    assert render_main(["evaluate"]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds == ["WorkflowTemplate", "EventSource", "Sensor"]

@@ -1,0 +1,204 @@
+"""`ckptflow submit` against a fake Argo Server: a local HTTP server speaking the REST API.
+
+The fake records each request, answers a create with the object plus a generated name, and
+answers polls from a scripted phase sequence, so `--wait` and the exit codes are exercised
+end to end through hera's real WorkflowsService (no cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hera.shared import global_config
+
+from tests.workflows.argo_schema import errors
+from workflows.submit import argo_connection
+from workflows.submit import main as submit_main
+
+
+class FakeArgo:
+    """An Argo Server stand-in: records requests, scripts workflow phases."""
+
+    def __init__(self, phases=("Running", "Succeeded")):
+        self.requests: list[dict] = []
+        self.phases = list(phases)
+        self.objects: dict[str, dict] = {}
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _reply(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                fake.requests.append(
+                    {
+                        "method": "POST",
+                        "path": self.path,
+                        "body": body,
+                        "auth": self.headers.get("Authorization"),
+                    }
+                )
+                obj = next(iter(v for k, v in body.items() if isinstance(v, dict) and "spec" in v))
+                meta = obj.setdefault("metadata", {})
+                meta.setdefault("name", meta.get("generateName", "wf-") + "abc12")
+                fake.objects[meta["name"]] = obj
+                self._reply(200, obj)
+
+            def do_PUT(self):
+                self.do_POST()
+
+            def do_GET(self):
+                fake.requests.append(
+                    {"method": "GET", "path": self.path, "auth": self.headers.get("Authorization")}
+                )
+                name = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+                if name not in fake.objects:
+                    self._reply(404, {"code": 5, "message": f"{name} not found"})
+                    return
+                obj = dict(fake.objects[name])
+                if "/api/v1/workflows/" in self.path:
+                    phase = fake.phases.pop(0) if len(fake.phases) > 1 else fake.phases[0]
+                    obj["status"] = {
+                        "phase": phase,
+                        "progress": "1/2",
+                        "message": "boom" if phase == "Failed" else None,
+                    }
+                self._reply(200, obj)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def _clean_argo_env(monkeypatch):
+    for var in ("ARGO_SERVER", "ARGO_TOKEN", "ARGO_SECURE", "ARGO_INSECURE_SKIP_VERIFY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(global_config, "host", None)
+    monkeypatch.setattr(global_config, "_token", None)
+
+
+def test_submit_posts_the_rendered_workflow_and_waits_for_success(monkeypatch, capsys):
+    monkeypatch.setenv("ARGO_TOKEN", "s3cr3t-token")
+    with FakeArgo(phases=("Pending", "Running", "Succeeded")) as argo:
+        rc = submit_main(
+            ["pipeline", "--host", argo.url, "--namespace", "ml", "--wait", "--poll", "0.01",
+             "--set", "pretrain.ranks=3"]
+        )  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    post = argo.requests[0]
+    assert post["method"] == "POST" and post["path"] == "/api/v1/workflows/ml"
+    assert post["auth"] == "Bearer s3cr3t-token"
+    wf = post["body"]["workflow"]
+    assert wf["metadata"]["namespace"] == "ml"
+    assert errors(wf) == []
+    rank = next(t for t in wf["spec"]["templates"] if t["name"] == "pretrain")
+    assert rank["dag"]["tasks"][1]["withItems"] == [0, 1, 2]
+    assert "Workflow ckptflow-abc12 submitted to ml" in out
+    assert f"{argo.url}/workflows/ml/ckptflow-abc12" in out
+    assert "Running" in out and "Succeeded" in out
+    assert "s3cr3t-token" not in out
+    polls = [r for r in argo.requests if r["method"] == "GET"]
+    assert len(polls) == 3 and all(
+        r["path"].startswith("/api/v1/workflows/ml/ckptflow-abc12") for r in polls
+    )
+
+
+def test_failed_workflow_phase_is_the_exit_code(capsys):
+    with FakeArgo(phases=("Running", "Failed")) as argo:
+        rc = submit_main(["pretrain", "--host", argo.url, "--wait", "--poll", "0.01"])
+    assert rc == 1
+    assert "Failed" in capsys.readouterr().out
+    with FakeArgo(phases=("Error",)) as argo:
+        assert submit_main(["pretrain", "--host", argo.url, "--wait", "--poll", "0.01"]) == 2
+
+
+def test_without_wait_it_returns_after_submitting(capsys):
+    with FakeArgo() as argo:
+        assert (
+            submit_main(["finetune", "--host", argo.url, "--set", "finetune.base_root=s3://b/r"])
+            == 0
+        )
+    assert [r["method"] for r in argo.requests] == ["POST"]
+    params = argo.requests[0]["body"]["workflow"]["spec"]["arguments"]["parameters"]
+    assert params == [{"name": "base_root", "value": "s3://b/r"}]
+
+
+def test_cron_workflow_and_template_are_created_or_updated(monkeypatch, capsys):
+    monkeypatch.setenv("ARGO_SERVER", "127.0.0.1:1")  # --host wins over the environment
+    with FakeArgo() as argo:
+        assert submit_main(["retention", "--host", argo.url]) == 0
+        assert submit_main(["retention", "--host", argo.url]) == 0  # exists now: update
+        assert submit_main(["evaluate", "--host", argo.url]) == 0
+    calls = [(r["method"], r["path"].split("?")[0]) for r in argo.requests]
+    assert calls == [
+        ("GET", "/api/v1/cron-workflows/ckptflow/ckptflow-retention"),
+        ("POST", "/api/v1/cron-workflows/ckptflow"),
+        ("GET", "/api/v1/cron-workflows/ckptflow/ckptflow-retention"),
+        ("POST", "/api/v1/cron-workflows/ckptflow/ckptflow-retention"),
+        ("GET", "/api/v1/workflow-templates/ckptflow/ckptflow-evaluate"),
+        ("POST", "/api/v1/workflow-templates/ckptflow"),
+    ]
+    cron = argo.requests[1]["body"]["cronWorkflow"]
+    assert cron["spec"]["schedules"] == ["17 * * * *"] and errors(cron) == []
+    out = capsys.readouterr().out
+    assert f"{argo.url}/cron-workflows/ckptflow/ckptflow-retention" in out
+    assert "kubectl apply" in out  # the Argo Events half of `evaluate`
+
+
+def test_unreachable_server_is_a_clear_error(capsys):
+    assert submit_main(["pipeline", "--host", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "http://127.0.0.1:9" in err and "ARGO_SERVER" in err
+
+
+def test_connection_follows_hera_then_argo_cli_conventions(monkeypatch):
+    assert argo_connection(None, "https://default:2746")["host"] == "https://default:2746"
+    monkeypatch.setenv("ARGO_SERVER", "argo.example:2746")
+    monkeypatch.setenv("ARGO_TOKEN", "t")
+    conn = argo_connection(None, "https://default:2746")
+    assert conn == {"host": "https://argo.example:2746", "token": "t", "verify_ssl": None}
+    monkeypatch.setenv("ARGO_SECURE", "false")
+    monkeypatch.setenv("ARGO_INSECURE_SKIP_VERIFY", "true")
+    conn = argo_connection(None, "https://default:2746")
+    assert conn["host"] == "http://argo.example:2746" and conn["verify_ssl"] is False
+    monkeypatch.setattr(global_config, "host", "https://hera-configured:443")
+    monkeypatch.setattr(global_config, "_token", "from-hera")
+    conn = argo_connection(None, "https://default:2746")
+    assert conn["host"] == "https://hera-configured:443" and conn["token"] == "from-hera"
+
+
+def test_builders_submit_from_python_with_hera_global_config(monkeypatch):
+    """What the README shows: configure hera once, then `build_pipeline(cfg).create()`."""
+    from workflows.config import PipelineConfig
+    from workflows.pipeline import build_pipeline
+
+    with FakeArgo() as argo:
+        monkeypatch.setattr(global_config, "host", argo.url)
+        monkeypatch.setattr(global_config, "_token", "py-token")
+        created = build_pipeline(PipelineConfig()).create()
+    assert created.metadata.name == "ckptflow-abc12"
+    post = argo.requests[0]
+    assert post["path"] == "/api/v1/workflows/ckptflow" and post["auth"] == "Bearer py-token"

@@ -1,0 +1,123 @@
+"""One MLflow parent run per workflow: `start_run` first, `finish_run` as the exit handler.
+
+Naming scheme (what the Argo UI's `links` entry relies on): the parent run's *name* is the
+workflow's name. The run id is only known once `start_run` has run, so it cannot be a label
+set at submission; instead
+
+- the label `ckptflow.io/mlflow-experiment` (static) names the experiment, and
+- `spec.workflowMetadata.labelsFrom` sets `ckptflow.io/mlflow-run-name` to the workflow
+  name when the controller admits the workflow,
+
+so a controller `links` entry (scope `workflow`) opens the run by name, e.g.
+
+    - name: MLflow run
+      scope: workflow
+      url: http://MLFLOW/#/experiments/EXPERIMENT_ID?searchFilter=attributes.run_name%3D%22${metadata.name}%22
+
+where EXPERIMENT_ID is the id of the experiment named by the label (the deployment creates
+it, so it knows the id). `${metadata.name}` and the run-name label are equal.
+The run id itself is a workflow output (`mlflow_run_id`, visible in the UI's outputs) via
+`globalName`, which is also how the exit handler reaches it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from hera.workflows import Container, Parameter, Workflow
+from hera.workflows.models import LabelValueFrom, ValueFrom, WorkflowMetadata
+
+from workflows import templates
+from workflows.config import PipelineConfig
+from workflows.templates import step
+
+RUN_NAME_LABEL = "ckptflow.io/mlflow-run-name"
+EXPERIMENT_LABEL = "ckptflow.io/mlflow-experiment"
+GLOBAL_RUN_ID = "mlflow_run_id"
+START_TASK = "start-run"
+# What every step after start_run passes as --mlflow-parent-run-id.
+PARENT_RUN_ID = "{{tasks." + START_TASK + ".outputs.parameters.run_id}}"
+
+
+def config_json(cfg: PipelineConfig, sections: tuple[str, ...]) -> str:
+    """The config sections a workflow uses as compact JSON (the parent run's MLflow params).
+
+    Holds no secrets: the config only names the Secret.
+    """
+    tree = dataclasses.asdict(cfg)
+    picked = {"name": cfg.name, "platform": tree["platform"]}
+    picked.update({s: tree[s] for s in sections})
+    return json.dumps(picked, sort_keys=True, separators=(",", ":"))
+
+
+def labels(cfg: PipelineConfig) -> dict[str, str]:
+    """Static labels of a lineage-tracked workflow."""
+    return {EXPERIMENT_LABEL: cfg.platform.experiment, "app.kubernetes.io/part-of": "ckptflow"}
+
+
+def workflow_metadata() -> WorkflowMetadata:
+    """Runtime labels: the MLflow run name (= workflow name) for the UI link."""
+    return WorkflowMetadata(
+        labels_from={RUN_NAME_LABEL: LabelValueFrom(expression="workflow.name")}
+    )
+
+
+def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Container:
+    """`steps.start_run`: creates the parent run (named after the workflow), outputs its id.
+
+    `sections` names the config sections recorded as the run's params.
+    """
+    p = cfg.platform
+    tpl = step(
+        "start-run",
+        "start_run",
+        [
+            "--experiment", p.experiment,
+            "--run-name", "{{workflow.name}}",
+            "--workflow-name", "{{workflow.name}}",
+            "--workflow-uid", "{{workflow.uid}}",
+            "--namespace", "{{workflow.namespace}}",
+            "--config-json", config_json(cfg, sections),
+        ],
+        platform=p,
+        retries=2,
+        backoff_s=5,
+    )  # fmt: skip
+    # run_id doubles as a workflow output, which is how the exit handler reaches it.
+    tpl.args = [*tpl.args, "--output-dir", p.outputs_dir]
+    tpl.outputs = [
+        Parameter(
+            name="run_id",
+            value_from=ValueFrom(path=f"{p.outputs_dir}/run_id"),
+            global_name=GLOBAL_RUN_ID,
+        )
+    ]
+    return tpl
+
+
+def finish_run_template(cfg: PipelineConfig) -> Container:
+    """`steps.finish_run`: the exit handler closing the parent run with the workflow status."""
+    return step(
+        "finish-run",
+        "finish_run",
+        [
+            "--run-id", "{{workflow.outputs.parameters." + GLOBAL_RUN_ID + "}}",
+            "--status", "{{workflow.status}}",
+        ],
+        platform=cfg.platform,
+        retries=2,
+        backoff_s=5,
+    )  # fmt: skip
+
+
+def lineage_workflow(cfg: PipelineConfig, *, prefix: str, title: str, description: str) -> Workflow:
+    """An empty Workflow with the shared settings, labels and the finish_run exit handler."""
+    return Workflow(
+        generate_name=f"{prefix}-",
+        entrypoint="main",
+        on_exit="finish-run",
+        labels=labels(cfg),
+        workflow_metadata=workflow_metadata(),
+        **templates.workflow_kwargs(cfg.platform, title=title, description=description),
+    )

@@ -1,0 +1,167 @@
+"""Distributed pretraining as an Argo DAG: N rank pods, one rendezvous daemon, one evaluator.
+
+Rendezvous design. torchrun's c10d rendezvous needs one TCP store that every rank can reach
+at an address known when the ranks start. Argo knows exactly one such address: the IP of a
+*daemon* task (`{{tasks.rdzv.ip}}`), available to every task that depends on it. So a small
+daemon step, `python -m steps.rdzv`, hosts the store, and each rank runs
+
+    python -m torch.distributed.run --nnodes=N --nproc-per-node=P --rdzv-backend=c10d
+        --rdzv-endpoint={{tasks.rdzv.ip}}:PORT --rdzv-id={{workflow.uid}}
+        --rdzv-conf=is_host=false,join_timeout=T --max-restarts=R -m steps.pretrain ...
+
+Why not let rank 0 host the store (torchrun's default)? Rank 0's IP is unknown to its peers
+until it runs (Argo exposes IPs of daemon tasks only), a daemon rank would be killed when its
+peers finish and its failure would not fail the workflow, and a retried rank 0 comes back
+with a new IP that the others cannot learn. A separate daemon has none of these problems: it
+holds no training state, ranks retried by Argo (`retryStrategy`) rejoin the same rendezvous
+(same id, same store) and resume from the latest valid checkpoint (the step does that on its
+own), and torchrun's `--max-restarts` lets surviving ranks re-form the group in place. The
+daemon lives exactly as long as the DAG that contains it. `is_host=false` stops a rank that
+shares the daemon's host (the local runner: every task is 127.0.0.1) from hosting a second
+store. Under the local runner the same manifest runs unchanged: `{{tasks.rdzv.ip}}` is
+127.0.0.1 and `python` is the runner's interpreter.
+
+The evaluator (`steps.evaluate --until-finished`) runs beside the ranks in the same DAG,
+evaluating each committed checkpoint once and exiting when the run's FINISHED marker is
+there; only URIs pass between tasks, the checkpoints themselves go through object storage.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import DAG, Container, Parameter, Workflow
+from hera.workflows.models import ContainerPort, Probe, TCPSocketAction
+
+from workflows import lineage
+from workflows.config import ConfigError, PipelineConfig, PretrainConfig
+from workflows.templates import param, run_root, step
+
+DAG_NAME = "pretrain"
+
+
+def train_args(c: PretrainConfig) -> list[str]:
+    """`steps.pretrain` arguments after --run-root (contract in docs/contracts.md)."""
+    return [
+        "--model", c.model,
+        "--task", c.task,
+        "--max-steps", str(c.max_steps),
+        "--batch-size", str(c.batch_size),
+        "--seq-len", str(c.seq_len),
+        "--lr", repr(c.lr),
+        "--warmup-steps", str(c.warmup_steps),
+        "--grad-accum", str(c.grad_accum),
+        "--ckpt-every", str(c.ckpt_every),
+        "--full-every", str(c.full_every),
+        "--async-save" if c.async_save else "--no-async-save",
+        "--seed", str(c.seed),
+    ]  # fmt: skip
+
+
+def torchrun_args(c: PretrainConfig) -> list[str]:
+    """torchrun's arguments joining this rank to the daemon-hosted c10d rendezvous."""
+    return [
+        f"--nnodes={c.ranks}",
+        f"--nproc-per-node={c.procs_per_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={param('rdzv_host')}:{c.rdzv_port}",
+        "--rdzv-id={{workflow.uid}}",
+        f"--rdzv-conf=is_host=false,join_timeout={c.rdzv_join_timeout_s}",
+        f"--max-restarts={c.max_restarts}",
+    ]
+
+
+def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
+    """Add the pretraining templates and their DAG (inputs run_root, parent_run_id).
+
+    Call inside a Workflow context; the DAG is invoked as a task of the caller's DAG.
+    """
+    p, c = cfg.platform, cfg.pretrain
+    if c.ranks < 1 or c.procs_per_rank < 1:
+        raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
+    parent = ["--mlflow-parent-run-id", param("parent_run_id")]
+    rdzv = step(
+        "rdzv",
+        "rdzv",
+        ["--port", str(c.rdzv_port)],
+        platform=p,
+        daemon=True,
+        with_env=False,
+    )
+    # Dependents start once the store accepts connections, not merely once the pod runs.
+    rdzv.readiness_probe = Probe(
+        tcp_socket=TCPSocketAction(port=c.rdzv_port), period_seconds=2, failure_threshold=30
+    )
+    rdzv.ports = [ContainerPort(container_port=c.rdzv_port, name="rdzv")]
+    rank = step(
+        "pretrain-rank",
+        "pretrain",
+        ["--run-root", param("run_root"), *train_args(c), *parent],
+        platform=p,
+        resources=c.rank_resources,
+        inputs=("run_root", "parent_run_id", "rdzv_host"),
+        output_names=("ckpt_root", "last_step"),
+        launcher=torchrun_args(c),
+        retries=c.retries,
+        backoff_s=c.retry_backoff_s,
+        deadline_s=c.rank_deadline_s,
+        shm_size=c.shm_size,
+    )
+    evaluator = step(
+        "evaluate-background",
+        "evaluate",
+        [
+            "--run-root", param("run_root"),
+            "--until-finished",
+            "--poll-seconds", str(c.eval_poll_s),
+            "--timeout-seconds", str(c.eval_timeout_s),
+            *parent,
+        ],
+        platform=p,
+        resources=c.evaluator_resources,
+        inputs=("run_root", "parent_run_id"),
+        output_names=("evaluated", "best_step"),
+        retries=c.retries,
+        backoff_s=c.retry_backoff_s,
+        deadline_s=c.rank_deadline_s,
+    )  # fmt: skip
+    refs = {"run_root": param("run_root"), "parent_run_id": param("parent_run_id")}
+    with DAG(
+        name=DAG_NAME, inputs=[Parameter(name="run_root"), Parameter(name="parent_run_id")]
+    ) as dag:
+        host = rdzv(name="rdzv")
+        ranks = rank(
+            name="rank",
+            arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
+            with_items=list(range(c.ranks)),
+        )
+        evaluator(name="evaluate", arguments=refs)
+        host >> ranks
+    return dag
+
+
+def build_pretrain(cfg: PipelineConfig) -> Workflow:
+    """Pretraining alone: start_run -> (rdzv daemon, N ranks, evaluator); finish_run on exit."""
+    c = cfg.pretrain
+    w = lineage.lineage_workflow(
+        cfg,
+        prefix=f"{cfg.name}-pretrain",
+        title=f"ckptflow pretrain: {c.model}, {c.ranks} ranks x {c.procs_per_rank}",
+        description=(
+            f"{c.max_steps} steps, checkpoint every {c.ckpt_every} "
+            f"({'async' if c.async_save else 'sync'}), background evaluation of each checkpoint"
+        ),
+    )
+    with w:
+        start: Container = lineage.start_run_template(cfg, ("pretrain",))
+        lineage.finish_run_template(cfg)
+        pretrain = add_pretrain_dag(cfg)
+        with DAG(name="main"):
+            s = start(name=lineage.START_TASK)
+            t = pretrain(
+                name="pretrain",
+                arguments={
+                    "run_root": run_root(cfg.platform, c.run_root, "pretrain"),
+                    "parent_run_id": lineage.PARENT_RUN_ID,
+                },
+            )
+            s >> t
+    return w

@@ -1,0 +1,148 @@
+"""`ckptflow submit NAME [--wait] [--namespace NS] [--host URL] [--set key=value ...]`.
+
+Submits through hera's `WorkflowsService` (the Argo Server's REST API), prints the name and
+the Argo UI link and, with `--wait`, follows a Workflow to completion: exit code 0 when it
+Succeeded, 1 when it Failed, 2 on Error, 3 when it was still running at `--timeout`.
+
+Connection settings follow hera first, then the Argo CLI's environment variables:
+host = `--host`, else `hera.shared.global_config.host`, else `ARGO_SERVER` (host:port;
+`https` unless `ARGO_SECURE=false`), else `platform.argo_ui`. Token = hera's
+`global_config.token`, else `ARGO_TOKEN` (hera adds `Bearer ` when missing). TLS: hera's
+`global_config.verify_ssl`, turned off by `ARGO_INSECURE_SKIP_VERIFY=true`. The token is
+never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+from hera.exceptions import HeraException
+from hera.shared import global_config
+from hera.workflows import CronWorkflow, WorkflowsService, WorkflowTemplate
+
+from workflows.config import ConfigError, PipelineConfig
+from workflows.render import add_common_args, builder, config
+
+PHASE_EXIT = {"Succeeded": 0, "Failed": 1, "Error": 2}
+STILL_RUNNING = 3
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def argo_connection(host: str | None, default_host: str) -> dict:
+    """host, token and verify_ssl for WorkflowsService, by hera's then the Argo CLI's rules."""
+    # The Argo CLI's variables are read here only: they configure the client, not the steps.
+    server = os.environ.get("ARGO_SERVER")
+    if not host and global_config.host:
+        host = global_config.host
+    if not host and server:
+        secure = os.environ.get("ARGO_SECURE", "true").strip().lower() != "false"
+        host = server if "://" in server else f"{'https' if secure else 'http'}://{server}"
+    host = (host or default_host).rstrip("/")
+    if "://" not in host:
+        raise ConfigError(f"--host {host!r}: give a URL such as https://localhost:2746")
+    token = global_config.token or os.environ.get("ARGO_TOKEN") or None
+    verify = False if _truthy(os.environ.get("ARGO_INSECURE_SKIP_VERIFY")) else None
+    return {"host": host, "token": token, "verify_ssl": verify}
+
+
+def ui_link(host: str, kind: str, namespace: str, name: str) -> str:
+    """The Argo UI page of a submitted object."""
+    path = {"CronWorkflow": "cron-workflows", "WorkflowTemplate": "workflow-templates"}
+    return f"{host}/{path.get(kind, 'workflows')}/{namespace}/{name}"
+
+
+def submit(obj, service: WorkflowsService, namespace: str) -> str:
+    """Create `obj` (Workflow, CronWorkflow or WorkflowTemplate); returns its name.
+
+    A CronWorkflow or WorkflowTemplate is created or, when it exists, updated in place (hera's
+    `update()`), so re-submitting after a config change is the way to change it.
+    """
+    obj.workflows_service = service
+    obj.namespace = namespace
+    if isinstance(obj, CronWorkflow | WorkflowTemplate):
+        return obj.update().metadata.name
+    return obj.create().metadata.name
+
+
+def wait(
+    service: WorkflowsService,
+    namespace: str,
+    name: str,
+    *,
+    poll_s: float,
+    timeout_s: float,
+    out=None,
+) -> str:
+    """Poll the workflow until it finishes (or `timeout_s`); print each phase change."""
+    out = out or sys.stdout
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        wf = service.get_workflow(name=name, namespace=namespace)
+        status = wf.status
+        phase = (status.phase if status else None) or "Pending"
+        if phase != last:
+            progress = f" ({status.progress})" if status and status.progress else ""
+            print(f"{name}: {phase}{progress}", file=out, flush=True)
+            last = phase
+        if phase in PHASE_EXIT:
+            if status and status.message and phase != "Succeeded":
+                print(f"{name}: {status.message}", file=out)
+            return phase
+        if time.monotonic() >= deadline:
+            return phase
+        time.sleep(poll_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Submit NAME to the Argo Server; with --wait, exit with the workflow's phase."""
+    ap = argparse.ArgumentParser(prog="ckptflow submit", description=__doc__.split("\n")[0])
+    add_common_args(ap)
+    ap.add_argument("--wait", action="store_true", help="follow the workflow to completion")
+    ap.add_argument("--namespace", help="namespace (default: platform.namespace)")
+    ap.add_argument("--host", help="Argo Server URL (default: hera config, ARGO_SERVER)")
+    ap.add_argument("--poll", type=float, default=10.0, help="seconds between --wait polls")
+    ap.add_argument("--timeout", type=float, default=6 * 3600, help="--wait gives up after")
+    args = ap.parse_args(argv)
+    try:
+        cfg: PipelineConfig = config(args.overrides)
+        if args.namespace:
+            cfg = replace(cfg, platform=replace(cfg.platform, namespace=args.namespace))
+        ns = cfg.platform.namespace
+        conn = argo_connection(args.host, cfg.platform.argo_ui)
+        b = builder(args.name)
+        obj = b.build(cfg)
+    except ConfigError as exc:
+        print(f"ckptflow submit: {exc}", file=sys.stderr)
+        return 2
+    service = WorkflowsService(namespace=ns, **conn)
+    kind = obj.to_dict()["kind"]
+    try:
+        name = submit(obj, service, ns)
+    except (HeraException, OSError) as exc:
+        # requests' connection errors are OSErrors: name the server and the settings.
+        print(
+            f"ckptflow submit: {conn['host']} refused the {kind}: {exc}\n"
+            "  check --host/ARGO_SERVER, ARGO_TOKEN and the namespace",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"{kind} {name} submitted to {ns}")
+    print(f"  {ui_link(conn['host'], kind, ns, name)}")
+    if b.extras:
+        print(
+            f"  Argo Events resources: ckptflow render {args.name} "
+            + " ".join(f"--set {o}" for o in args.overrides)
+            + " | kubectl apply -f -"
+        )
+    if not args.wait or kind != "Workflow":
+        return 0
+    phase = wait(service, ns, name, poll_s=args.poll, timeout_s=args.timeout)
+    return PHASE_EXIT.get(phase, STILL_RUNNING)

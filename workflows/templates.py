@@ -1,0 +1,218 @@
+"""Template helpers shared by the builders: step containers, env wiring, outputs, volumes.
+
+Every container runs `python -m steps.<name>` (or the same module under
+`python -m torch.distributed.run`): the image's interpreter on a cluster, and the local
+runner's interpreter on a laptop, so one manifest runs in both places. No template carries
+inline source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hera.workflows import (
+    Container,
+    EmptyDirVolume,
+    Env,
+    Parameter,
+    RetryStrategy,
+    SecretEnv,
+)
+from hera.workflows import (
+    Resources as HeraResources,
+)
+from hera.workflows.models import Backoff, PodGC, Toleration, TTLStrategy, ValueFrom
+
+from workflows.config import ConfigError, PlatformConfig, Resources
+
+# The Argo variables each step sees, so MLflow tags and logs can name the workflow.
+ARGO_ENV = {
+    "ARGO_WORKFLOW_NAME": "{{workflow.name}}",
+    "ARGO_WORKFLOW_UID": "{{workflow.uid}}",
+    "ARGO_WORKFLOW_NAMESPACE": "{{workflow.namespace}}",
+}
+TORCHRUN = ("python", "-m", "torch.distributed.run")
+SHM_VOLUME = "dshm"
+
+
+def param(name: str) -> str:
+    """The Argo expression of template input `name`."""
+    return "{{inputs.parameters." + name + "}}"
+
+
+def step_env(platform: PlatformConfig) -> list:
+    """Env of every step: S3 keys by Secret reference (never inline), MLflow URI, Argo names."""
+    env: list = []
+    if platform.s3_secret:
+        env += [
+            SecretEnv(
+                name="AWS_ACCESS_KEY_ID",
+                secret_name=platform.s3_secret,
+                secret_key=platform.s3_access_key_key,
+            ),
+            SecretEnv(
+                name="AWS_SECRET_ACCESS_KEY",
+                secret_name=platform.s3_secret,
+                secret_key=platform.s3_secret_key_key,
+            ),
+        ]
+    if platform.s3_endpoint:
+        env.append(Env(name="AWS_ENDPOINT_URL", value=platform.s3_endpoint))
+    if platform.s3_region:
+        env.append(Env(name="AWS_DEFAULT_REGION", value=platform.s3_region))
+    if platform.mlflow_tracking_uri:
+        env.append(Env(name="MLFLOW_TRACKING_URI", value=platform.mlflow_tracking_uri))
+    env += [Env(name=k, value=v) for k, v in ARGO_ENV.items()]
+    return env
+
+
+def hera_resources(res: Resources) -> HeraResources:
+    """Kubernetes resources of one container; memory request == limit."""
+    return HeraResources(
+        cpu_request=res.cpu,
+        memory_request=res.memory,
+        memory_limit=res.memory,
+        gpus=res.gpu or None,
+    )
+
+
+def outputs(
+    platform: PlatformConfig, names: Sequence[str], *, optional: bool = False
+) -> list[Parameter]:
+    """Output parameters read from the files a step writes into `--output-dir`.
+
+    `optional` gives each a default of "": under torchrun only global rank 0 writes outputs,
+    and the pods of the other ranks must not fail for want of the files.
+    """
+    return [
+        Parameter(
+            name=n,
+            value_from=ValueFrom(
+                path=f"{platform.outputs_dir}/{n}", default="" if optional else None
+            ),
+        )
+        for n in names
+    ]
+
+
+def retry(limit: int, backoff_s: int) -> RetryStrategy | None:
+    """Retry on any failure, pod loss included (policy Always), with doubling backoff."""
+    if limit <= 0:
+        return None
+    return RetryStrategy(
+        limit=limit,
+        retry_policy="Always",
+        backoff=Backoff(duration=f"{backoff_s}s", factor=2),
+    )
+
+
+def step(
+    name: str,
+    module: str,
+    args: Sequence[str],
+    *,
+    platform: PlatformConfig,
+    resources: Resources | None = None,
+    inputs: Sequence[str] = (),
+    output_names: Sequence[str] = (),
+    launcher: Sequence[str] = (),
+    retries: int = 0,
+    backoff_s: int = 10,
+    deadline_s: int | None = None,
+    shm_size: str | None = None,
+    daemon: bool = False,
+    with_env: bool = True,
+) -> Container:
+    """A container template running `python -m steps.<module> ARGS --output-dir DIR`.
+
+    A dotted `module` (`ckptflow.cli`) is run as given rather than under `steps.`.
+
+    `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`.
+    `with_env=False` leaves out credentials and MLflow (least privilege for helpers such as
+    the rendezvous store). Must be called inside a hera Workflow context, which collects it.
+    """
+    target = module if "." in module else f"steps.{module}"
+    command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
+    args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
+    volumes = []
+    if shm_size:
+        # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
+        volumes.append(
+            EmptyDirVolume(
+                name=SHM_VOLUME, mount_path="/dev/shm", medium="Memory", size_limit=shm_size
+            )
+        )
+    return Container(
+        name=name,
+        image=platform.image,
+        image_pull_policy=platform.image_pull_policy,
+        command=command,
+        args=args,
+        env=step_env(platform) if with_env else None,
+        resources=hera_resources(resources or platform.step_resources),
+        inputs=[Parameter(name=n) for n in inputs],
+        outputs=outputs(platform, output_names, optional=bool(launcher)),
+        retry_strategy=retry(retries, backoff_s),
+        active_deadline_seconds=deadline_s,
+        volumes=volumes or None,
+        daemon=daemon or None,
+    )
+
+
+def node_selector(platform: PlatformConfig) -> dict[str, str] | None:
+    """`platform.node_selector` ("key=value" entries) as a Kubernetes nodeSelector."""
+    out = {}
+    for entry in platform.node_selector:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"platform.node_selector: {entry!r} is not key=value")
+        out[key] = value
+    return out or None
+
+
+def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
+    """`platform.tolerations` ("key[=value]:Effect") as Kubernetes tolerations."""
+    out = []
+    for entry in platform.tolerations:
+        kv, sep, effect = entry.rpartition(":")
+        if not sep or not kv:
+            kv, effect = entry, ""
+        key, eq, value = kv.partition("=")
+        if not key:
+            raise ConfigError(f"platform.tolerations: {entry!r} is not key[=value]:Effect")
+        out.append(
+            Toleration(
+                key=key,
+                operator="Equal" if eq else "Exists",
+                value=value if eq else None,
+                effect=effect or None,
+            )
+        )
+    return out or None
+
+
+def workflow_kwargs(platform: PlatformConfig, *, title: str, description: str) -> dict:
+    """Workflow-level settings every builder shares: identity, scheduling, GC, UI text."""
+    return {
+        "namespace": platform.namespace,
+        "service_account_name": platform.service_account,
+        "annotations": {
+            "workflows.argoproj.io/title": title,
+            "workflows.argoproj.io/description": description,
+        },
+        "active_deadline_seconds": platform.workflow_deadline_s,
+        "pod_gc": PodGC(strategy=platform.pod_gc) if platform.pod_gc else None,
+        "ttl_strategy": TTLStrategy(seconds_after_completion=platform.ttl_after_completion_s)
+        if platform.ttl_after_completion_s
+        else None,
+        "node_selector": node_selector(platform),
+        "tolerations": tolerations(platform),
+    }
+
+
+def run_root(platform: PlatformConfig, configured: str, suffix: str = "") -> str:
+    """The configured root, or `<storage_root>/{{workflow.name}}[/suffix]` (fresh per run)."""
+    if configured:
+        return configured.rstrip("/")
+    base = f"{platform.storage_root.rstrip('/')}/{{{{workflow.name}}}}"
+    return f"{base}/{suffix}" if suffix else base
