@@ -38,3 +38,44 @@ def mlflow_tracking_uri(default: str | None = None) -> str | None:
 def secret_values() -> list[str]:
     """The values of secret variables currently set (for scrubbing and for tests)."""
     return [v for k in SECRET_VARIABLES if (v := os.environ.get(k))]
+
+
+# -- added for pretrain/evaluate/lineage (issue 6) -----------------------------------------------
+# Argo sets these in every step container: the workflow engineer passes them through env vars.
+ARGO_VARIABLES = {
+    "workflow_name": "ARGO_WORKFLOW_NAME",
+    "workflow_uid": "ARGO_WORKFLOW_UID",
+    "namespace": "ARGO_WORKFLOW_NAMESPACE",
+    "image": "CKPTFLOW_IMAGE",
+    "git_commit": "CKPTFLOW_GIT_COMMIT",
+}
+
+
+def argo_workflow_info() -> dict[str, str]:
+    """Workflow name, uid, namespace, image and git commit that are set (others left out)."""
+    found = {k: v for k, var in ARGO_VARIABLES.items() if (v := os.environ.get(var))}
+    if "namespace" not in found and os.environ.get("ARGO_NAMESPACE"):
+        found["namespace"] = os.environ["ARGO_NAMESPACE"]
+    return found
+
+
+def torchrun_rank_info() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when launched by torchrun, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def prepare_deterministic_cuda() -> None:
+    """cuBLAS needs this set before its first use to run deterministically (harmless on CPU)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def limit_mlflow_http_retries(max_retries: int = 0, timeout_s: int = 10) -> None:
+    """Bound MLflow's own HTTP retries (default: 7 retries, 120 s timeout) unless the user set
+    them, so an unreachable tracking server costs seconds, not minutes, per call (the caller,
+    steps.lib.lineage, retries on its own terms)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))

@@ -1,0 +1,260 @@
+"""`python -m steps.evaluate`: evaluate each committed checkpoint of a run exactly once.
+
+Runs beside training as one plain process and never blocks it: it polls `<run-root>/ckpt`,
+claims each newly committed step with an exclusive create of `step-XXXXXXXX/eval.claim` (so two
+evaluators never evaluate the same step), loads the model alone from it, resharded into this
+single process, and computes validation loss and exact match. The result goes next to the
+checkpoint as `eval.json`, which the catalog and `steps.select` read:
+
+    {"step": 20, "status": "ok", "metrics": {"val_loss": 1.23, "exact_match": 0.05},
+     "task": "add", "model_id": "m-...", "mlflow_run_id": "...", "evaluated_at": 1.7e9, ...}
+
+and to MLflow, linked to the checkpoint's LoggedModel by `model_id` at that step. A restarted
+evaluator skips steps that have an eval.json; uncommitted steps are never touched.
+
+    python -m steps.evaluate --run-root R                    # every committed step, then exit
+    python -m steps.evaluate --run-root R --until-finished   # follow training until FINISHED
+    python -m steps.evaluate --run-root R --step 20          # one checkpoint
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from steps.checkpoint import Checkpointer, Storage
+from steps.checkpoint.storage import AlreadyExists
+from steps.lib import lineage as lin
+from steps.lib.data import Corpus
+from steps.lib.model import GPT, ModelConfig
+from steps.lib.training import evaluate
+
+log = logging.getLogger("ckptflow.evaluate")
+EVAL, CLAIM = "eval.json", "eval.claim"
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """What to evaluate and how long to follow the run."""
+
+    run_root: str  # run root URI (checkpoints under ckpt/, FINISHED marker)
+    step: int = -1  # evaluate only this step (-1: every committed step)
+    until_finished: bool = False  # keep polling until FINISHED appears and all steps are done
+    poll_seconds: float = 10.0  # pause between polls of the checkpoint root
+    timeout_seconds: float = 6 * 3600.0  # give up following the run after this long
+    claim_ttl_seconds: float = 3600.0  # a claim older than this without eval.json is taken over
+    task: str = ""  # task to evaluate on ("": the task the checkpoint was trained on)
+    eval_batches: int = 4  # validation batches for the loss
+    eval_batch_size: int = 16  # sequences per validation batch
+    exact_match_n: int = 64  # validation prompts for exact match
+    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
+    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
+    output_dir: str = ""  # where Argo output parameters are written (evaluated, best_step)
+
+
+def parse_args(argv=None) -> EvaluateConfig:
+    p = lin.arg_parser(EvaluateConfig, "python -m steps.evaluate", __doc__.split("\n")[0])
+    return EvaluateConfig(**vars(p.parse_args(argv)))
+
+
+class Evaluator:
+    """Claims, evaluates and records steps of one checkpoint root."""
+
+    def __init__(self, cfg: EvaluateConfig, lineage: lin.Lineage):
+        self.cfg, self.lineage = cfg, lineage
+        self.run = Storage(cfg.run_root)
+        self.ckpt = self.run.child("ckpt")
+        self.ck = Checkpointer(self.ckpt.uri, storage=self.ckpt)
+        self.evaluated: list[int] = []
+        self.failed: list[int] = []
+
+    # -- claims --------------------------------------------------------------------------------
+    def done(self, step: int) -> bool:
+        return self.ckpt.exists(f"step-{step:08d}/{EVAL}")
+
+    def claim(self, step: int) -> bool:
+        """Exclusively create this step's claim; take over a stale one under the next number."""
+        d = f"step-{step:08d}"
+        gens = sorted(
+            int(n.rsplit(".", 1)[1]) if n != CLAIM else 0
+            for n in self.ckpt.listdir(d)
+            if n.startswith(CLAIM)
+        )
+        gen = 0
+        if gens:
+            last = gens[-1]
+            name = CLAIM if last == 0 else f"{CLAIM}.{last}"
+            try:
+                age = time.time() - float(json.loads(self.ckpt.read(f"{d}/{name}"))["at"])
+            except (FileNotFoundError, ValueError, KeyError):
+                age = 0.0
+            if age < self.cfg.claim_ttl_seconds:
+                return False  # someone is on it
+            gen = last + 1
+            log.warning(
+                "step %d: claim %s is %.0fs old without a result; taking over", step, name, age
+            )
+        body = {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        try:
+            self.ckpt.write(
+                f"{d}/{CLAIM if gen == 0 else f'{CLAIM}.{gen}'}",
+                json.dumps(body).encode(),
+                exclusive=True,
+            )
+        except AlreadyExists:
+            return False
+        return True
+
+    # -- one step ------------------------------------------------------------------------------
+    def evaluate_step(self, step: int) -> dict:
+        """Load the model from `step`, evaluate it, record the result; returns the record."""
+        t0 = time.perf_counter()
+        meta = self.ck.manifest(step).get("metadata", {})
+        mcfg = ModelConfig.from_dict(meta["model_config"])
+        task = self.cfg.task or meta.get("task", "add")
+        seed = int(meta.get("config", {}).get("seed", 0))
+        torch.manual_seed(0)
+        model = GPT(mcfg)
+        state = {"model": model.state_dict()}
+        self.ck.load(state, step=step)  # reshards into this one process; verifies every byte
+        model.load_state_dict(state["model"])
+        metrics = evaluate(
+            model,
+            Corpus(task, seed),
+            seq_len=mcfg.seq_len,
+            n_batches=self.cfg.eval_batches,
+            batch_size=self.cfg.eval_batch_size,
+            n_exact=self.cfg.exact_match_n,
+        )
+        uri = self.ckpt.url(f"step-{step:08d}")
+        model_id = (meta.get("mlflow") or {}).get("model_id") or self.lineage.find_checkpoint_model(
+            uri
+        )
+        self.lineage.log_metrics(metrics, step, model_id=model_id)
+        return {
+            "step": step,
+            "status": "ok",
+            "metrics": metrics,
+            "task": task,
+            "model_id": model_id,
+            "mlflow_run_id": self.lineage.run_id,
+            "uri": uri,
+            "evaluated_at": time.time(),
+            "seconds": time.perf_counter() - t0,
+            "evaluator": {"host": socket.gethostname(), "pid": os.getpid()},
+        }
+
+    def process(self, step: int) -> None:
+        """Evaluate `step` unless it is done or claimed; a failure is recorded, not raised."""
+        if self.done(step) or not self.claim(step):
+            return
+        try:
+            record = self.evaluate_step(step)
+            log.info(
+                "step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in record["metrics"].items())
+            )
+        except Exception as exc:  # noqa: BLE001 - record it and go on with the other steps
+            log.error("step %d: evaluation failed: %s: %s", step, type(exc).__name__, exc)
+            record = {
+                "step": step,
+                "status": "failed",
+                "error": f"{type(exc).__name__}: {exc}"[:2000],
+                "evaluated_at": time.time(),
+            }
+            self.failed.append(step)
+        self.ckpt.write(f"step-{step:08d}/{EVAL}", json.dumps(record, indent=1).encode())
+        self.evaluated.append(step)
+
+    # -- the run -------------------------------------------------------------------------------
+    def follow(self) -> bool:
+        """Poll until FINISHED and every committed step has a result; False at the timeout."""
+        deadline = time.monotonic() + self.cfg.timeout_seconds
+        while True:
+            finished = self.run.exists("FINISHED")  # read before listing: no step is missed
+            steps = self.ck.committed_steps()
+            for step in steps:
+                self.process(step)
+            if not self.cfg.until_finished:
+                return True
+            if finished and all(self.done(s) for s in steps):
+                return True
+            if time.monotonic() > deadline:
+                log.warning(
+                    "timeout after %.0fs: FINISHED=%s, %d step(s) without results",
+                    self.cfg.timeout_seconds,
+                    finished,
+                    sum(not self.done(s) for s in steps),
+                )
+                return False
+            time.sleep(self.cfg.poll_seconds)
+
+    def summary(self, metric: str = "val_loss") -> tuple[int | None, list[int]]:
+        """(best step by `metric`, steps whose stored evaluation failed) over committed steps.
+
+        Failures recorded by an earlier evaluator count too, so a restart still exits non-zero.
+        """
+        best, failed = None, []
+        for step in self.ck.committed_steps():
+            try:
+                rec = json.loads(self.ckpt.read(f"step-{step:08d}/{EVAL}"))
+            except (FileNotFoundError, ValueError):
+                continue
+            if rec.get("status") != "ok":
+                failed.append(step)
+                continue
+            value = rec.get("metrics", {}).get(metric)
+            if value is not None and (best is None or value < best[0]):
+                best = (value, step)
+        return (best[1] if best else None), failed
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    lin.setup_logging()
+    # one process on purpose: DCP's note that it loads without a process group is noise here
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+    lineage = lin.Lineage.for_run_root(cfg.run_root)
+    lineage.start_run(
+        "evaluate",
+        experiment=cfg.experiment,
+        step_kind="evaluate",
+        parent_run_id=cfg.mlflow_parent_run_id or None,
+        params=asdict(cfg),
+    )
+    ev = Evaluator(cfg, lineage)
+    if cfg.step >= 0:
+        if cfg.step not in ev.ck.committed_steps():
+            log.error(
+                "step %d is not committed under %s (committed: %s): pick a committed step",
+                cfg.step,
+                ev.ckpt.uri,
+                ev.ck.committed_steps() or "none",
+            )
+            lineage.close("FAILED")
+            return 2
+        ev.process(cfg.step)
+        if not ev.evaluated and not ev.done(cfg.step):
+            log.warning("step %d is claimed by another evaluator; not evaluated here", cfg.step)
+    else:
+        ev.follow()
+    best, failed = ev.summary()
+    if cfg.step >= 0:
+        failed = [s for s in failed if s == cfg.step]
+    lin.write_outputs(
+        cfg.output_dir, {"evaluated": ev.evaluated, "best_step": "" if best is None else str(best)}
+    )
+    log.info("evaluated steps %s; failed %s; best step by val_loss %s", ev.evaluated, failed, best)
+    lineage.close("FAILED" if failed else "FINISHED")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

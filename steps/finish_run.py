@@ -1,0 +1,49 @@
+"""`python -m steps.finish_run`: the exit handler, closing the parent MLflow run.
+
+Argo's `{{workflow.status}}` (Succeeded, Failed, Error) becomes the run status (FINISHED,
+FAILED). Never fails the workflow because of MLflow: a warning is all an outage costs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from steps.lib import lineage as lin
+
+log = logging.getLogger("ckptflow.finish_run")
+STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "error": "FAILED", "killed": "KILLED"}
+
+
+@dataclass(frozen=True)
+class FinishRunConfig:
+    """Which run to close and how the workflow ended."""
+
+    run_id: str = ""  # the parent run (start_run's output); empty: nothing to do
+    status: str = "Succeeded"  # Argo's workflow.status (Succeeded, Failed, Error)
+    run_root: str = ""  # local run root: its mlflow.db is used when MLFLOW_TRACKING_URI is unset
+    output_dir: str = ""  # unused (every step accepts it)
+
+
+def parse_args(argv=None) -> FinishRunConfig:
+    p = lin.arg_parser(FinishRunConfig, "python -m steps.finish_run", __doc__.split("\n")[0])
+    return FinishRunConfig(**vars(p.parse_args(argv)))
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    lin.setup_logging()
+    if not cfg.run_id:
+        log.warning("no parent run id (MLflow was unavailable at start_run): nothing to close")
+        return 0
+    status = STATUS.get(cfg.status.strip().lower(), "FAILED")
+    lineage = lin.Lineage.for_run_root(cfg.run_root or None)
+    lineage.attach(cfg.run_id)
+    lineage.set_tags({"ckptflow.workflow_status": cfg.status})
+    lineage.close(status)
+    log.info("closed run %s as %s (workflow %s)", cfg.run_id, status, cfg.status)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,466 @@
+"""MLflow lineage that never kills training.
+
+One parent run per pipeline run (`start_run`), a child run per step (nested with the
+`mlflow.parentRunId` tag). Every committed checkpoint becomes an *external* LoggedModel: its
+weights stay in our storage, MLflow holds its step, URI, manifest hash and sizes, and the
+evaluator logs metrics against its `model_id`, so MLflow's models view ranks checkpoints.
+
+Every call goes through `_call`: a few quick retries, then a warning, and the call is queued
+(or skipped, for lookups) while MLflow is treated as down for `cooldown_s`; the queue is
+replayed at the next call after that, and at `close()`. Values that look like secrets
+(`env.secret_values()`) are replaced before anything is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+
+from steps.lib import env
+
+log = logging.getLogger("ckptflow.lineage")
+
+EXPERIMENT = "ckptflow"
+MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+TAG_CKPT_URI = "ckptflow.ckpt_uri"
+TAG_STEP_KIND = "ckptflow.step"
+TAG_EXTERNAL = "mlflow.model.isExternal"  # what mlflow.create_external_model sets
+MODEL_TYPE = "ckptflow-checkpoint"
+
+
+def default_tracking_uri(run_root: str | None) -> str | None:
+    """MLFLOW_TRACKING_URI, else a SQLite store under a local run root, else None (disabled)."""
+    if env.mlflow_tracking_uri():
+        return env.mlflow_tracking_uri()
+    if run_root and ("://" not in run_root or run_root.startswith("file://")):
+        path = os.path.abspath(run_root.removeprefix("file://"))
+        os.makedirs(path, exist_ok=True)
+        return f"sqlite:///{path}/mlflow.db"
+    return None
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"section.key": "value"} (MLflow params are flat strings)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            out[name] = text[:MAX_PARAM_LEN]
+    return out
+
+
+def scrub(values: dict) -> dict[str, str]:
+    """Stringify and replace any secret value (e.g. an S3 key pasted into a config) by ***."""
+    secrets = [s for s in env.secret_values() if len(s) >= 4]
+    out = {}
+    for k, v in values.items():
+        text = str(v)
+        for s in secrets:
+            text = text.replace(s, "***")
+        out[str(k)] = text
+    return out
+
+
+def workflow_tags() -> dict[str, str]:
+    """Argo workflow name/uid/namespace, image and git commit from the environment, as tags."""
+    return {f"ckptflow.{k}": v for k, v in env.argo_workflow_info().items()}
+
+
+# MLflow error codes that mean "this call is wrong", not "MLflow is down": such a call is
+# dropped with a warning instead of being retried and queued (it would block the queue forever).
+PERMANENT_ERRORS = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_ALREADY_EXISTS",
+    "RESOURCE_DOES_NOT_EXIST",
+    "INVALID_STATE",
+}
+
+
+def _permanent(exc: BaseException) -> bool:
+    return getattr(exc, "error_code", None) in PERMANENT_ERRORS
+
+
+class Lineage:
+    """MLflow for one step: a run, its params, metrics and checkpoint models; never raises."""
+
+    def __init__(
+        self,
+        tracking_uri: str | None,
+        *,
+        artifact_root: str | None = None,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        cooldown_s: float = 30.0,
+        max_queue: int = 10_000,
+    ):
+        self.tracking_uri = tracking_uri
+        self.artifact_root = artifact_root
+        self.retries, self.backoff_s, self.cooldown_s = retries, backoff_s, cooldown_s
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.run_name: str = ""
+        self.warnings: list[str] = []
+        self._queue: deque[tuple[str, Callable]] = deque(maxlen=max_queue)
+        self._down_until = 0.0
+        self._outages = 0  # consecutive failed attempts: the pause doubles with each
+        self._client = None
+        if tracking_uri is None:
+            self._warn("MLflow disabled: set MLFLOW_TRACKING_URI (or use a local run root)")
+
+    @classmethod
+    def for_run_root(cls, run_root: str | None, **kw) -> Lineage:
+        uri = default_tracking_uri(run_root)
+        local = uri is not None and uri.startswith("sqlite:///") and not env.mlflow_tracking_uri()
+        art = (
+            os.path.join(os.path.dirname(uri.removeprefix("sqlite:///")), "mlartifacts")
+            if local
+            else None
+        )
+        return cls(uri, artifact_root=art, **kw)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        return self.tracking_uri is not None
+
+    @property
+    def client(self):
+        if self._client is None:
+            env.limit_mlflow_http_retries()
+            from mlflow import MlflowClient  # imported lazily: it costs seconds
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        log.warning("%s", msg)
+
+    def _call(self, what: str, fn: Callable, *, queue: bool = True):
+        """fn() with retries; on failure warn, queue it (when `queue`) and return None."""
+        if not self.enabled:
+            return None
+        if time.monotonic() < self._down_until:
+            if queue:
+                self._queue.append((what, fn))
+            return None
+        if self._queue and not self._replay():
+            if queue:
+                self._queue.append((what, fn))
+            return None
+        return self._attempt(what, fn, queue)
+
+    def _mark_down(self) -> None:
+        """Pause MLflow calls: cooldown_s, doubling per consecutive outage up to 10 minutes, so a
+        server that hangs (rather than refuses) costs training less and less time."""
+        self._outages += 1
+        pause = min(self.cooldown_s * 2 ** (self._outages - 1), max(self.cooldown_s, 600.0))
+        self._down_until = time.monotonic() + pause
+
+    def _attempt(self, what: str, fn: Callable, queue: bool):
+        err: BaseException | None = None
+        for i in range(self.retries):
+            try:
+                out = fn()
+                self._outages = 0
+                return out
+            except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training
+                err = exc
+                if _permanent(exc):
+                    self._warn(f"MLflow rejected {what} (skipped): {str(exc)[:300]}")
+                    return None
+                if i + 1 < self.retries:
+                    time.sleep(self.backoff_s * (2**i))
+        self._mark_down()
+        fate = "queued" if queue else "skipped"
+        self._warn(f"MLflow unreachable ({what} {fate}): {type(err).__name__}: {str(err)[:300]}")
+        if queue:
+            self._queue.append((what, fn))
+        return None
+
+    def _replay(self) -> bool:
+        """Send queued calls in order; False (and keep the rest) when MLflow is still down."""
+        while self._queue:
+            what, fn = self._queue[0]
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                if _permanent(exc):
+                    self._warn(f"MLflow rejected queued {what} (dropped): {str(exc)[:300]}")
+                    self._queue.popleft()
+                    continue
+                self._mark_down()
+                self._warn(f"MLflow still unreachable ({len(self._queue)} queued): {exc!s:.200}")
+                return False
+            self._queue.popleft()
+        self._outages = 0
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    # -- runs ----------------------------------------------------------------------------------
+    def _experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=self.artifact_root)
+        except Exception:  # another step created it concurrently
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(
+        self,
+        run_name: str,
+        *,
+        experiment: str = EXPERIMENT,
+        parent_run_id: str | None = None,
+        step_kind: str = "",
+        tags: dict | None = None,
+        params: dict | None = None,
+    ) -> str | None:
+        """Create this step's run (nested under `parent_run_id` when given); returns its id."""
+        self.run_name = run_name
+        all_tags = {**workflow_tags(), **(tags or {})}
+        if step_kind:
+            all_tags[TAG_STEP_KIND] = step_kind
+
+        def create():
+            if parent_run_id:
+                parent = self.client.get_run(parent_run_id)
+                self.experiment_id = parent.info.experiment_id
+                all_tags["mlflow.parentRunId"] = parent_run_id
+            else:
+                self.experiment_id = self._experiment(experiment)
+            run = self.client.create_run(
+                self.experiment_id, run_name=run_name, tags=scrub(all_tags)
+            )
+            return run.info.run_id
+
+        self.run_id = self._call("create run", create, queue=False)
+        if self.run_id and params:
+            self.log_params(params)
+        return self.run_id
+
+    def attach(self, run_id: str) -> None:
+        """Use an existing run (e.g. finish_run closing the parent)."""
+        self.run_id = run_id
+
+    def log_params(self, params: dict) -> None:
+        from mlflow.entities import Param
+
+        if not self.run_id:
+            return
+        items = [Param(k, v) for k, v in scrub(flatten(params)).items()]
+        rid = self.run_id
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            chunk = items[i : i + 100]
+            self._call("log params", lambda c=chunk: self.client.log_batch(rid, params=c))
+
+    def set_tags(self, tags: dict) -> None:
+        if not self.run_id:
+            return
+        rid = self.run_id
+        for k, v in scrub(tags).items():
+            self._call(f"tag {k}", lambda k=k, v=v: self.client.set_tag(rid, k, v))
+
+    def log_metrics(self, metrics: dict, step: int, model_id: str | None = None) -> None:
+        """Metrics of one step (one batched call); linked to a LoggedModel when `model_id`."""
+        from mlflow.entities import Metric
+
+        if not self.run_id:
+            return
+        ts = int(time.time() * 1000)
+        items = [
+            Metric(k, float(v), ts, int(step), model_id=model_id)
+            for k, v in metrics.items()
+            if isinstance(v, int | float)
+        ]
+        rid = self.run_id
+        self._call("log metrics", lambda: self.client.log_batch(rid, metrics=items))
+
+    def end_run(self, status: str = "FINISHED") -> None:
+        rid = self.run_id
+        if rid:
+            self._call("end run", lambda: self.client.set_terminated(rid, status))
+
+    def flush(self) -> bool:
+        """One last attempt to send what is queued; what still fails is dropped (warned)."""
+        self._down_until = 0.0
+        if self._queue and not self._replay():
+            self._warn(f"MLflow: {len(self._queue)} call(s) could not be sent and were dropped")
+            self._queue.clear()
+            return False
+        return True
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the run, then flush the queue."""
+        self.end_run(status)
+        self.flush()
+
+    # -- checkpoints as LoggedModels -----------------------------------------------------------
+    def begin_checkpoint(self, step: int, uri: str) -> str | None:
+        """A PENDING external LoggedModel for a checkpoint about to be saved; returns model_id.
+
+        Created before the save so the id can go into the checkpoint's own metadata, which is
+        how the evaluator (another process) links its metrics to this model.
+        """
+        if not self.run_id:
+            return None
+        rid, eid = self.run_id, self.experiment_id
+
+        def create():
+            m = self.client.create_logged_model(
+                experiment_id=eid,
+                name=f"{self.run_name or 'ckpt'}-step-{step:08d}",
+                source_run_id=rid,
+                tags=scrub({TAG_EXTERNAL: "true", TAG_CKPT_URI: uri, "ckptflow.step_number": step}),
+                model_type=MODEL_TYPE,
+            )
+            return m.model_id
+
+        return self._call("create logged model", create, queue=False)
+
+    def log_checkpoint(
+        self, step: int, uri: str, manifest_hash: str, sizes: dict, model_id: str | None = None
+    ) -> str | None:
+        """Record a committed checkpoint as a READY external LoggedModel; returns its model_id."""
+        model_id = model_id or self.begin_checkpoint(step, uri)
+        if model_id is None:
+            return None
+        params = scrub({"step": step, "uri": uri, "manifest_hash": manifest_hash, **sizes})
+
+        def finish():
+            from mlflow.entities import LoggedModelStatus
+
+            self.client.log_model_params(model_id, params)
+            self._log_external_spec(model_id)
+            self.client.finalize_logged_model(model_id, LoggedModelStatus.READY)
+
+        self._call("finalize logged model", finish)
+        return model_id
+
+    def fail_checkpoint(self, model_id: str | None, reason: str) -> None:
+        if model_id:
+            from mlflow.entities import LoggedModelStatus
+
+            self._call(
+                "fail logged model",
+                lambda: self.client.finalize_logged_model(model_id, LoggedModelStatus.FAILED),
+            )
+            self._call(
+                "tag logged model",
+                lambda: self.client.set_logged_model_tags(
+                    model_id, {"ckptflow.error": reason[:500]}
+                ),
+            )
+
+    def _log_external_spec(self, model_id: str) -> None:
+        """The stub MLmodel file create_external_model writes, so the model can be registered."""
+        from mlflow.models.utils import get_external_mlflow_model_spec
+
+        spec = get_external_mlflow_model_spec(self.client.get_logged_model(model_id))
+        with tempfile.TemporaryDirectory() as tmp:
+            spec.save(os.path.join(tmp, "MLmodel"))
+            self.client.log_model_artifacts(model_id, tmp)
+
+    def find_checkpoint_model(self, uri: str) -> str | None:
+        """The model_id of the LoggedModel recorded for checkpoint `uri` (None when absent)."""
+        if not self.experiment_id:
+            return None
+
+        def search():
+            found = self.client.search_logged_models(
+                [self.experiment_id], filter_string=f"tags.`{TAG_CKPT_URI}` = '{uri}'"
+            )
+            return min(found, key=lambda m: m.creation_timestamp).model_id if found else None
+
+        return self._call("search logged models", search, queue=False)
+
+
+# -- what a step reports besides MLflow ----------------------------------------------------------
+def write_outputs(output_dir: str | None, values: dict) -> None:
+    """One small text file per value in --output-dir: Argo reads them as output parameters."""
+    if not output_dir:
+        return
+    os.makedirs(output_dir, exist_ok=True)
+    for name, value in values.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        with open(os.path.join(output_dir, name), "w") as f:
+            f.write(text)
+
+
+def setup_logging(rank: int = 0) -> None:
+    """Plain timestamped lines on stderr, prefixed with the rank (logs, not terminals)."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s [rank{rank}] %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # its SQLAlchemy store logs a full traceback per failed call; our own warning says enough
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+class Progress:
+    """A one-line progress display on a terminal; plain log lines (every `every` steps) otherwise."""
+
+    def __init__(self, total: int, *, enabled: bool = True, every: int = 10, stream=None):
+        import sys
+
+        self.total, self.enabled, self.every = total, enabled, every
+        self.stream = stream or sys.stderr
+        self.tty = enabled and self.stream.isatty()
+
+    def update(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        text = f"step {step}/{self.total} " + " ".join(
+            f"{k} {v:.4g}" for k, v in metrics.items() if k in ("train_loss", "lr", "tokens_per_s")
+        )
+        if self.tty:
+            self.stream.write("\r" + text.ljust(80))
+            self.stream.flush()
+        elif step % self.every == 0 or step == self.total:
+            log.info("%s", text)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def arg_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
+    """argparse for a step's frozen config dataclass: one --flag per field, its one-line doc
+    (the field's trailing comment) as help; fields without a default are required."""
+    docs = {
+        m[1]: m[2].strip()
+        for m in re.finditer(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(cls), re.M)
+    }
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    for f in fields(cls):
+        flag, doc = "--" + f.name.replace("_", "-"), docs.get(f.name, "")
+        if f.default is MISSING:
+            p.add_argument(flag, required=True, help=doc)
+        elif f.type == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            shown = f"{doc} (default: %(default)s)" if f.default not in ("", None) else doc
+            p.add_argument(flag, type=kind, default=f.default, help=shown)
+    return p
