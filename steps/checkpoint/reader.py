@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from steps.checkpoint import codec, layout
+from steps.checkpoint import catalog, codec, layout
 from steps.checkpoint import manifest as mf
 from steps.checkpoint.errors import CorruptCheckpoint
 from steps.checkpoint.safe_value import UnsafeValueError, decode_value
@@ -54,16 +54,16 @@ class ReadStats:
 class ObjectFetcher:
     """Reads and verifies objects; `raw_part` rebuilds a part's raw bytes (resolving deltas)."""
 
-    def __init__(self, storage: Storage, stats: ReadStats):
+    def __init__(self, storage: Storage, stats: ReadStats, fallbacks: list[Storage] = ()):
         self.storage = storage
         self.stats = stats
+        self.fallbacks = list(fallbacks)  # parent roots whose objects this root references
         self._lock = threading.Lock()
 
     def stored(self, key: str, size: int) -> bytes:
-        rel = layout.object_path(key)
-        url = self.storage.url(rel)
+        url = self.storage.url(layout.object_path(key))
         try:
-            blob = self.storage.read(rel)
+            blob, url = catalog.read_object(self.storage, key, self.fallbacks)
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
         with self._lock:
@@ -106,13 +106,15 @@ def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
 class CkptStorageReader(StorageReader):
     """Reads one committed step whose manifest the caller has already validated."""
 
-    def __init__(self, storage: Storage, manifest: dict, threads: int = 4, exchange=None):
+    def __init__(
+        self, storage: Storage, manifest: dict, threads: int = 4, exchange=None, fallbacks=()
+    ):
         super().__init__()
         self.storage = storage
         self.manifest = manifest
         self.threads = threads
         self.stats = ReadStats()
-        self.fetcher = ObjectFetcher(storage, self.stats)
+        self.fetcher = ObjectFetcher(storage, self.stats, fallbacks)
         self.exchange = exchange  # cooperative load hook (see coop.py), or None
         self.storage_data: dict = {}
 

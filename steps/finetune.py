@@ -1,0 +1,339 @@
+"""`python -m steps.finetune`: fine-tune a pretraining checkpoint on another task, in M workers.
+
+Loads a pretraining checkpoint (a step, the latest valid one, or the best by an evaluated
+metric) saved by N ranks into this job's M ranks (FSDP2, or a replicated model whose load is
+cooperative: each rank reads about 1/M of it), freezes the leading blocks, and trains on a
+different generated task. Checkpoints go under `<run-root>/ckpt`, a root whose marker names the
+base step: frozen tensors are referenced there, not stored again, so a fine-tune checkpoint
+stores only what changed. Each checkpoint is evaluated on the fine-tune task when it is saved
+(`eval.json` beside it, for `steps.select`); a kill is resumed exactly from the newest valid
+checkpoint. MLflow: the run and each checkpoint's LoggedModel name the base checkpoint (its
+LoggedModel id and URI) and the pretraining run.
+
+    python -m torch.distributed.run --nproc-per-node 2 -m steps.finetune \
+        --base-root /tmp/pre --base-step latest --run-root /tmp/ft/a --task rev \
+        --lr 1e-3 --freeze-blocks 1 --max-steps 20 --ckpt-every 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from steps.checkpoint import Checkpointer, CheckpointError, Storage, catalog
+from steps.checkpoint.layout import EVAL, step_dir
+from steps.lib import finetune_base as fb
+from steps.lib import finetune_loop as fl
+from steps.lib import lineage as lin
+from steps.lib import training as tr
+from steps.lib.data import Corpus, ShardedLoader, check_task
+from steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
+
+log = logging.getLogger("ckptflow.finetune")
+PARALLEL = ("fsdp", "ddp")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Everything that decides a fine-tune variant (logged as MLflow params, saved in metadata)."""
+
+    base_root: str  # pretraining run root (or its checkpoint root)
+    run_root: str  # this variant's run root: ckpt/, FINISHED, default mlflow.db
+    base_step: str = "latest"  # latest | best:METRIC[:min|max] | a step number
+    task: str = "rev"  # fine-tuning task (steps.lib.data.TASKS), unlike the pretraining one
+    lr: float = 1e-3  # peak learning rate
+    freeze_blocks: int = 1  # leading blocks kept frozen (embeddings always; ln_f and head train)
+    max_steps: int = 40  # optimizer steps in total (across resumes)
+    batch_size: int = 8  # global sequences per optimizer step
+    seq_len: int = 0  # tokens per sequence (0: the base model's seq_len)
+    warmup_steps: int = 2  # linear warm-up steps before cosine decay
+    min_lr_ratio: float = 0.1  # final learning rate as a fraction of the peak
+    weight_decay: float = 0.0  # AdamW weight decay on trainable matrices
+    grad_clip: float = 1.0  # gradient-norm clip (0 disables)
+    grad_accum: int = 1  # micro-steps per optimizer step
+    ckpt_every: int = 10  # save (and evaluate) every K steps, and at the last step
+    full_every: int = 1  # every F-th save is full, the others are deltas against it
+    async_save: bool = True  # save in the background; training stalls only for the snapshot
+    parallel: str = "fsdp"  # fsdp (FSDP2 shards) | ddp (replicated model, cooperative load)
+    compression_level: int = 1  # zstd level of the checkpoint engine
+    seed: int = 0  # seeds the data and every RNG
+    eval_batches: int = 4  # validation batches for the loss
+    eval_batch_size: int = 16  # sequences per validation batch
+    exact_match_n: int = 64  # validation prompts for exact match
+    log_every: int = 1  # log training metrics to MLflow every N steps
+    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
+    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
+    output_dir: str = ""  # where Argo output parameters are written (ckpt_root, last_step)
+    fail_at_step: int = 0  # testing: exit without cleanup right after this step (0: never)
+
+    @property
+    def ckpt_root(self) -> str:
+        return Storage(self.run_root).url("ckpt")
+
+
+def parse_args(argv=None) -> FinetuneConfig:
+    p = argparse.ArgumentParser(prog="python -m steps.finetune", description=__doc__.split("\n")[0])
+    for f in fields(FinetuneConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name in ("base_root", "run_root"):
+            p.add_argument(flag, required=True)
+        else:
+            kind = {"int": int, "float": float}.get(f.type, str)
+            p.add_argument(flag, type=kind, default=f.default)
+    cfg = FinetuneConfig(**vars(p.parse_args(argv)))
+    try:
+        check_task(cfg.task)
+    except ValueError as exc:
+        p.error(f"--task: {exc}")
+    if cfg.max_steps < 1 or cfg.ckpt_every < 1:
+        p.error("--max-steps and --ckpt-every must be at least 1")
+    if cfg.freeze_blocks < 0:
+        p.error("--freeze-blocks must be >= 0")
+    if cfg.parallel not in PARALLEL:
+        p.error(f"--parallel must be one of {', '.join(PARALLEL)}")
+    return cfg
+
+
+# -- model ---------------------------------------------------------------------------------------
+def build_model(mcfg: ModelConfig, cfg: FinetuneConfig, dinfo: tr.DistInfo):
+    """The decoder with its leading blocks frozen (before sharding, so FSDP2 sees it), wrapped
+    for this job. Returns (wrapped model, plain module, trainable parameter names)."""
+    if cfg.freeze_blocks > mcfg.n_layer:
+        raise ValueError(
+            f"--freeze-blocks {cfg.freeze_blocks} exceeds the base model's {mcfg.n_layer} blocks"
+        )
+    torch.manual_seed(cfg.seed)
+    module = GPT(mcfg).to(dinfo.device)
+    trainable = freeze_all_but_last(module, mcfg.n_layer - cfg.freeze_blocks)
+    if cfg.parallel == "fsdp":
+        for block in module.blocks:
+            fully_shard(block)
+        fully_shard(module)
+        return module, module, trainable
+    if dinfo.world_size > 1:
+        ids = [dinfo.device.index] if dinfo.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids), module, trainable
+    return module, module, trainable
+
+
+def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
+    """The base weights into this job's layout (resharded; cooperative when replicated)."""
+    state = {"model": get_model_state_dict(model)}
+    base_ck.load(state, step=base.step)
+    set_model_state_dict(model, state["model"])
+    info = base_ck.last_load
+    log.info(
+        "loaded base step %d (saved by %d ranks) in %.2fs: %d bytes read here, %d received",
+        base.step,
+        base.world_size,
+        info.seconds,
+        info.bytes_read,
+        info.bytes_received,
+    )
+
+
+# -- lineage -------------------------------------------------------------------------------------
+def start_lineage(cfg: FinetuneConfig, base: fb.BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
+    lineage = lin.Lineage.for_run_root(cfg.run_root)
+    lineage.start_run(
+        "finetune",
+        experiment=cfg.experiment,
+        step_kind="finetune",
+        parent_run_id=cfg.mlflow_parent_run_id or None,
+        tags=fl.base_tags(base),
+        params={
+            **asdict(cfg),
+            "model_config": mcfg.to_dict(),
+            "world_size": dinfo.world_size,
+            "trainable": ",".join(trainable),
+            "base": {k: v for k, v in base.as_dict().items() if k != "model_config"},
+        },
+    )
+    if lineage.run_id and base.model_id:
+        from mlflow.entities import LoggedModelInput
+
+        rid = lineage.run_id
+        lineage._call(  # the base LoggedModel as an input of this run: MLflow's own lineage
+            "log base model input",
+            lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(base.model_id)]),
+        )
+    return lineage
+
+
+# -- the run -------------------------------------------------------------------------------------
+def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
+    """The base checkpoint: when resuming, the one this run root was started from (its marker
+    names it, whatever --base-step resolves to now: the pretraining may have gone on); else
+    the step --base-step names under --base-root."""
+    parent = catalog.read_parent(Storage(cfg.ckpt_root))
+    if parent is None:
+        st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
+    else:
+        st, spec = Storage(parent["uri"]), str(parent["step"])
+        log.info("resuming a fine-tune of %s step %s (its root names that base)", st.uri, spec)
+    base_ck = Checkpointer(st.uri, storage=st)
+    return base_ck, fb.resolve_base(base_ck, spec)
+
+
+def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
+    tr.set_deterministic(cfg.seed)
+    base_ck, base = open_base(cfg)
+    mcfg = ModelConfig.from_dict(base.model_config)
+    seq_len = cfg.seq_len or mcfg.seq_len
+    model, module, trainable = build_model(mcfg, cfg, dinfo)
+    ck = Checkpointer(
+        cfg.ckpt_root, full_every=cfg.full_every, compression_level=cfg.compression_level
+    )
+    ck.inherit(base_ck, base.step)  # frozen tensors: referenced in the base, never stored again
+    optimizer = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = tr.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    corpus = Corpus(cfg.task, cfg.seed)
+    loader = ShardedLoader(
+        corpus,
+        seq_len=seq_len,
+        global_batch=cfg.batch_size,
+        grad_accum=cfg.grad_accum,
+        rank=dinfo.rank,
+        world_size=dinfo.world_size,
+    )
+
+    def evaluate() -> dict:
+        return tr.evaluate(
+            module,
+            corpus,
+            seq_len=seq_len,
+            n_batches=cfg.eval_batches,
+            batch_size=cfg.eval_batch_size,
+            n_exact=cfg.exact_match_n,
+            device=dinfo.device,
+        )
+
+    lineage = start_lineage(cfg, base, mcfg, dinfo, trainable) if dinfo.is_main else None
+    resuming = bool(ck.committed_steps())
+    if resuming:
+        prev = ck.manifest(ck.latest())["metadata"]
+        base_metrics = dict(prev.get("base", {}).get("metrics_on_task") or {})
+        start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
+    else:
+        load_base(model, base_ck, base)
+        base_metrics, start = evaluate(), 0
+        if lineage:
+            lineage.log_metrics({f"base_{k}": v for k, v in base_metrics.items()}, 0)
+            try:
+                fb.pin_base(base, cfg.run_root)
+            except Exception as exc:  # noqa: BLE001 - a read-only base is usable, only unprotected
+                log.warning("could not pin base step %d (%s): pin it by hand", base.step, exc)
+    if dinfo.is_main:
+        log.info(
+            "fine-tuning %s (%d parameters, trainable: %s) on %s from step %d; base on this "
+            "task: %s",
+            cfg.run_root,
+            count_parameters(module),
+            ", ".join(trainable),
+            cfg.task,
+            start,
+            fl.fmt(base_metrics),
+        )
+    record = fl.Recorder(ck, cfg.task, lineage, base_metrics)
+    if resuming and start and not ck.storage.exists(f"{step_dir(start)}/{EVAL}"):
+        metrics = evaluate()  # killed between the commit and its eval.json
+        mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
+        record(start, metrics, mid)
+    spec = tr.LoopSpec(
+        max_steps=cfg.max_steps,
+        ckpt_every=cfg.ckpt_every,
+        async_save=cfg.async_save,
+        log_every=cfg.log_every,
+        grad_clip=cfg.grad_clip,
+        tokens_per_step=cfg.batch_size * seq_len,
+        fail_at_step=cfg.fail_at_step or None,
+    )
+    meta = {
+        "step_kind": "finetune",
+        "config": asdict(cfg),
+        "model_config": mcfg.to_dict(),
+        "task": cfg.task,
+        "trainable": trainable,
+        "base": {**base.as_dict(), "metrics_on_task": base_metrics},
+    }
+    loop = fl.FinetuneLoop(
+        spec,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        ck=ck,
+        dinfo=dinfo,
+        lineage=lineage,
+        metadata=meta,
+        evaluate=evaluate,
+        write_eval=record,
+        base=base,
+    )
+    try:
+        last = loop.run(start)
+        ck.close()
+    except tr.SimulatedKill:
+        return tr.KILLED_EXIT  # abandon everything, as a kill would
+    except BaseException:
+        if lineage:
+            lineage.close("FAILED")
+        raise
+    if dinfo.is_main:
+        finish(cfg, ck, base, last, lineage)
+    return 0
+
+
+def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, lineage) -> None:
+    """FINISHED, outputs, and the stored size of the checkpoints relative to the base."""
+    sizes = {s: ck.manifest(s)["stats"] for s in ck.committed_steps()}
+    own = {s: st["new_bytes"] for s, st in sizes.items()}
+    ratio = max(own.values()) / base.stored_bytes if own and base.stored_bytes else 0.0
+    doc = {
+        "last_step": last,
+        "finished_at": time.time(),
+        "ckpt_root": cfg.ckpt_root,
+        "base": base.uri,
+        "stored_bytes": own,
+        "base_stored_bytes": base.stored_bytes,
+        "max_fraction_of_base": ratio,
+    }
+    Storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
+    lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
+    lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
+    lineage.close("FINISHED")
+    log.info(
+        "finished at step %d; each checkpoint stored at most %.1f%% of the base's %d bytes "
+        "(frozen tensors referenced from %s)",
+        last,
+        100 * ratio,
+        base.stored_bytes,
+        base.uri,
+    )
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    dinfo = tr.init_distributed()
+    lin.setup_logging(dinfo.rank)
+    try:
+        return run(cfg, dinfo)
+    except (CheckpointError, ValueError) as exc:  # a wrong base or argument: say what to fix
+        log.error("%s", exc)
+        return 2
+    finally:
+        tr.shutdown_distributed()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

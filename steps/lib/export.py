@@ -1,0 +1,91 @@
+"""Export a checkpoint's model weights to safetensors, readable by `safetensors` alone.
+
+The export folder holds `model.safetensors` (fp32 or bf16 tensors named as in the model's
+state dict, the model config and the source checkpoint in the file's own metadata) and
+`config.json` beside it (the same config, for tools that look there):
+
+    from safetensors import safe_open
+    with safe_open("model.safetensors", "pt") as f:
+        config = json.loads(f.metadata()["model_config"])
+        weights = {k: f.get_tensor(k) for k in f.keys()}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import torch
+from safetensors.torch import save as st_save
+
+from steps.checkpoint import Checkpointer
+from steps.checkpoint.storage import Storage
+from steps.lib.model import GPT, ModelConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+@dataclass(frozen=True)
+class Exported:
+    """Where an export went and what it holds."""
+
+    uri: str  # the export folder
+    weights_uri: str  # its model.safetensors
+    sha256: str  # of model.safetensors
+    bytes: int  # size of model.safetensors
+    dtype: str  # fp32 | bf16
+    tensors: int  # number of tensors
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_model_weights(ckpt_uri: str, step: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """The model tensors of a committed step (fp32, one process, every byte verified) and the
+    manifest's metadata. Works for fine-tune roots too (objects borrowed from the base)."""
+    ck = Checkpointer(ckpt_uri)
+    meta = ck.manifest(step)["metadata"]
+    if "model_config" not in meta:
+        raise ValueError(
+            f"step {step} under {ckpt_uri} has no model_config: not a model checkpoint"
+        )
+    model = GPT(ModelConfig.from_dict(meta["model_config"]))
+    state = {"model": model.state_dict()}
+    ck.load(state, step=step)
+    ck.close()
+    return {k: v.detach().contiguous() for k, v in state["model"].items()}, meta
+
+
+def export_weights(
+    tensors: dict[str, torch.Tensor],
+    model_config: dict,
+    dest_uri: str,
+    *,
+    dtype: str = "fp32",
+    info: dict | None = None,
+) -> Exported:
+    """Write `model.safetensors` and `config.json` under `dest_uri` (any storage URI)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    cast = {k: t.to(DTYPES[dtype]).contiguous() for k, t in sorted(tensors.items())}
+    meta = {
+        "format": "pt",
+        "model_config": json.dumps(model_config, sort_keys=True),
+        "dtype": dtype,
+        **{k: v if isinstance(v, str) else json.dumps(v) for k, v in (info or {}).items()},
+    }
+    blob = st_save(cast, metadata=meta)
+    dest = Storage(dest_uri)
+    dest.write(WEIGHTS, blob)
+    config = {"model_type": "ckptflow-gpt", **model_config, "dtype": dtype, **(info or {})}
+    dest.write(CONFIG, json.dumps(config, indent=1, sort_keys=True, default=str).encode())
+    return Exported(
+        uri=dest.url(),
+        weights_uri=dest.url(WEIGHTS),
+        sha256=hashlib.sha256(blob).hexdigest(),
+        bytes=len(blob),
+        dtype=dtype,
+        tensors=len(cast),
+    )

@@ -1,0 +1,175 @@
+"""What fine-tuning and selection read from a run's storage: evaluation results and the base.
+
+`eval.json` files (written next to each checkpoint by `steps.evaluate` or `steps.finetune`) are
+the one source of metrics: `--base-step best:METRIC` and `steps.select` rank steps with them,
+never with values passed through Argo. `resolve_base` turns `--base-root`/`--base-step` into a
+committed step and the lineage of that checkpoint (its MLflow LoggedModel and run), and
+`pin_base` keeps that step from being deleted while fine-tunes reference its objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from steps.checkpoint import catalog, layout
+from steps.checkpoint.errors import CheckpointError
+from steps.checkpoint.storage import AlreadyExists, Storage
+
+
+def ckpt_storage(uri: str) -> Storage:
+    """The checkpoint root of `uri`: a run root (its `ckpt/`) or a checkpoint root itself."""
+    st = Storage(uri)
+    if st.exists(layout.ROOT_MARKER):
+        return st
+    return st.child("ckpt")
+
+
+def direction(metric: str, mode: str = "") -> str:
+    """'min' or 'max' for a metric: `mode` when given, else min for losses, max otherwise."""
+    if mode:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be min or max, got {mode!r}")
+        return mode
+    return "min" if "loss" in metric.lower() else "max"
+
+
+def better(a: float, b: float, mode: str) -> bool:
+    """True when value `a` is strictly better than `b` in direction `mode`."""
+    return a < b if mode == "min" else a > b
+
+
+def read_evals(ckpt: Storage) -> dict[int, dict]:
+    """step -> eval.json record, for every committed step that has one (unreadable ones skipped)."""
+    out = {}
+    for step in catalog.committed_steps(ckpt):
+        try:
+            rec = json.loads(ckpt.read(f"{layout.step_dir(step)}/{layout.EVAL}"))
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(rec, dict):
+            out[step] = rec
+    return out
+
+
+def metric_of(rec: dict, metric: str) -> float | None:
+    """The metric of an ok eval record (None for a failed evaluation or a missing metric)."""
+    if rec.get("status", "ok") != "ok":
+        return None
+    value = (rec.get("metrics") or {}).get(metric)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def best_step(evals: dict[int, dict], metric: str, mode: str) -> tuple[int, float] | None:
+    """(step, value) of the best evaluated step; the earliest step wins a tie."""
+    best = None
+    for step in sorted(evals):
+        value = metric_of(evals[step], metric)
+        if value is not None and (best is None or better(value, best[1], mode)):
+            best = (step, value)
+    return best
+
+
+def known_metrics(evals: dict[int, dict]) -> list[str]:
+    return sorted({k for r in evals.values() for k in (r.get("metrics") or {})})
+
+
+@dataclass(frozen=True)
+class BaseRef:
+    """The base checkpoint of a fine-tune and its lineage."""
+
+    ckpt_root: str  # checkpoint root URI of the pretraining run
+    step: int  # the committed step loaded
+    uri: str  # that step's URI (what the LoggedModel records)
+    selected_by: str  # "latest", "best:METRIC:MODE" or "step"
+    model_id: str | None = None  # MLflow LoggedModel of the checkpoint
+    run_id: str | None = None  # MLflow run of the pretraining
+    model_config: dict = field(default_factory=dict)  # decoder shape, from the manifest
+    task: str = ""  # pretraining task
+    seed: int = 0  # pretraining seed
+    world_size: int = 0  # ranks that saved it
+    stored_bytes: int = 0  # stored size of the base checkpoint (all objects it needs)
+    metrics: dict = field(default_factory=dict)  # its eval.json metrics, when evaluated
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pick_step(ckpt: Storage, spec: str, latest: int | None) -> tuple[int, str]:
+    """Resolve `latest`, `best:METRIC[:min|max]` or a step number; (step, how it was chosen)."""
+    committed = catalog.committed_steps(ckpt)
+    if not committed:
+        raise CheckpointError(
+            f"no committed checkpoint under {ckpt.uri}: run the pretraining first or fix --base-root"
+        )
+    if spec == "latest":
+        if latest is None:
+            raise CheckpointError(f"no valid checkpoint under {ckpt.uri}")
+        return latest, "latest"
+    if spec.startswith("best:"):
+        metric, _, mode = spec[5:].partition(":")
+        mode = direction(metric, mode)
+        evals = read_evals(ckpt)
+        found = best_step(evals, metric, mode)
+        if found is None:
+            raise CheckpointError(
+                f"--base-step {spec}: no evaluated step under {ckpt.uri} has metric {metric!r} "
+                f"(metrics found: {', '.join(known_metrics(evals)) or 'none'}); run "
+                "steps.evaluate on the base run or pick a step"
+            )
+        return found[0], f"best:{metric}:{mode}"
+    try:
+        step = int(spec)
+    except ValueError:
+        raise ValueError(
+            f"--base-step {spec!r}: use latest, best:METRIC[:min|max] or a step number"
+        ) from None
+    if step not in committed:
+        raise CheckpointError(
+            f"--base-step {step} is not committed under {ckpt.uri} (committed: {committed})"
+        )
+    return step, "step"
+
+
+def resolve_base(base_ck, spec: str) -> BaseRef:
+    """The base step named by `spec` in the Checkpointer `base_ck`, with its lineage."""
+    ckpt = base_ck.storage
+    step, how = pick_step(ckpt, spec, base_ck.latest() if spec == "latest" else None)
+    m = base_ck.manifest(step)
+    meta = m.get("metadata") or {}
+    if "model_config" not in meta:
+        raise CheckpointError(
+            f"step {step} under {ckpt.uri} has no model_config in its metadata: "
+            "fine-tune a checkpoint written by steps.pretrain"
+        )
+    evals = read_evals(ckpt).get(step, {})
+    mlf = meta.get("mlflow") or {}
+    return BaseRef(
+        ckpt_root=ckpt.url(),
+        step=step,
+        uri=ckpt.url(layout.step_dir(step)),
+        selected_by=how,
+        model_id=mlf.get("model_id") or evals.get("model_id"),
+        run_id=mlf.get("run_id"),
+        model_config=dict(meta["model_config"]),
+        task=str(meta.get("task", "")),
+        seed=int((meta.get("config") or {}).get("seed", 0)),
+        world_size=int(m["world_size"]),
+        stored_bytes=int(m["stats"]["stored_bytes"]),
+        metrics=dict(evals.get("metrics") or {}) if evals.get("status", "ok") == "ok" else {},
+    )
+
+
+def pin_base(base: BaseRef, user: str) -> bool:
+    """Pin the base step (PIN, created once) so retention never deletes objects a fine-tune
+    references. Returns True when this call pinned it."""
+    st = Storage(base.ckpt_root)
+    doc = {"reason": f"base of fine-tune {user}", "pinned_at": time.time()}
+    with contextlib.suppress(AlreadyExists):
+        st.write(
+            f"{layout.step_dir(base.step)}/{layout.PIN}", json.dumps(doc).encode(), exclusive=True
+        )
+        return True
+    return False

@@ -1,0 +1,144 @@
+"""MLflow model registry: register an exported model and move `champion` / `fallback`.
+
+Every candidate becomes a model version whose tags carry its lineage (source checkpoint, run,
+data) and the metric it was selected by. Aliases then move only on evidence: the new version
+becomes `champion` when there is none, or when its metric is strictly better than the current
+champion's (same metric name, recorded on the champion's version); the displaced champion
+becomes `fallback`. A worse (or equal, or incomparable) candidate stays a plain version and
+the aliases stay where they are, unless `force`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+from steps.lib.finetune_base import better
+
+log = logging.getLogger("ckptflow.registry")
+CHAMPION, FALLBACK = "champion", "fallback"
+TAG_METRIC = "ckptflow.metric"  # name of the metric the version was selected by
+TAG_VALUE = "ckptflow.metric_value"
+TAG_MODE = "ckptflow.metric_mode"
+TAG_PROMOTED = "ckptflow.promoted"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What registering one candidate did."""
+
+    version: str  # the new model version
+    promoted: bool  # it is the champion now
+    champion: str  # champion version after this call
+    fallback: str | None  # fallback version after this call
+    previous_champion: str | None  # champion before this call
+    previous_value: float | None  # its metric (None: no champion, or not comparable)
+    reason: str  # why the aliases moved or stayed
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def client_for(tracking_uri: str):
+    """An MlflowClient whose registry is the tracking store (sqlite, or a tracking server)."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def alias_version(client, name: str, alias: str):
+    """The model version holding `alias`, or None."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def ensure_model(client, name: str, description: str = "") -> None:
+    """Create the registered model unless it exists (another select may create it first)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+        return
+    except MlflowException:
+        pass
+    try:
+        client.create_registered_model(name, description=description or None)
+    except MlflowException:
+        client.get_registered_model(name)  # created concurrently: fine; otherwise re-raises
+
+
+def _value(mv, metric: str) -> float | None:
+    tags = mv.tags or {}
+    if tags.get(TAG_METRIC) != metric:
+        return None
+    try:
+        return float(tags[TAG_VALUE])
+    except (KeyError, ValueError):
+        return None
+
+
+def register(
+    client,
+    name: str,
+    *,
+    source: str,
+    run_id: str | None,
+    metric: str,
+    value: float,
+    mode: str,
+    tags: dict,
+    force: bool = False,
+) -> Decision:
+    """Register `source` as a new version of `name` and move the aliases (see module doc)."""
+    ensure_model(client, name, "ckptflow fine-tuned models (exported safetensors)")
+    all_tags = {
+        **{k: str(v) for k, v in tags.items()},
+        TAG_METRIC: metric,
+        TAG_VALUE: repr(float(value)),
+        TAG_MODE: mode,
+    }
+    mv = client.create_model_version(name, source, run_id=run_id, tags=all_tags)
+    version = str(mv.version)
+    champ = alias_version(client, name, CHAMPION)
+    prev_fallback = alias_version(client, name, FALLBACK)
+    prev = str(champ.version) if champ is not None else None
+    prev_value = _value(champ, metric) if champ is not None else None
+    if champ is None:
+        promote, reason = True, "no champion yet"
+    elif force:
+        promote, reason = True, f"--force: replaces champion v{prev}"
+    elif prev_value is None:
+        promote = False
+        reason = (
+            f"champion v{prev} has no recorded {metric}: not comparable, left in place "
+            "(use --force to replace it)"
+        )
+    elif better(value, prev_value, mode):
+        promote, reason = True, f"{metric} {value:.6g} beats champion v{prev}'s {prev_value:.6g}"
+    else:
+        promote = False
+        reason = (
+            f"{metric} {value:.6g} does not beat champion v{prev}'s {prev_value:.6g} ({mode}); "
+            "champion left in place (use --force to replace it)"
+        )
+    fallback = str(prev_fallback.version) if prev_fallback is not None else None
+    if promote:
+        if prev is not None and prev != version:
+            client.set_registered_model_alias(name, FALLBACK, prev)
+            fallback = prev
+        client.set_registered_model_alias(name, CHAMPION, version)
+    client.set_model_version_tag(name, version, TAG_PROMOTED, str(promote).lower())
+    log.info("registered %s v%s: %s", name, version, reason)
+    return Decision(
+        version=version,
+        promoted=promote,
+        champion=version if promote else str(prev),
+        fallback=fallback,
+        previous_champion=prev,
+        previous_value=prev_value,
+        reason=reason,
+    )

@@ -1,0 +1,295 @@
+"""`python -m steps.select`: the fan-in: pick the best fine-tune variant, export and register it.
+
+Reads every candidate's evaluation results from storage (`<candidate>/ckpt/step-*/eval.json`,
+never values passed through Argo), takes each candidate's best evaluated step by `--metric`
+and `--mode`, and the best of those. A candidate that failed (no run, not finished, no
+successful evaluation with that metric) is reported and skipped; when all failed, select
+fails with the list of causes. The chosen checkpoint's weights are exported to safetensors
+(`<export-uri>/<variant>-step-XXXXXXXX-<dtype>/`), registered as a new MLflow model version
+whose tags name the source checkpoint, runs and data, and the `champion` / `fallback` aliases
+move only when the candidate beats the champion (or with `--force`).
+
+    python -m steps.select --candidates /r/finetune/a,/r/finetune/b --metric val_loss \
+        --mode min --export-uri /r/export --dtype bf16 --model-name ckptflow-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import posixpath
+from dataclasses import asdict, dataclass, fields
+
+from steps.checkpoint import catalog
+from steps.checkpoint.layout import step_dir
+from steps.checkpoint.storage import Storage
+from steps.lib import finetune_base as fb
+from steps.lib import lineage as lin
+from steps.lib import registry
+from steps.lib.export import DTYPES, export_weights, load_model_weights
+
+log = logging.getLogger("ckptflow.select")
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """Which variants to compare, how, and where the winner goes."""
+
+    candidates: str  # comma-separated run roots of the variants
+    metric: str = "val_loss"  # eval.json metric to rank by
+    mode: str = "min"  # min | max: which direction is better
+    export_uri: str = ""  # folder under which the export is written ("": no export)
+    dtype: str = "fp32"  # fp32 | bf16: dtype of the exported weights
+    model_name: str = "ckptflow"  # MLflow registered model name
+    force: bool = False  # move `champion` to this candidate even when it is not better
+    require_finished: bool = True  # a variant without its FINISHED marker counts as failed
+    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
+    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
+    output_dir: str = ""  # where Argo output parameters go (chosen, model_version, export_uri)
+
+
+def parse_args(argv=None) -> SelectConfig:
+    p = argparse.ArgumentParser(prog="python -m steps.select", description=__doc__.split("\n")[0])
+    for f in fields(SelectConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name == "candidates":
+            p.add_argument(flag, required=True)
+        else:
+            p.add_argument(flag, default=f.default)
+    cfg = SelectConfig(**vars(p.parse_args(argv)))
+    if cfg.mode not in ("min", "max"):
+        p.error("--mode must be min or max")
+    if cfg.dtype not in DTYPES:
+        p.error(f"--dtype must be one of {', '.join(DTYPES)}")
+    if not [c for c in cfg.candidates.split(",") if c.strip()]:
+        p.error("--candidates names no run root")
+    return cfg
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A variant's best evaluated checkpoint."""
+
+    name: str  # the variant (last part of its run root)
+    run_root: str  # its run root URI
+    ckpt_root: str  # its checkpoint root URI
+    step: int  # best step
+    value: float  # its metric
+    eval: dict  # its eval.json record
+
+
+def variant_name(uri: str) -> str:
+    return posixpath.basename(uri.rstrip("/")) or "model"
+
+
+def assess(uri: str, cfg: SelectConfig) -> Candidate:
+    """A candidate's best step; raises ValueError naming why the variant cannot be used."""
+    run = Storage(uri)
+    ckpt = fb.ckpt_storage(uri)
+    if not catalog.committed_steps(ckpt):
+        raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
+    if cfg.require_finished and not run.exists("FINISHED"):
+        raise ValueError(f"no FINISHED marker under {run.url()}: the variant did not finish")
+    evals = fb.read_evals(ckpt)
+    failed = sorted(s for s, r in evals.items() if r.get("status", "ok") != "ok")
+    best = fb.best_step(evals, cfg.metric, cfg.mode)
+    if best is None:
+        why = f"no successful evaluation with metric {cfg.metric!r}"
+        if failed:
+            why += f"; evaluation failed at steps {failed}: {evals[failed[-1]].get('error', '?')}"
+        found = fb.known_metrics(evals)
+        raise ValueError(f"{ckpt.url()}: {why} (metrics found: {', '.join(found) or 'none'})")
+    step, value = best
+    return Candidate(variant_name(uri), run.url(), ckpt.url(), step, value, evals[step])
+
+
+def choose(cfg: SelectConfig) -> tuple[Candidate | None, list[Candidate], dict[str, str]]:
+    """(winner, every usable candidate, failures uri -> cause)."""
+    ok, failures = [], {}
+    for uri in (c.strip() for c in cfg.candidates.split(",")):
+        if not uri:
+            continue
+        try:
+            cand = assess(uri, cfg)
+        except Exception as exc:  # noqa: BLE001 - a broken variant is reported, not fatal
+            failures[uri] = f"{type(exc).__name__}: {exc}"
+            log.warning("skipping candidate %s: %s", uri, failures[uri])
+            continue
+        log.info("candidate %s: best step %d, %s %.6g", uri, cand.step, cfg.metric, cand.value)
+        ok.append(cand)
+    winner = None
+    for cand in ok:  # the first listed wins a tie
+        if winner is None or fb.better(cand.value, winner.value, cfg.mode):
+            winner = cand
+    return winner, ok, failures
+
+
+def lineage_tags(cand: Candidate, meta: dict, manifest_hash: str, exported) -> dict:
+    """Tags of the model version naming its source checkpoint, runs and data."""
+    base = meta.get("base") or {}
+    mlf = meta.get("mlflow") or {}
+    tags = {
+        "ckptflow.source_checkpoint": f"{cand.ckpt_root}/{step_dir(cand.step)}",
+        "ckptflow.source_step": cand.step,
+        "ckptflow.source_variant": cand.name,
+        "ckptflow.source_model_id": mlf.get("model_id") or cand.eval.get("model_id") or "",
+        "ckptflow.source_run_id": mlf.get("run_id") or "",
+        "ckptflow.manifest_hash": manifest_hash,
+        "ckptflow.data": json.dumps(
+            {
+                "task": meta.get("task"),
+                "seed": (meta.get("config") or {}).get("seed"),
+                "position": (meta.get("data") or {}).get("position"),
+            }
+        ),
+        "ckptflow.base_checkpoint": base.get("uri", ""),
+        "ckptflow.base_model_id": base.get("model_id") or "",
+        "ckptflow.base_run_id": base.get("run_id") or "",
+    }
+    if exported is not None:
+        tags.update(
+            {
+                "ckptflow.export_uri": exported.uri,
+                "ckptflow.export_sha256": exported.sha256,
+                "ckptflow.export_dtype": exported.dtype,
+            }
+        )
+    return {k: v for k, v in tags.items() if v != ""}
+
+
+def link_input(lineage: lin.Lineage, model_id: str | None) -> None:
+    """The chosen checkpoint's LoggedModel as an input of this run (MLflow's own lineage)."""
+    if not (model_id and lineage.run_id):
+        return
+    from mlflow.entities import LoggedModelInput
+
+    rid = lineage.run_id
+    lineage._call(
+        "log chosen model input",
+        lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
+    )
+
+
+def export_dir(cfg: SelectConfig, cand: Candidate) -> str:
+    return Storage(cfg.export_uri).url(f"{cand.name}-{step_dir(cand.step)}-{cfg.dtype}")
+
+
+def open_lineage(cfg: SelectConfig) -> lin.Lineage:
+    """MLFLOW_TRACKING_URI, else the local store of the run that holds the export folder."""
+    parent = posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
+    return lin.Lineage.for_run_root(parent or None)
+
+
+def run(cfg: SelectConfig) -> int:
+    lineage = open_lineage(cfg)
+    lineage.start_run(
+        "select",
+        experiment=cfg.experiment,
+        step_kind="select",
+        parent_run_id=cfg.mlflow_parent_run_id or None,
+        params=asdict(cfg),
+    )
+    winner, ok, failures = choose(cfg)
+    lineage.log_params({"failed_candidates": json.dumps(failures)[: lin.MAX_PARAM_LEN]})
+    if winner is None:
+        log.error(
+            "every candidate failed:\n%s", "\n".join(f"  {u}: {c}" for u, c in failures.items())
+        )
+        lineage.close("FAILED")
+        return 1
+    chosen_uri = f"{winner.ckpt_root}/{step_dir(winner.step)}"
+    log.info(
+        "chosen: %s (%s %.6g, %d usable, %d failed)",
+        chosen_uri,
+        cfg.metric,
+        winner.value,
+        len(ok),
+        len(failures),
+    )
+    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
+    digest = catalog.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
+    exported = None
+    if cfg.export_uri:
+        info = {
+            "source_checkpoint": chosen_uri,
+            "source_step": str(winner.step),
+            "manifest_hash": digest,
+            "metric": cfg.metric,
+            "metric_value": repr(winner.value),
+        }
+        exported = export_weights(
+            tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
+        )
+        log.info(
+            "exported %d tensors (%s, %d bytes) to %s",
+            exported.tensors,
+            cfg.dtype,
+            exported.bytes,
+            exported.weights_uri,
+        )
+    lineage.log_metrics({cfg.metric: winner.value}, winner.step)
+    tags = lineage_tags(winner, meta, digest, exported)
+    lineage.set_tags({"ckptflow.chosen": chosen_uri})
+    link_input(lineage, tags.get("ckptflow.source_model_id"))
+    version = ""
+    uri = lineage.tracking_uri
+    if uri is None:
+        log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
+    else:
+        try:
+            decision = registry.register(
+                registry.client_for(uri),
+                cfg.model_name,
+                source=exported.uri if exported else chosen_uri,
+                run_id=lineage.run_id,
+                metric=cfg.metric,
+                value=winner.value,
+                mode=cfg.mode,
+                tags=tags,
+                force=cfg.force,
+            )
+        except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
+            log.error(
+                "could not register %s in the MLflow registry at %s (%s: %s); check "
+                "MLFLOW_TRACKING_URI and rerun select (the export is at %s)",
+                cfg.model_name, uri, type(exc).__name__, str(exc)[:300],
+                exported.uri if exported else "-",
+            )  # fmt: skip
+            lineage.close("FAILED")
+            return 1
+        version = decision.version
+        lineage.set_tags(
+            {"ckptflow.model_version": version, "ckptflow.promoted": decision.promoted}
+        )
+        log.info(
+            "%s v%s: %s (champion v%s, fallback v%s)",
+            cfg.model_name,
+            version,
+            decision.reason,
+            decision.champion,
+            decision.fallback,
+        )
+    lin.write_outputs(
+        cfg.output_dir,
+        {
+            "chosen": chosen_uri,
+            "model_version": version,
+            "export_uri": exported.uri if exported else "",
+            "failed": json.dumps(failures),
+        },
+    )
+    lineage.close("FINISHED")
+    return 0
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    lin.setup_logging()
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

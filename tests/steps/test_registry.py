@@ -1,0 +1,65 @@
+"""Model registry: versions with lineage tags; `champion` / `fallback` move only on evidence."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from steps.lib import registry
+from tests.steps.test_finetune import mlflow_template  # noqa: F401
+
+
+@pytest.fixture
+def client(tmp_path, mlflow_template):  # noqa: F811
+    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
+    return registry.client_for(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def _reg(client, value, *, metric="exact_match", mode="max", force=False, name="m"):
+    return registry.register(
+        client,
+        name,
+        source=f"/export/{value}",
+        run_id=None,
+        metric=metric,
+        value=value,
+        mode=mode,
+        tags={"ckptflow.source_step": 8},
+        force=force,
+    )
+
+
+def aliases(client, name="m") -> dict:
+    return {a: str(v) for a, v in client.get_registered_model(name).aliases.items()}
+
+
+def test_aliases_follow_the_metric_in_its_direction(client):
+    d = _reg(client, 0.5)
+    assert (d.version, d.promoted, d.previous_champion) == ("1", True, None)
+    assert aliases(client) == {"champion": "1"}
+    d = _reg(client, 0.4)  # worse for max
+    assert not d.promoted and "does not beat champion v1" in d.reason and "--force" in d.reason
+    assert aliases(client) == {"champion": "1"}
+    d = _reg(client, 0.7)
+    assert d.promoted and d.previous_value == 0.5 and (d.champion, d.fallback) == ("3", "1")
+    assert aliases(client) == {"champion": "3", "fallback": "1"}
+    assert not _reg(client, 0.7).promoted  # a tie does not displace the champion
+    d = _reg(client, 0.1, force=True)
+    assert d.promoted and aliases(client) == {"champion": "5", "fallback": "3"}
+    tags = client.get_model_version("m", "2").tags
+    assert tags["ckptflow.promoted"] == "false" and tags["ckptflow.metric"] == "exact_match"
+    assert float(tags["ckptflow.metric_value"]) == 0.4 and tags["ckptflow.source_step"] == "8"
+    assert client.get_model_version("m", "5").source == "/export/0.1"
+
+
+def test_min_mode_and_an_incomparable_champion(client):
+    _reg(client, 2.0, metric="val_loss", mode="min", name="n")
+    assert _reg(client, 1.5, metric="val_loss", mode="min", name="n").promoted
+    assert not _reg(client, 1.6, metric="val_loss", mode="min", name="n").promoted
+    assert aliases(client, "n") == {"champion": "2", "fallback": "1"}
+    # the champion was chosen by another metric: not comparable, so it stays unless forced
+    d = _reg(client, 0.9, metric="exact_match", mode="max", name="n")
+    assert not d.promoted and "not comparable" in d.reason
+    assert _reg(client, 0.9, metric="exact_match", mode="max", name="n", force=True).promoted
+    assert aliases(client, "n") == {"champion": "5", "fallback": "2"}
