@@ -25,6 +25,8 @@ from steps.checkpoint import layout
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024
 MAX_DIMS = 16
+MAX_CHUNKS = 1 << 20
+MAX_VALUE = 256 * 1024 * 1024  # as safe_value.MAX_BLOB: the largest non-tensor value
 
 DTYPES = {
     name: getattr(torch, name)
@@ -106,6 +108,8 @@ def _part(p, where: str, objects: dict) -> int:
     for ref in (p, p.get("base")):
         if ref is None:
             continue
+        if not isinstance(ref, dict):
+            _fail(f"{where}.base", "expected an object or null")
         key = _str(ref.get("object"), f"{where}.object", 64)
         if not layout.KEY_RE.match(key):
             _fail(f"{where}.object", f"not an object key: {key!r:.80}")
@@ -114,7 +118,12 @@ def _part(p, where: str, objects: dict) -> int:
         width = _int(ref.get("width"), f"{where}.width", 1, 16)
         if _planes(ref.get("planes"), f"{where}.planes", width) != objects[key]["size"]:
             _fail(f"{where}.planes", "plane lengths do not add up to the object size")
+        if _int(ref.get("stored_size"), f"{where}.stored_size") != objects[key]["size"]:
+            _fail(f"{where}.stored_size", "differs from the objects table")
         _int(ref.get("raw_size"), f"{where}.raw_size")
+    if "base" not in p:  # readers index it: absent is not the same as null
+        _fail(f"{where}.base", "missing (null for a full part)")
+    _int(p.get("raw_offset"), f"{where}.raw_offset")
     if p.get("base") is not None and p["base"]["raw_size"] != p["raw_size"]:
         _fail(where, "delta and base sizes differ")
     _str(p.get("raw_hash"), f"{where}.raw_hash", 64)
@@ -151,6 +160,7 @@ def validate(m) -> dict:
             _fail("objects", f"bad entry {key!r:.80}")
         _int(rec.get("size"), f"objects.{key}.size")
     _validate_entries(m)
+    _planner_data(m.get("planner_data"))
     return m
 
 
@@ -160,29 +170,77 @@ def _validate_entries(m: dict) -> None:
         _fail("tensors/values/items", "missing or of the wrong type")
     for fqn, t in tensors.items():
         _str(fqn, "tensors")
-        if not isinstance(t, dict) or t.get("dtype") not in DTYPES:
-            _fail(f"tensors.{fqn}", "bad tensor entry or dtype")
-        _ints(t.get("size"), f"tensors.{fqn}.size")
-        if not isinstance(t.get("chunks"), list):
-            _fail(f"tensors.{fqn}.chunks", "expected a list")
+        # (a list or dict as dtype is unhashable: test the type before the table lookup)
+        if not isinstance(t, dict) or not isinstance(t.get("dtype"), str):
+            _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
+        if t["dtype"] not in DTYPES:
+            _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
+        _chunks(t, f"tensors.{fqn:.80}", items, fqn)
     for fqn in values:
         _str(fqn, "values")
+        if fqn not in items:
+            _fail(f"values.{fqn:.80}", "value without an item")
     for key, it in items.items():
-        if not isinstance(it, dict) or not isinstance(it.get("parts"), list):
+        if not isinstance(it, dict) or not isinstance(it.get("parts"), list) or not it["parts"]:
             _fail(f"items.{key:.80}", "expected an object with parts")
         fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
         raw = sum(_part(p, f"items.{key:.80}.parts", m["objects"]) for p in it["parts"])
         if it.get("offset") is None:
-            if fqn not in values:
+            if fqn not in values or key != fqn:
                 _fail(f"items.{key:.80}", "value item without a values entry")
+            # A value is decoded whole in memory: never allocate more than a value may hold.
+            if raw > MAX_VALUE:
+                _fail(f"items.{key:.80}", f"value of {raw} bytes exceeds {MAX_VALUE}")
             continue
         if fqn not in tensors:
             _fail(f"items.{key:.80}", "tensor item without a tensors entry")
         sizes = _ints(it.get("sizes"), f"items.{key:.80}.sizes")
-        _ints(it.get("offset"), f"items.{key:.80}.offset")
+        # Readers look items up by (fqn, offset): the key must say the same.
+        if key != item_key(fqn, _ints(it.get("offset"), f"items.{key:.80}.offset")):
+            _fail(f"items.{key:.80}", "key does not match the item's fqn and offset")
         itemsize = torch.empty(0, dtype=DTYPES[tensors[fqn]["dtype"]]).element_size()
         if raw != math.prod(sizes) * itemsize:
             _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
+
+
+def _chunks(t: dict, where: str, items: dict, fqn: str) -> None:
+    """Chunks lie inside the tensor and each has the item that stores it (DCP reads chunks by
+    their offsets: a chunk without its item, or outside the tensor, must fail here)."""
+    size = _ints(t.get("size"), f"{where}.size")
+    chunks = t.get("chunks")
+    if not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS:
+        _fail(f"{where}.chunks", "expected a list")
+    volume = 0
+    for c in chunks:
+        if not isinstance(c, dict):
+            _fail(f"{where}.chunks", "expected objects with offsets and sizes")
+        offs = _ints(c.get("offsets"), f"{where}.chunks.offsets")
+        sizes = _ints(c.get("sizes"), f"{where}.chunks.sizes")
+        if not (len(offs) == len(sizes) == len(size)) or any(
+            o + n > d for o, n, d in zip(offs, sizes, size, strict=True)
+        ):
+            _fail(f"{where}.chunks", "chunk outside the tensor")
+        it = items.get(item_key(fqn, offs))
+        found = (it.get("fqn"), it.get("offset"), it.get("sizes")) if isinstance(it, dict) else ()
+        if found != (fqn, offs, sizes):
+            _fail(f"{where}.chunks", "chunk without a matching item")
+        volume += math.prod(sizes)
+    # Chunks that do not cover the tensor would leave part of it unloaded, silently.
+    if volume != math.prod(size):
+        _fail(f"{where}.chunks", "chunks do not cover the tensor")
+
+
+def _planner_data(v) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        _fail("planner_data", "expected an object")
+    for key, path in v.items():
+        if not isinstance(path, list) or len(path) > 256:
+            _fail(f"planner_data.{key:.80}", "expected a list of keys")
+        for k in path:
+            if not isinstance(k, str | int) or isinstance(k, bool):
+                _fail(f"planner_data.{key:.80}", "expected string or integer keys")
 
 
 def parse(blob: bytes) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 
 try:
@@ -30,7 +31,15 @@ class Stager:
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self._pin)
             self._buffers[path] = buf
-        buf.copy_(src.detach(), non_blocking=self._pin and src.is_cuda)
+        src = src.detach()
+        if src.device.type == "cpu" and src.is_contiguous() and src.numel():
+            # One memcpy on the calling thread: torch's copy_ splits CPU copies over its
+            # intra-op threads, which contend with training's threads and stall longer.
+            np.copyto(
+                buf.view(torch.uint8).numpy().reshape(-1), src.view(torch.uint8).numpy().reshape(-1)
+            )
+        else:
+            buf.copy_(src, non_blocking=self._pin and src.is_cuda)
         return buf
 
     def _stage(self, obj, path: str):

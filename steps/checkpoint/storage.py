@@ -70,7 +70,7 @@ def _translate(exc: BaseException, uri: str) -> BaseException:
     ):
         return StorageError(
             f"{uri}: access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "and the bucket policy ({type(exc).__name__})"
+            f"and the bucket policy ({type(exc).__name__})"
         )
     if "NoCredentials" in text or "Unable to locate credentials" in text:
         return StorageError(
@@ -133,6 +133,9 @@ class Storage:
         try:
             entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
         except FileNotFoundError:
+            if not rel.strip("/"):
+                # An empty root is fine; a missing bucket must not read as "no checkpoints".
+                self.check_reachable()
             return []
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
@@ -160,12 +163,16 @@ class Storage:
         return sorted(out, key=lambda e: e.path)
 
     # -- writes --------------------------------------------------------------------------------
-    def write(self, rel: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
-        """Write a whole file. Large S3 files go up as parallel multipart uploads (s3fs)."""
+    def write(self, rel: str, data, *, exclusive: bool = False, durable: bool = True) -> None:
+        """Write a whole file from bytes or a list of buffers. Large S3 files go up as parallel
+        multipart uploads (s3fs). `durable=False` skips the local fsync: the caller then makes
+        a batch of files durable at once with `flush()` (one flush instead of one per file)."""
         path = self.path(rel)
+        if isinstance(data, list) and self.protocol != "file":
+            data = b"".join(data)
         try:
             if self.protocol == "file":
-                self._write_local(path, data, exclusive)
+                self._write_local(path, data, exclusive, durable)
             elif self.protocol == "s3":
                 # Files over 2 x MULTIPART_CHUNK go up as parallel multipart uploads.
                 self.fs.pipe_file(
@@ -186,23 +193,44 @@ class Storage:
                 or "412" in str(exc)
                 or isinstance(exc, FileExistsError)
             ):
+                if self._landed(rel, data):
+                    return
                 raise AlreadyExists(f"{self.url(rel)} already exists") from exc
             raise _translate(exc, self.url(rel)) from exc
 
+    def _landed(self, rel: str, data: bytes | memoryview) -> bool:
+        """True when an exclusive create on S3 lost only its reply: the client retried, the
+        retry found the file, and the file holds exactly our bytes (a commit marker carries a
+        random save id, so no other writer's marker is ever equal). Without this check a
+        commit that succeeded would be reported as lost to another writer."""
+        if self.protocol != "s3":
+            return False
+        try:
+            return self.fs.cat_file(self.path(rel)) == bytes(data)
+        except Exception:
+            return False
+
     @staticmethod
-    def _write_local(path: str, data: bytes | memoryview, exclusive: bool) -> None:
+    def _write_local(path: str, data, exclusive: bool, durable: bool = True) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         # O_EXCL makes the commit marker a claim only one writer can win.
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
         fd = os.open(path, flags, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
+            for chunk in data if isinstance(data, list) else [data]:
+                view = memoryview(chunk).cast("B")
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
+
+    def flush(self) -> None:
+        """Make every write of this process durable (local disk: one sync for a whole batch)."""
+        if self.protocol == "file":
+            os.sync()
 
     def delete(self, rels: list[str]) -> None:
         """Delete files; missing ones are ignored (so an interrupted delete can be repeated)."""

@@ -161,7 +161,9 @@ class CkptStorageWriter(StorageWriter):
     # -- data ----------------------------------------------------------------------------------
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         job = self.job
-        with ThreadPoolExecutor(max_workers=job.threads, thread_name_prefix="ckpt-write") as pool:
+        # Object stores are latency-bound: more uploads in flight than CPU threads.
+        workers = job.threads * (4 if job.storage.protocol == "s3" else 1)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write") as pool:
             pending = []
             for item in plan.items:
                 data = planner.resolve_data(item)
@@ -185,6 +187,7 @@ class CkptStorageWriter(StorageWriter):
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec)
                 )
+        job.storage.flush()  # every object durable before the coordinator writes the manifest
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -217,11 +220,11 @@ class CkptStorageWriter(StorageWriter):
         delta = base is not None and len(base.raw) == len(raw)
         payload = codec.xor(raw, base.raw) if delta else raw
         enc = codec.encode(payload, width, job.level, job.compress)
-        key = codec.digest(enc.data)
-        self._write_object(key, enc.data)
+        key = enc.digest()
+        self._write_object(key, enc)
         rec = {
             "object": key,
-            "stored_size": len(enc.data),
+            "stored_size": enc.nbytes,
             "raw_offset": offset,
             "raw_size": len(raw),
             "raw_hash": raw_hash,
@@ -237,17 +240,18 @@ class CkptStorageWriter(StorageWriter):
             }
         return rec
 
-    def _write_object(self, key: str, data: bytes) -> None:
+    def _write_object(self, key: str, enc: codec.Encoded) -> None:
         st, rel = self.job.storage, layout.object_path(key)
         # A content-addressed object already present with the right size is identical; rewriting
         # a local file in place would briefly truncate data that a committed step references.
-        if st.protocol == "file" and st.exists(rel) and st.size(rel) == len(data):
+        if st.protocol == "file" and st.exists(rel) and st.size(rel) == enc.nbytes:
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
             return
-        st.write(rel, data)
+        # Made durable in one batch by write_data's flush(), before results reach the manifest.
+        st.write(rel, enc.chunks, durable=False)
         with self._lock:
-            self.job.written_bytes += len(data)
+            self.job.written_bytes += enc.nbytes
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""

@@ -21,12 +21,12 @@ class GatedStorage(Storage):
         self.gate.set()
         self.fail = False
 
-    def write(self, rel, data, *, exclusive=False):
+    def write(self, rel, data, *, exclusive=False, **kw):
         if rel.startswith("objects/"):
             self.gate.wait(30)
             if self.fail:
                 raise StorageError("injected: no space left on device")
-        return super().write(rel, data, exclusive=exclusive)
+        return super().write(rel, data, exclusive=exclusive, **kw)
 
 
 def _rss() -> int:

@@ -38,10 +38,10 @@ def build_root(root: str) -> dict[int, dict]:
     ck.save(6, states[5])
 
     class Crash(Storage):
-        def write(self, rel, data, *, exclusive=False):
+        def write(self, rel, data, *, exclusive=False, **kw):
             if "/manifest-" in rel:
                 raise OSError("node lost")
-            super().write(rel, data, exclusive=exclusive)
+            super().write(rel, data, exclusive=exclusive, **kw)
 
     with pytest.raises(OSError):
         Checkpointer(root, storage=Crash(root)).save(9, state(9))

@@ -75,11 +75,11 @@ class PausingStorage(Storage):
         super().__init__(uri)
         self.match, self.reached, self.release = match, threading.Event(), threading.Event()
 
-    def write(self, rel, data, *, exclusive=False):
+    def write(self, rel, data, *, exclusive=False, **kw):
         if self.match(rel) and not self.release.is_set():
             self.reached.set()
             assert self.release.wait(60), "test never released the paused save"
-        super().write(rel, data, exclusive=exclusive)
+        super().write(rel, data, exclusive=exclusive, **kw)
 
 
 class HookStorage(Storage):
@@ -221,10 +221,10 @@ def test_crashed_save_leftover_is_removed_only_after_the_grace(tmp_path):
     states = save_steps(root, range(1, 3), full_every=1)
 
     class Crash(Storage):
-        def write(self, rel, data, *, exclusive=False):
+        def write(self, rel, data, *, exclusive=False, **kw):
             if "/manifest-" in rel:
                 raise OSError("node lost")
-            super().write(rel, data, exclusive=exclusive)
+            super().write(rel, data, exclusive=exclusive, **kw)
 
     with pytest.raises(OSError):
         Checkpointer(root, storage=Crash(root)).save(3, state(3))
