@@ -36,7 +36,7 @@ class Stager:
             # One memcpy on the calling thread: torch's copy_ splits CPU copies over its
             # intra-op threads, which contend with training's threads and stall longer.
             np.copyto(
-                buf.view(torch.uint8).numpy().reshape(-1), src.view(torch.uint8).numpy().reshape(-1)
+                buf.reshape(-1).view(torch.uint8).numpy(), src.reshape(-1).view(torch.uint8).numpy()
             )
         else:
             buf.copy_(src, non_blocking=self._pin and src.is_cuda)
