@@ -86,7 +86,13 @@ def test_background_failure_is_raised_never_lost(tmp_path, surface):
 
 def test_staging_buffers_are_reused_over_50_async_saves(tmp_path):
     ck = Checkpointer(str(tmp_path / "r"), full_every=5)
-    state = {"w": torch.randn(1024, 1024), "b": torch.randn(1024), "step": 0}
+    # A 0-dim tensor too: AdamW keeps its step count as one.
+    state = {
+        "w": torch.randn(1024, 1024),
+        "b": torch.randn(1024),
+        "n": torch.tensor(0.0),
+        "step": 0,
+    }
     for step in range(5):  # warm up: buffers, base copy, allocator pools
         state["w"].add_(0.001)
         state["step"] = step
@@ -95,11 +101,12 @@ def test_staging_buffers_are_reused_over_50_async_saves(tmp_path):
     before = _rss()
     for step in range(6, 56):
         state["w"].add_(0.001)
+        state["n"].add_(1)
         state["step"] = step
         ck.save(step, state, block=False)
     ck.close()
     grown = _rss() - before
     assert grown < 8 << 20, f"resident memory grew by {grown / 2**20:.1f} MiB over 50 saves"
-    t = {"w": torch.zeros(1024, 1024), "b": torch.zeros(1024), "step": None}
+    t = {"w": torch.zeros(1024, 1024), "b": torch.zeros(1024), "n": torch.tensor(0.0), "step": None}
     assert Checkpointer(str(tmp_path / "r")).load(t) == 55
-    assert torch.equal(t["w"], state["w"]) and t["step"] == 55
+    assert torch.equal(t["w"], state["w"]) and t["step"] == 55 and t["n"] == state["n"]
