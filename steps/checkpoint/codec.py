@@ -114,13 +114,22 @@ def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> En
     return Encoded(chunks, planes)
 
 
-def decode(stored: bytes | memoryview, planes: list, width: int, raw_size: int) -> np.ndarray:
+def decode(
+    stored: bytes | memoryview,
+    planes: list,
+    width: int,
+    raw_size: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Decode stored bytes back to raw uint8 bytes (validating every length)."""
     n_planes = len(planes)
     if n_planes not in (1, width) or raw_size % n_planes:
         raise ValueError(f"bad plane layout: {n_planes} planes for width {width}")
     plane_len = raw_size // n_planes
-    out = np.empty(raw_size, dtype=np.uint8)
+    # Decoding into the caller's buffer avoids a copy when parts are assembled into one item.
+    out = np.empty(raw_size, dtype=np.uint8) if out is None else out
+    if len(out) != raw_size:
+        raise ValueError("output buffer has the wrong size")
     # Each plane goes straight to its strided column of the output (byte k of every element):
     # no intermediate grouped buffer and no transpose copy.
     columns = out.reshape(-1, n_planes)

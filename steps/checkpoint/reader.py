@@ -78,18 +78,19 @@ class ObjectFetcher:
             raise CorruptCheckpoint(f"{url}: checksum mismatch (corrupt data file)", [url])
         return blob
 
-    def _decode(self, ref: dict) -> np.ndarray:
+    def _decode(self, ref: dict, out: np.ndarray | None = None) -> np.ndarray:
         blob = self.stored(ref["object"], ref["stored_size"])
         try:
-            return codec.decode(blob, ref["planes"], ref["width"], ref["raw_size"])
+            return codec.decode(blob, ref["planes"], ref["width"], ref["raw_size"], out)
         except Exception as exc:  # zstd errors, bad plane tables
             url = self.storage.url(layout.object_path(ref["object"]))
             raise CorruptCheckpoint(f"{url}: cannot decode ({exc})", [url]) from exc
 
-    def raw_part(self, part: dict) -> np.ndarray:
-        raw = self._decode(part)
+    def raw_part(self, part: dict, out: np.ndarray | None = None) -> np.ndarray:
+        """A part's raw bytes, decoded into `out` when given (deltas XORed with their base)."""
+        raw = self._decode(part, out)
         if part.get("base") is not None:
-            raw = codec.xor(raw, self._decode(part["base"]))
+            np.bitwise_xor(raw, self._decode(part["base"]), out=raw)
         return raw
 
 
@@ -140,8 +141,14 @@ class CkptStorageReader(StorageReader):
         return plans
 
     def _raw_item(self, rec: dict) -> np.ndarray:
-        parts = [self.fetcher.raw_part(p) for p in rec["parts"]]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(rec["parts"]) == 1:
+            return self.fetcher.raw_part(rec["parts"][0])
+        out = np.empty(sum(p["raw_size"] for p in rec["parts"]), dtype=np.uint8)
+        pos = 0
+        for p in rec["parts"]:  # each part decodes straight into its slice: no concatenation
+            self.fetcher.raw_part(p, out[pos : pos + p["raw_size"]])
+            pos += p["raw_size"]
+        return out
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         by_storage: dict = {}
@@ -150,14 +157,19 @@ class CkptStorageReader(StorageReader):
         records = {idx: self.storage_data[idx] for idx in by_storage}
         if self.exchange is not None:
             raws = self.exchange(records, self._raw_item, self.stats)
+            for idx, items in by_storage.items():
+                self._scatter(records[idx], raws.pop(idx), items, planner)
         else:
+            # Each worker reads, verifies, decodes and copies its chunk into place, so copies
+            # overlap with other chunks' decoding and no decoded chunk waits in memory.
+            def one(idx):
+                self._scatter(records[idx], self._raw_item(records[idx]), by_storage[idx], planner)
+
             with ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix="ckpt-read"
             ) as pool:
-                futs = {idx: pool.submit(self._raw_item, rec) for idx, rec in records.items()}
-                raws = {idx: f.result() for idx, f in futs.items()}
-        for idx, items in by_storage.items():
-            self._scatter(records[idx], raws.pop(idx), items, planner)
+                for f in [pool.submit(one, idx) for idx in records]:
+                    f.result()
         fut: Future = Future()
         fut.set_result(None)
         return fut
