@@ -475,7 +475,7 @@ of its `--out-dir`.
   distribution for step 1000 under random gradients with per-row scales, then 5 real AdamW
   steps); `bf16` is the same state cast to bf16. GiB/s = raw state bytes / seconds.
 - Each save and each load is its own process (peak RSS = its VmHWM). Local saves include fsync
-  (DCP's `sync_files`, ckptflow's per-object fsync, an explicit fsync for torch.save and
+  (DCP's `sync_files`, ckptflow's one flush per save before its manifest, an explicit fsync for torch.save and
   safetensors). Local loads are {"cold (page cache dropped before each load)" if cold == {True} else "WARM (the page cache could not be dropped)"};
   the S3 server (moto, in this process) keeps objects in memory.
 - Every load touches every byte: the timed load includes an xxh3 of every loaded tensor, the
