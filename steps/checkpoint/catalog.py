@@ -38,9 +38,13 @@ def read_root_id(storage: Storage) -> str | None:
         raise CheckpointError(
             f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker"
         ) from exc
-    if not isinstance(doc, dict) or doc.get("format") != layout.ROOT_FORMAT:
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != layout.ROOT_FORMAT
+        or not isinstance(doc.get("root_id"), str)
+    ):
         raise CheckpointError(f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker")
-    return str(doc["root_id"])
+    return doc["root_id"]
 
 
 def ensure_root(storage: Storage, parent: dict | None = None) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+import uuid
 from dataclasses import dataclass
 
 import fsspec
@@ -17,6 +19,8 @@ import fsspec
 from steps.lib import env
 
 MULTIPART_CHUNK = 8 << 20
+# Temporary files of atomic exclusive creates on local disk (see Storage._write_local).
+_TMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 
 class StorageError(RuntimeError):
@@ -139,7 +143,8 @@ class Storage:
             return []
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
-        return sorted({posixpath.basename(str(e).rstrip("/")) for e in entries} - {""})
+        names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
+        return sorted(n for n in names if not _TMP_RE.match(n))
 
     def walk(self, rel: str = "") -> list[Entry]:
         """Every file below `rel`, recursively, with size and modification time."""
@@ -213,8 +218,25 @@ class Storage:
     @staticmethod
     def _write_local(path: str, data, exclusive: bool, durable: bool = True) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        # O_EXCL makes the commit marker a claim only one writer can win.
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+        if exclusive:
+            # A reader must never see a half-written marker (an empty COMMIT reads as corrupt,
+            # an empty root marker as foreign): write a hidden temporary file, then hard-link
+            # it into place, which creates the name atomically and only if it is free, so
+            # only one writer wins (no rename anywhere). A crash in between leaves only the
+            # hidden temporary file, which listdir does not show.
+            tmp = os.path.join(
+                os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp"
+            )
+            Storage._write_fd(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL, durable)
+            try:
+                os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+            return
+        Storage._write_fd(path, data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, durable)
+
+    @staticmethod
+    def _write_fd(path: str, data, flags: int, durable: bool) -> None:
         fd = os.open(path, flags, 0o644)
         try:
             for chunk in data if isinstance(data, list) else [data]:

@@ -91,7 +91,9 @@ def _rank(main, rank: int, world: int, port: int, argv: list[str]) -> None:
 
 def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]:
     """Run a step's main(argv) as `world` ranks, as torchrun would; their exit codes."""
-    ctx = mp.get_context("fork")
+    # forkserver, not fork: forking the test process (with its moto, MLflow and torch threads)
+    # can deadlock or crash the child.
+    ctx = mp.get_context("forkserver")
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(main, r, world, port, argv)) for r in range(world)]
     for p in procs:
@@ -103,23 +105,24 @@ def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]
     return [p.exitcode for p in procs]
 
 
+def _plain_target(main, argv: list[str]) -> None:
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(k, None)
+    try:
+        code = main(argv)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
 def _plain(main, argv: list[str]) -> int:
-    """main(argv) in one forked process without torchrun's environment (a plain step)."""
-    ctx = mp.get_context("fork")
-
-    def target():
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            os.environ.pop(k, None)
-        try:
-            code = main(argv)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-
-    p = ctx.Process(target=target)
+    """main(argv) in one child process without torchrun's environment (a plain step)."""
+    p = mp.get_context("forkserver").Process(target=_plain_target, args=(main, argv))
     p.start()
     p.join(240)
+    if p.is_alive():
+        p.kill()
     return p.exitcode
 
 
