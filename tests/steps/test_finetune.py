@@ -140,9 +140,12 @@ def mlflow_template(tmp_path_factory) -> str:
     return _CACHE["template"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, mlflow_template):
-    """The runs every fine-tune and select test reads (see the module docstring)."""
+    """The runs every fine-tune and select test reads (see the module docstring).
+
+    Built once (cached), but module-scoped so MLFLOW_TRACKING_URI is restored when the module
+    ends: a session-wide setting would send later modules' MLflow calls to this database."""
     old = os.environ.get("MLFLOW_TRACKING_URI")
     try:
         if "runs" not in _CACHE:
