@@ -17,11 +17,10 @@ LoggedModel id and URI) and the pretraining run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -80,16 +79,7 @@ class FinetuneConfig:
 
 
 def parse_args(argv=None) -> FinetuneConfig:
-    p = argparse.ArgumentParser(prog="python -m steps.finetune", description=__doc__.split("\n")[0])
-    for f in fields(FinetuneConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name in ("base_root", "run_root"):
-            p.add_argument(flag, required=True)
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            p.add_argument(flag, type=kind, default=f.default)
+    p = lin.arg_parser(FinetuneConfig, "python -m steps.finetune", __doc__.split("\n")[0])
     cfg = FinetuneConfig(**vars(p.parse_args(argv)))
     try:
         check_task(cfg.task)
