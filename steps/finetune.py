@@ -33,7 +33,7 @@ from steps.lib import finetune_base as fb
 from steps.lib import finetune_loop as fl
 from steps.lib import lineage as lin
 from steps.lib import training as tr
-from steps.lib.data import Corpus, ShardedLoader, check_task
+from steps.lib.data import Corpus, ShardedLoader
 from steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 
 log = logging.getLogger("ckptflow.finetune")
@@ -81,12 +81,7 @@ class FinetuneConfig:
 def parse_args(argv=None) -> FinetuneConfig:
     p = lin.arg_parser(FinetuneConfig, "python -m steps.finetune", __doc__.split("\n")[0])
     cfg = FinetuneConfig(**vars(p.parse_args(argv)))
-    try:
-        check_task(cfg.task)
-    except ValueError as exc:
-        p.error(f"--task: {exc}")
-    if cfg.max_steps < 1 or cfg.ckpt_every < 1:
-        p.error("--max-steps and --ckpt-every must be at least 1")
+    tr.check_loop_args(p, cfg)
     if cfg.freeze_blocks < 0:
         p.error("--freeze-blocks must be >= 0")
     if cfg.parallel not in PARALLEL:

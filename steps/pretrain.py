@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from steps.checkpoint import Checkpointer, Storage
 from steps.lib import lineage as lin
 from steps.lib import training as tr
-from steps.lib.data import VOCAB, Corpus, ShardedLoader, check_task
+from steps.lib.data import VOCAB, Corpus, ShardedLoader
 from steps.lib.model import config_for, count_parameters
 
 log = logging.getLogger("ckptflow.pretrain")
@@ -62,12 +62,7 @@ class PretrainConfig:
 def parse_args(argv=None) -> PretrainConfig:
     p = lin.arg_parser(PretrainConfig, "python -m steps.pretrain", __doc__.split("\n")[0])
     cfg = PretrainConfig(**vars(p.parse_args(argv)))
-    try:
-        check_task(cfg.task)
-    except ValueError as exc:
-        p.error(str(exc))
-    if cfg.max_steps < 1 or cfg.ckpt_every < 1:
-        p.error("--max-steps and --ckpt-every must be at least 1")
+    tr.check_loop_args(p, cfg)
     return cfg
 
 

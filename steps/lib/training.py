@@ -450,3 +450,15 @@ class CheckpointedLoop:
             },
             step,
         )
+
+
+def check_loop_args(parser, cfg) -> None:
+    """Reject loop settings a user can get wrong (task name, step counts) with parser.error."""
+    from steps.lib.data import check_task
+
+    try:
+        check_task(cfg.task)
+    except ValueError as exc:
+        parser.error(f"--task: {exc}")
+    if cfg.max_steps < 1 or cfg.ckpt_every < 1:
+        parser.error("--max-steps and --ckpt-every must be at least 1")

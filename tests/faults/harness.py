@@ -22,6 +22,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from steps.checkpoint import layout
 from steps.checkpoint.storage import Storage
+from tests.steps.distworkers import free_port, rank_env
 
 PHASES = {
     "before_data": "SIGKILL before the first data file (intent written)",
@@ -143,14 +144,6 @@ def save_then_maybe_die(root: str, phase: str, step: int, state: dict, block: bo
     ck.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(world: int, fn, *args, timeout: float = 120.0) -> list[int]:
     """Run fn(rank, world, *args) on `world` forked gloo ranks; return their exit codes.
 
@@ -160,21 +153,14 @@ def run_ranks(world: int, fn, *args, timeout: float = 120.0) -> list[int]:
 
     import torch.distributed as dist
 
-    port = _free_port()
+    port = free_port()
     pids = []
     for rank in range(world):
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
-                os.environ.update(
-                    MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port),
-                    RANK=str(rank),
-                    WORLD_SIZE=str(world),
-                    LOCAL_RANK=str(rank),
-                )
-                torch.set_num_threads(1)
+                rank_env(rank, world, port)
                 dist.init_process_group(
                     "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
                 )

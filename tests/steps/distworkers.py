@@ -19,7 +19,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, fn, args, errq) -> None:
+def rank_env(rank: int, world: int, port: int) -> None:
+    """The environment torchrun gives a rank on one host, and one intra-op thread per rank."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -28,6 +29,10 @@ def _entry(rank: int, world: int, port: int, fn, args, errq) -> None:
         LOCAL_RANK=str(rank),
     )
     torch.set_num_threads(1)
+
+
+def _entry(rank: int, world: int, port: int, fn, args, errq) -> None:
+    rank_env(rank, world, port)
     warnings.filterwarnings("ignore")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:

@@ -13,7 +13,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -27,6 +26,7 @@ from steps.checkpoint import Checkpointer, Storage, catalog, inventory
 from steps.checkpoint.layout import object_path
 from steps.lib.model import GPT, ModelConfig
 from steps.lib.training import KILLED_EXIT
+from tests.steps import distworkers as dw
 
 PRE = [
     "--model",
@@ -66,21 +66,8 @@ A = ["--base-step", "best:val_loss", "--lr", "3e-3", "--freeze-blocks", "1"]
 B = ["--base-step", "latest", "--lr", "1e-2", "--freeze-blocks", "2", "--parallel", "ddp"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(main, rank: int, world: int, port: int, argv: list[str]) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
+    dw.rank_env(rank, world, port)
     try:
         code = main(argv)
     except BaseException:
@@ -94,7 +81,7 @@ def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]
     # forkserver, not fork: forking the test process (with its moto, MLflow and torch threads)
     # can deadlock or crash the child.
     ctx = mp.get_context("forkserver")
-    port = _free_port()
+    port = dw.free_port()
     procs = [ctx.Process(target=_rank, args=(main, r, world, port, argv)) for r in range(world)]
     for p in procs:
         p.start()

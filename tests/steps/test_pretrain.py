@@ -12,7 +12,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import traceback
@@ -28,6 +27,7 @@ from steps.checkpoint import Checkpointer, catalog
 from steps.checkpoint.layout import object_path
 from steps.lib.model import GPT, ModelConfig
 from steps.lib.training import KILLED_EXIT
+from tests.steps import distworkers as dw
 
 STEPS = 16
 TRAIN = [
@@ -54,21 +54,8 @@ TRAIN = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-    )
-    torch.set_num_threads(1)
+    dw.rank_env(rank, world, port)
     try:
         code = pretrain.main(argv)
     except BaseException:
@@ -86,7 +73,7 @@ def launch(world: int, argv: list[str], timeout: float = 240) -> list[int]:
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
-    port = _free_port()
+    port = dw.free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, argv)) for r in range(world)]
     for p in procs:
         p.start()
