@@ -202,7 +202,7 @@ def _fsync_file(path: str) -> None:
 
 
 def _fs():
-    from steps.checkpoint.storage import filesystem_for
+    from ckptflow.steps.checkpoint.storage import filesystem_for
 
     return filesystem_for("s3://x")
 
@@ -222,9 +222,8 @@ def _dcp_writer(uri: str, threads: int, zstd: bool):
 
     ext = [ZStandard()] if zstd else None
     if uri.startswith("s3://"):
+        from ckptflow.steps.lib import env
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        from steps.lib import env
 
         # os.fsync is meaningless on S3 (DCP would fall back to a global os.sync()).
         return FsspecWriter(
@@ -237,9 +236,8 @@ def _dcp_reader(uri: str):
     from torch.distributed.checkpoint import FileSystemReader
 
     if uri.startswith("s3://"):
+        from ckptflow.steps.lib import env
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-        from steps.lib import env
 
         return FsspecReader(uri, **env.s3_storage_options())
     return FileSystemReader(uri)
@@ -252,7 +250,7 @@ def save_raw(spec: dict, sd: dict) -> dict:
     uri = spec["path"]
     t0 = time.perf_counter()
     if uri.startswith("s3://"):
-        from steps.checkpoint.storage import Storage
+        from ckptflow.steps.checkpoint.storage import Storage
 
         blob = np.resize(block, size).tobytes()
         t0 = time.perf_counter()
@@ -304,7 +302,7 @@ def save_dcp(spec: dict, sd: dict, zstd: bool = False) -> dict:
 
 
 def _ck(spec: dict, **kw):
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
 
     return Checkpointer(spec["path"], threads=spec["threads"], **kw)
 
@@ -352,7 +350,7 @@ def save_ckptflow_nohash(spec: dict, sd: dict) -> dict:
     Also times xxh3 itself over the state's raw bytes and over the stored bytes of a normal save
     (the two digests a save computes), single-threaded, as a direct measure of hashing cost.
     """
-    from steps.checkpoint import codec
+    from ckptflow.steps.checkpoint import codec
 
     hashed = save_ckptflow({**spec, "path": spec["path"] + "-hashed"}, sd)
     real = codec.digest
@@ -579,7 +577,7 @@ def run_coop_rank(spec: dict) -> dict:
     dist.init_process_group("gloo", rank=spec["rank"], world_size=spec["world"])
     try:
         expect = read_json(spec["expect"])
-        import steps.checkpoint.checkpointer  # noqa: F401  (imported before the cache is dropped)
+        import ckptflow.steps.checkpoint.checkpointer  # noqa: F401  (imported before the cache is dropped)
 
         ck = _ck(spec, cooperative=True)
         sd = template(expect)

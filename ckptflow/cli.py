@@ -12,11 +12,23 @@ import sys
 
 # subcommand -> ("module", "function taking argv and returning an exit code", "help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ckpt": ("steps.checkpoint.cli", "main", "inspect, verify, pin, archive and gc checkpoints"),
-    "run": ("workflows.runner.cli", "main", "run a rendered Argo Workflow manifest locally"),
-    "plan": ("steps.checkpoint.plan_cli", "main", "checkpoint size, stall, interval, storage cost"),
-    "render": ("workflows.render", "main", "render a workflow's manifests (Argo YAML)"),
-    "submit": ("workflows.submit", "main", "submit a workflow to the Argo Server (hera)"),
+    "ckpt": (
+        "ckptflow.steps.checkpoint.cli",
+        "main",
+        "inspect, verify, pin, archive and gc checkpoints",
+    ),
+    "run": (
+        "ckptflow.workflows.runner.cli",
+        "main",
+        "run a rendered Argo Workflow manifest locally",
+    ),
+    "plan": (
+        "ckptflow.steps.checkpoint.plan_cli",
+        "main",
+        "checkpoint size, stall, interval, storage cost",
+    ),
+    "render": ("ckptflow.workflows.render", "main", "render a workflow's manifests (Argo YAML)"),
+    "submit": ("ckptflow.workflows.submit", "main", "submit a workflow to the Argo Server (hera)"),
 }
 
 

@@ -1,10 +1,10 @@
-"""`python -m steps.evaluate`: evaluate each committed checkpoint of a run exactly once.
+"""`python -m ckptflow.steps.evaluate`: evaluate each committed checkpoint of a run exactly once.
 
 Runs beside training as one plain process and never blocks it: it polls `<run-root>/ckpt`,
 claims each newly committed step with an exclusive create of `step-XXXXXXXX/eval.claim` (so two
 evaluators never evaluate the same step), loads the model alone from it, resharded into this
 single process, and computes validation loss and exact match. The result goes next to the
-checkpoint as `eval.json`, which the catalog and `steps.select` read:
+checkpoint as `eval.json`, which the catalog and `ckptflow.steps.select` read:
 
     {"step": 20, "status": "ok", "metrics": {"val_loss": 1.23, "exact_match": 0.05},
      "task": "add", "model_id": "m-...", "mlflow_run_id": "...", "evaluated_at": 1.7e9, ...}
@@ -12,9 +12,9 @@ checkpoint as `eval.json`, which the catalog and `steps.select` read:
 and to MLflow, linked to the checkpoint's LoggedModel by `model_id` at that step. A restarted
 evaluator skips steps that have an eval.json; uncommitted steps are never touched.
 
-    python -m steps.evaluate --run-root R                    # every committed step, then exit
-    python -m steps.evaluate --run-root R --until-finished   # follow training until FINISHED
-    python -m steps.evaluate --run-root R --step 20          # one checkpoint
+    python -m ckptflow.steps.evaluate --run-root R                    # every committed step, then exit
+    python -m ckptflow.steps.evaluate --run-root R --until-finished   # follow training until FINISHED
+    python -m ckptflow.steps.evaluate --run-root R --step 20          # one checkpoint
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import torch
-
-from steps.checkpoint import Checkpointer, Storage
-from steps.checkpoint.storage import AlreadyExists
-from steps.lib import lineage as lin
-from steps.lib.data import Corpus
-from steps.lib.model import GPT, ModelConfig
-from steps.lib.training import evaluate
+from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.checkpoint.storage import AlreadyExists
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib.data import Corpus
+from ckptflow.steps.lib.model import GPT, ModelConfig
+from ckptflow.steps.lib.training import evaluate
 
 log = logging.getLogger("ckptflow.evaluate")
 EVAL, CLAIM = "eval.json", "eval.claim"
@@ -60,7 +59,7 @@ class EvaluateConfig:
 
 
 def parse_args(argv=None) -> EvaluateConfig:
-    p = lin.arg_parser(EvaluateConfig, "python -m steps.evaluate", __doc__.split("\n")[0])
+    p = lin.arg_parser(EvaluateConfig, "python -m ckptflow.steps.evaluate", __doc__.split("\n")[0])
     return EvaluateConfig(**vars(p.parse_args(argv)))
 
 

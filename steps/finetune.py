@@ -1,4 +1,4 @@
-"""`python -m steps.finetune`: fine-tune a pretraining checkpoint on another task, in M workers.
+"""`python -m ckptflow.steps.finetune`: fine-tune a pretraining checkpoint on another task, in M workers.
 
 Loads a pretraining checkpoint (a step, the latest valid one, or the best by an evaluated
 metric) saved by N ranks into this job's M ranks (FSDP2, or a replicated model whose load is
@@ -6,11 +6,11 @@ cooperative: each rank reads about 1/M of it), freezes the leading blocks, and t
 different generated task. Checkpoints go under `<run-root>/ckpt`, a root whose marker names the
 base step: frozen tensors are referenced there, not stored again, so a fine-tune checkpoint
 stores only what changed. Each checkpoint is evaluated on the fine-tune task when it is saved
-(`eval.json` beside it, for `steps.select`); a kill is resumed exactly from the newest valid
+(`eval.json` beside it, for `ckptflow.steps.select`); a kill is resumed exactly from the newest valid
 checkpoint. MLflow: the run and each checkpoint's LoggedModel name the base checkpoint (its
 LoggedModel id and URI) and the pretraining run.
 
-    python -m torch.distributed.run --nproc-per-node 2 -m steps.finetune \
+    python -m torch.distributed.run --nproc-per-node 2 -m ckptflow.steps.finetune \
         --base-root /tmp/pre --base-step latest --run-root /tmp/ft/a --task rev \
         --lr 1e-3 --freeze-blocks 1 --max-steps 20 --ckpt-every 10
 """
@@ -23,18 +23,17 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage, catalog
+from ckptflow.steps.checkpoint.layout import EVAL, step_dir
+from ckptflow.steps.lib import finetune_base as fb
+from ckptflow.steps.lib import finetune_loop as fl
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import training as tr
+from ckptflow.steps.lib.data import Corpus, ShardedLoader
+from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
-
-from steps.checkpoint import Checkpointer, CheckpointError, Storage, catalog
-from steps.checkpoint.layout import EVAL, step_dir
-from steps.lib import finetune_base as fb
-from steps.lib import finetune_loop as fl
-from steps.lib import lineage as lin
-from steps.lib import training as tr
-from steps.lib.data import Corpus, ShardedLoader
-from steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 
 log = logging.getLogger("ckptflow.finetune")
 PARALLEL = ("fsdp", "ddp")
@@ -47,7 +46,9 @@ class FinetuneConfig:
     base_root: str  # pretraining run root (or its checkpoint root)
     run_root: str  # this variant's run root: ckpt/, FINISHED, default mlflow.db
     base_step: str = "latest"  # latest | best:METRIC[:min|max] | a step number
-    task: str = "rev"  # fine-tuning task (steps.lib.data.TASKS), unlike the pretraining one
+    task: str = (
+        "rev"  # fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike the pretraining one
+    )
     lr: float = 1e-3  # peak learning rate
     freeze_blocks: int = 1  # leading blocks kept frozen (embeddings always; ln_f and head train)
     max_steps: int = 40  # optimizer steps in total (across resumes)
@@ -79,7 +80,7 @@ class FinetuneConfig:
 
 
 def parse_args(argv=None) -> FinetuneConfig:
-    p = lin.arg_parser(FinetuneConfig, "python -m steps.finetune", __doc__.split("\n")[0])
+    p = lin.arg_parser(FinetuneConfig, "python -m ckptflow.steps.finetune", __doc__.split("\n")[0])
     cfg = FinetuneConfig(**vars(p.parse_args(argv)))
     tr.check_loop_args(p, cfg)
     if cfg.freeze_blocks < 0:

@@ -1,4 +1,4 @@
-"""`python -m steps.finish_run`: the exit handler, closing the parent MLflow run.
+"""`python -m ckptflow.steps.finish_run`: the exit handler, closing the parent MLflow run.
 
 Argo's `{{workflow.status}}` (Succeeded, Failed, Error) becomes the run status (FINISHED,
 FAILED). Never fails the workflow because of MLflow: a warning is all an outage costs.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from steps.lib import lineage as lin
+from ckptflow.steps.lib import lineage as lin
 
 log = logging.getLogger("ckptflow.finish_run")
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "error": "FAILED", "killed": "KILLED"}
@@ -26,7 +26,9 @@ class FinishRunConfig:
 
 
 def parse_args(argv=None) -> FinishRunConfig:
-    p = lin.arg_parser(FinishRunConfig, "python -m steps.finish_run", __doc__.split("\n")[0])
+    p = lin.arg_parser(
+        FinishRunConfig, "python -m ckptflow.steps.finish_run", __doc__.split("\n")[0]
+    )
     return FinishRunConfig(**vars(p.parse_args(argv)))
 
 

@@ -1,4 +1,4 @@
-"""`python -m steps.pretrain`: pretrain the GPT on the generated corpus, resumable exactly.
+"""`python -m ckptflow.steps.pretrain`: pretrain the GPT on the generated corpus, resumable exactly.
 
 Runs under torchrun on any number of ranks (gloo on CPU, nccl on GPU) with FSDP2. On start it
 resumes from the newest valid checkpoint under `<run-root>/ckpt` (model, optimizer, scheduler,
@@ -6,7 +6,7 @@ every rank's RNG and the data position), falling back past a corrupt newest one.
 `--ckpt-every` steps and at the end (async by default), records each committed checkpoint as an
 MLflow LoggedModel, and finally writes `<run-root>/FINISHED` so the evaluator knows to stop.
 
-    python -m torch.distributed.run --nproc-per-node 2 -m steps.pretrain \
+    python -m torch.distributed.run --nproc-per-node 2 -m ckptflow.steps.pretrain \
         --run-root /tmp/run1 --model tiny --max-steps 40 --ckpt-every 10
 """
 
@@ -17,11 +17,11 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from steps.checkpoint import Checkpointer, Storage
-from steps.lib import lineage as lin
-from steps.lib import training as tr
-from steps.lib.data import VOCAB, Corpus, ShardedLoader
-from steps.lib.model import config_for, count_parameters
+from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import training as tr
+from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
+from ckptflow.steps.lib.model import config_for, count_parameters
 
 log = logging.getLogger("ckptflow.pretrain")
 
@@ -31,7 +31,7 @@ class PretrainConfig:
     """Everything that decides a pretraining run (logged as MLflow params, saved in metadata)."""
 
     run_root: str  # run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db
-    model: str = "tiny"  # named model size (steps.lib.model.SIZES)
+    model: str = "tiny"  # named model size (ckptflow.steps.lib.model.SIZES)
     max_steps: int = 40  # optimizer steps to train in total (across resumes)
     batch_size: int = 8  # global sequences per optimizer step (all ranks and micro-steps)
     seq_len: int = 64  # tokens per sequence
@@ -42,7 +42,7 @@ class PretrainConfig:
     grad_clip: float = 1.0  # gradient-norm clip (0 disables)
     grad_accum: int = 1  # micro-steps per optimizer step
     dropout: float = 0.0  # dropout probability in the model
-    task: str = "add"  # corpus task (steps.lib.data.TASKS)
+    task: str = "add"  # corpus task (ckptflow.steps.lib.data.TASKS)
     ckpt_every: int = 10  # save every K steps (and always at the last step)
     full_every: int = 1  # every F-th save is full, the others are deltas against it
     async_save: bool = True  # save in the background; training stalls only for the snapshot
@@ -60,7 +60,7 @@ class PretrainConfig:
 
 
 def parse_args(argv=None) -> PretrainConfig:
-    p = lin.arg_parser(PretrainConfig, "python -m steps.pretrain", __doc__.split("\n")[0])
+    p = lin.arg_parser(PretrainConfig, "python -m ckptflow.steps.pretrain", __doc__.split("\n")[0])
     cfg = PretrainConfig(**vars(p.parse_args(argv)))
     tr.check_loop_args(p, cfg)
     return cfg

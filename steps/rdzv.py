@@ -1,4 +1,4 @@
-"""`python -m steps.rdzv`: the TCP store where torchrun's c10d rendezvous of N rank pods meets.
+"""`python -m ckptflow.steps.rdzv`: the TCP store where torchrun's c10d rendezvous of N rank pods meets.
 
 The pretraining DAG runs this as an Argo daemon task; each rank's torchrun connects to
 `{{tasks.rdzv.ip}}:PORT` with `--rdzv-conf=is_host=false` (workflows/pretrain.py explains
@@ -29,7 +29,9 @@ class RdzvConfig:
 
 def parse_args(argv: list[str] | None) -> RdzvConfig:
     """Build the config from the command line."""
-    ap = argparse.ArgumentParser(prog="python -m steps.rdzv", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m ckptflow.steps.rdzv", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--host", default=RdzvConfig.host, help="listen address")
     ap.add_argument("--port", type=int, default=RdzvConfig.port, help="listen port")
     ap.add_argument("--timeout-seconds", dest="timeout_s", type=float, default=0.0)
@@ -52,7 +54,9 @@ def serve(cfg: RdzvConfig, stop: threading.Event) -> None:
         )
     except (RuntimeError, OSError) as exc:
         # The usual cause is a port already taken (another run's store on this host).
-        raise SystemExit(f"steps.rdzv: cannot listen on {cfg.host}:{cfg.port}: {exc}") from exc
+        raise SystemExit(
+            f"ckptflow.steps.rdzv: cannot listen on {cfg.host}:{cfg.port}: {exc}"
+        ) from exc
     print(f"rendezvous store listening on {cfg.host}:{cfg.port}", flush=True)
     stop.wait(cfg.timeout_s or None)
     del store

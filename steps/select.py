@@ -1,4 +1,4 @@
-"""`python -m steps.select`: the fan-in: pick the best fine-tune variant, export and register it.
+"""`python -m ckptflow.steps.select`: the fan-in: pick the best fine-tune variant, export and register it.
 
 Reads every candidate's evaluation results from storage (`<candidate>/ckpt/step-*/eval.json`,
 never values passed through Argo), takes each candidate's best evaluated step by `--metric`
@@ -9,7 +9,7 @@ fails with the list of causes. The chosen checkpoint's weights are exported to s
 whose tags name the source checkpoint, runs and data, and the `champion` / `fallback` aliases
 move only when the candidate beats the champion (or with `--force`).
 
-    python -m steps.select --candidates /r/finetune/a,/r/finetune/b --metric val_loss \
+    python -m ckptflow.steps.select --candidates /r/finetune/a,/r/finetune/b --metric val_loss \
         --mode min --export-uri /r/export --dtype bf16 --model-name ckptflow-tiny
 """
 
@@ -21,13 +21,13 @@ import logging
 import posixpath
 from dataclasses import asdict, dataclass, fields
 
-from steps.checkpoint import catalog
-from steps.checkpoint.layout import step_dir
-from steps.checkpoint.storage import Storage
-from steps.lib import finetune_base as fb
-from steps.lib import lineage as lin
-from steps.lib import registry
-from steps.lib.export import DTYPES, export_weights, load_model_weights
+from ckptflow.steps.checkpoint import catalog
+from ckptflow.steps.checkpoint.layout import step_dir
+from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.lib import finetune_base as fb
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import registry
+from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
 
 log = logging.getLogger("ckptflow.select")
 
@@ -50,7 +50,9 @@ class SelectConfig:
 
 
 def parse_args(argv=None) -> SelectConfig:
-    p = argparse.ArgumentParser(prog="python -m steps.select", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ckptflow.steps.select", description=__doc__.split("\n")[0]
+    )
     for f in fields(SelectConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":

@@ -1,4 +1,4 @@
-"""`python -m steps.start_run`: open the pipeline's parent MLflow run and output its id.
+"""`python -m ckptflow.steps.start_run`: open the pipeline's parent MLflow run and output its id.
 
 Tags name the Argo workflow (name, uid, namespace), the image and the git commit; the whole
 pipeline configuration becomes params. Every later step nests its own run under this one with
@@ -12,8 +12,8 @@ import json
 import logging
 from dataclasses import dataclass
 
-from steps.lib import env
-from steps.lib import lineage as lin
+from ckptflow.steps.lib import env
+from ckptflow.steps.lib import lineage as lin
 
 log = logging.getLogger("ckptflow.start_run")
 
@@ -33,7 +33,7 @@ class StartRunConfig:
 
 
 def parse_args(argv=None) -> StartRunConfig:
-    p = lin.arg_parser(StartRunConfig, "python -m steps.start_run", __doc__.split("\n")[0])
+    p = lin.arg_parser(StartRunConfig, "python -m ckptflow.steps.start_run", __doc__.split("\n")[0])
     cfg = StartRunConfig(**vars(p.parse_args(argv)))
     try:
         if not isinstance(json.loads(cfg.config_json), dict):

@@ -8,7 +8,7 @@ Workflow from the `ckptflow-evaluate` WorkflowTemplate with them:
     key  runs/<run>/pretrain/ckpt/step-00000120/COMMIT
     ->   run_root = s3://<bucket>/runs/<run>/pretrain, step = 120
 
-`steps.evaluate --step N` is idempotent (results live next to the checkpoint), so a
+`ckptflow.steps.evaluate --step N` is idempotent (results live next to the checkpoint), so a
 checkpoint that the in-DAG background evaluator already did costs one quick no-op pod.
 EventSource and Sensor are Argo Events resources, rendered as plain dicts (hera models only
 Argo Workflows); the S3 keys come from the same Kubernetes Secret as the steps'.
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
+from ckptflow.workflows import templates
+from ckptflow.workflows.config import ConfigError, PipelineConfig
+from ckptflow.workflows.templates import param, step
 from hera.workflows import DAG, Parameter, WorkflowTemplate
-
-from workflows import templates
-from workflows.config import ConfigError, PipelineConfig
-from workflows.templates import param, step
 
 EVENT_NAME = "checkpoint-commits"
 DEPENDENCY = "commit"

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import itertools
 
+from ckptflow.workflows import lineage
+from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
+from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Parameter, Workflow
 from hera.workflows.models import ContinueOn
-
-from workflows import lineage
-from workflows.config import ConfigError, FinetuneConfig, PipelineConfig
-from workflows.templates import param, run_root, step
 
 DAG_NAME = "finetune"
 

@@ -25,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ckptflow.workflows import templates
+from ckptflow.workflows.config import PipelineConfig
+from ckptflow.workflows.templates import step
 from hera.workflows import Container, Parameter, Workflow
 from hera.workflows.models import LabelValueFrom, ValueFrom, WorkflowMetadata
-
-from workflows import templates
-from workflows.config import PipelineConfig
-from workflows.templates import step
 
 RUN_NAME_LABEL = "ckptflow.io/mlflow-run-name"
 EXPERIMENT_LABEL = "ckptflow.io/mlflow-experiment"
@@ -64,7 +63,7 @@ def workflow_metadata() -> WorkflowMetadata:
 
 
 def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Container:
-    """`steps.start_run`: creates the parent run (named after the workflow), outputs its id.
+    """`ckptflow.steps.start_run`: creates the parent run (named after the workflow), outputs its id.
 
     `sections` names the config sections recorded as the run's params.
     """
@@ -97,7 +96,7 @@ def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Contai
 
 
 def finish_run_template(cfg: PipelineConfig) -> Container:
-    """`steps.finish_run`: the exit handler closing the parent run with the workflow status."""
+    """`ckptflow.steps.finish_run`: the exit handler closing the parent run with the workflow status."""
     return step(
         "finish-run",
         "finish_run",

@@ -1,7 +1,7 @@
 """`ckptflow run pipeline --local [--s3] [--set key=value ...]`: the real manifest, run here.
 
 Renders `build_pipeline` (or `pretrain`, `finetune`) with a small configuration and runs the
-rendered manifest through the local runner (`workflows.runner.run_workflow`), exactly the
+rendered manifest through the local runner (`ckptflow.workflows.runner.run_workflow`), exactly the
 YAML `ckptflow submit` would send. Embedded defaults, each overridable with `--set`:
 
 - storage: `./runs/<workflow>/` (pretrain/, finetune/<variant>/, export/), or with `--s3` a
@@ -25,8 +25,8 @@ import string
 import sys
 from pathlib import Path
 
-from workflows.config import ConfigError, PipelineConfig, apply_overrides
-from workflows.render import builder, manifests, to_yaml
+from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
+from ckptflow.workflows.render import builder, manifests, to_yaml
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
 S3_BUCKET = "ckptflow-local"
@@ -161,7 +161,7 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
             "client_kwargs": {"endpoint_url": s3_endpoint},
         }
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from workflows.finetune import variants
+    from ckptflow.workflows.finetune import variants
 
     roots = [("pretrain", f"{run_root}/pretrain")]
     if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from workflows.runner import ManifestError, run_workflow
+    from ckptflow.workflows.runner import ManifestError, run_workflow
 
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)

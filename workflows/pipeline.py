@@ -13,8 +13,8 @@ From Python, `build_pipeline(cfg)` returns a hera Workflow: `.to_yaml()` renders
 the Workflow takes its service from `global_config` when it is constructed):
 
     from hera.shared import global_config
-    from workflows.config import PipelineConfig, apply_overrides
-    from workflows.pipeline import build_pipeline
+    from ckptflow.workflows.config import PipelineConfig, apply_overrides
+    from ckptflow.workflows.pipeline import build_pipeline
 
     global_config.host = "https://localhost:2746"
     global_config.token = "..."          # or a callable returning one
@@ -24,13 +24,12 @@ the Workflow takes its service from `global_config` when it is constructed):
 
 from __future__ import annotations
 
+from ckptflow.workflows import lineage
+from ckptflow.workflows.config import PipelineConfig
+from ckptflow.workflows.finetune import add_finetune_dag, variants
+from ckptflow.workflows.pretrain import add_pretrain_dag
+from ckptflow.workflows.templates import run_root
 from hera.workflows import DAG, Workflow
-
-from workflows import lineage
-from workflows.config import PipelineConfig
-from workflows.finetune import add_finetune_dag, variants
-from workflows.pretrain import add_pretrain_dag
-from workflows.templates import run_root
 
 
 def build_pipeline(cfg: PipelineConfig) -> Workflow:

@@ -3,11 +3,11 @@
 Rendezvous design. torchrun's c10d rendezvous needs one TCP store that every rank can reach
 at an address known when the ranks start. Argo knows exactly one such address: the IP of a
 *daemon* task (`{{tasks.rdzv.ip}}`), available to every task that depends on it. So a small
-daemon step, `python -m steps.rdzv`, hosts the store, and each rank runs
+daemon step, `python -m ckptflow.steps.rdzv`, hosts the store, and each rank runs
 
     python -m torch.distributed.run --nnodes=N --nproc-per-node=P --rdzv-backend=c10d
         --rdzv-endpoint={{tasks.rdzv.ip}}:PORT --rdzv-id={{workflow.uid}}
-        --rdzv-conf=is_host=false,join_timeout=T --max-restarts=R -m steps.pretrain ...
+        --rdzv-conf=is_host=false,join_timeout=T --max-restarts=R -m ckptflow.steps.pretrain ...
 
 Why not let rank 0 host the store (torchrun's default)? Rank 0's IP is unknown to its peers
 until it runs (Argo exposes IPs of daemon tasks only), a daemon rank would be killed when its
@@ -21,25 +21,24 @@ shares the daemon's host (the local runner: every task is 127.0.0.1) from hostin
 store. Under the local runner the same manifest runs unchanged: `{{tasks.rdzv.ip}}` is
 127.0.0.1 and `python` is the runner's interpreter.
 
-The evaluator (`steps.evaluate --until-finished`) runs beside the ranks in the same DAG,
+The evaluator (`ckptflow.steps.evaluate --until-finished`) runs beside the ranks in the same DAG,
 evaluating each committed checkpoint once and exiting when the run's FINISHED marker is
 there; only URIs pass between tasks, the checkpoints themselves go through object storage.
 """
 
 from __future__ import annotations
 
+from ckptflow.workflows import lineage
+from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
+from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import ContainerPort, Probe, TCPSocketAction
-
-from workflows import lineage
-from workflows.config import ConfigError, PipelineConfig, PretrainConfig
-from workflows.templates import param, run_root, step
 
 DAG_NAME = "pretrain"
 
 
 def train_args(c: PretrainConfig) -> list[str]:
-    """`steps.pretrain` arguments after --run-root (contract in docs/contracts.md)."""
+    """`ckptflow.steps.pretrain` arguments after --run-root (contract in docs/contracts.md)."""
     return [
         "--model", c.model,
         "--task", c.task,

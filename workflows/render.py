@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import yaml
-
-from workflows.config import ConfigError, PipelineConfig, apply_overrides, describe
+from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, describe
 
 
 @dataclass(frozen=True)
@@ -27,11 +26,11 @@ class Builder:
 
 
 def _builders() -> dict[str, Builder]:
-    from workflows.evaluate import build_evaluate, event_source, sensor
-    from workflows.finetune import build_finetune
-    from workflows.pipeline import build_pipeline
-    from workflows.pretrain import build_pretrain
-    from workflows.retention import build_retention
+    from ckptflow.workflows.evaluate import build_evaluate, event_source, sensor
+    from ckptflow.workflows.finetune import build_finetune
+    from ckptflow.workflows.pipeline import build_pipeline
+    from ckptflow.workflows.pretrain import build_pretrain
+    from ckptflow.workflows.retention import build_retention
 
     return {
         "pipeline": Builder(build_pipeline, None, "pretrain -> fine-tune fan-out -> select"),

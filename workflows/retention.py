@@ -8,11 +8,10 @@ checkpoint the policy keeps, and concurrencyPolicy Forbid keeps two runs off one
 
 from __future__ import annotations
 
+from ckptflow.workflows import templates
+from ckptflow.workflows.config import ConfigError, PipelineConfig
+from ckptflow.workflows.templates import param, step
 from hera.workflows import DAG, CronWorkflow
-
-from workflows import templates
-from workflows.config import ConfigError, PipelineConfig
-from workflows.templates import param, step
 
 
 def retention_roots(cfg: PipelineConfig) -> list[str]:

@@ -20,12 +20,11 @@ import sys
 import time
 from dataclasses import replace
 
+from ckptflow.workflows.config import ConfigError, PipelineConfig
+from ckptflow.workflows.render import add_common_args, builder, config
 from hera.exceptions import HeraException
 from hera.shared import global_config
 from hera.workflows import CronWorkflow, WorkflowsService, WorkflowTemplate
-
-from workflows.config import ConfigError, PipelineConfig
-from workflows.render import add_common_args, builder, config
 
 PHASE_EXIT = {"Succeeded": 0, "Failed": 1, "Error": 2}
 STILL_RUNNING = 3

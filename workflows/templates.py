@@ -1,6 +1,6 @@
 """Template helpers shared by the builders: step containers, env wiring, outputs, volumes.
 
-Every container runs `python -m steps.<name>` (or the same module under
+Every container runs `python -m ckptflow.steps.<name>` (or the same module under
 `python -m torch.distributed.run`): the image's interpreter on a cluster, and the local
 runner's interpreter on a laptop, so one manifest runs in both places. No template carries
 inline source.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ckptflow.workflows.config import ConfigError, PlatformConfig, Resources
 from hera.workflows import (
     Container,
     EmptyDirVolume,
@@ -22,8 +23,6 @@ from hera.workflows import (
     Resources as HeraResources,
 )
 from hera.workflows.models import Backoff, PodGC, Toleration, TTLStrategy, ValueFrom
-
-from workflows.config import ConfigError, PlatformConfig, Resources
 
 # The Argo variables each step sees, so MLflow tags and logs can name the workflow.
 ARGO_ENV = {
@@ -123,15 +122,15 @@ def step(
     daemon: bool = False,
     with_env: bool = True,
 ) -> Container:
-    """A container template running `python -m steps.<module> ARGS --output-dir DIR`.
+    """A container template running `python -m ckptflow.steps.<module> ARGS --output-dir DIR`.
 
-    A dotted `module` (`ckptflow.cli`) is run as given rather than under `steps.`.
+    A dotted `module` (`ckptflow.cli`) is run as given rather than under `ckptflow.steps.`.
 
     `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`.
     `with_env=False` leaves out credentials and MLflow (least privilege for helpers such as
     the rendezvous store). Must be called inside a hera Workflow context, which collects it.
     """
-    target = module if "." in module else f"steps.{module}"
+    target = module if "." in module else f"ckptflow.steps.{module}"
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
     volumes = []

@@ -1,6 +1,6 @@
 """ckptflow's checkpoint engine (see docs/format.md).
 
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
     ck = Checkpointer("s3://bucket/runs/r1/ckpt")   # or a local path
     ck.save(step, state_dict)                       # collective: every rank calls it
     step = ck.load(state_dict, step=None)           # None = latest valid; fills state_dict in place
@@ -14,15 +14,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Checkpointer": "steps.checkpoint.checkpointer",
-    "LoadInfo": "steps.checkpoint.checkpointer",
-    "SaveHandle": "steps.checkpoint.checkpointer",
-    "SaveStats": "steps.checkpoint.checkpointer",
-    "CheckpointError": "steps.checkpoint.errors",
-    "CorruptCheckpoint": "steps.checkpoint.errors",
-    "StateDictMismatch": "steps.checkpoint.errors",
-    "Storage": "steps.checkpoint.storage",
-    "StorageError": "steps.checkpoint.storage",
+    "Checkpointer": "ckptflow.steps.checkpoint.checkpointer",
+    "LoadInfo": "ckptflow.steps.checkpoint.checkpointer",
+    "SaveHandle": "ckptflow.steps.checkpoint.checkpointer",
+    "SaveStats": "ckptflow.steps.checkpoint.checkpointer",
+    "CheckpointError": "ckptflow.steps.checkpoint.errors",
+    "CorruptCheckpoint": "ckptflow.steps.checkpoint.errors",
+    "StateDictMismatch": "ckptflow.steps.checkpoint.errors",
+    "Storage": "ckptflow.steps.checkpoint.storage",
+    "StorageError": "ckptflow.steps.checkpoint.storage",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -30,4 +30,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'steps.checkpoint' has no attribute {name!r}")
+    raise AttributeError(f"module 'ckptflow.steps.checkpoint' has no attribute {name!r}")

@@ -27,10 +27,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from steps.checkpoint import catalog, codec, gc, inventory, layout
-from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from steps.checkpoint.retention import select_for_archive
-from steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.steps.checkpoint import catalog, codec, gc, inventory, layout
+from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.steps.checkpoint.retention import select_for_archive
+from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
 
 
 @dataclass

@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from ckptflow.steps.checkpoint import catalog, coop
+from ckptflow.steps.checkpoint.compat import check_compatible
+from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
+from ckptflow.steps.checkpoint.staging import Stager
+from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 from torch.distributed.checkpoint.api import CheckpointException
-
-from steps.checkpoint import catalog, coop
-from steps.checkpoint.compat import check_compatible
-from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
-from steps.checkpoint.staging import Stager
-from steps.checkpoint.storage import Storage
-from steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 
 log = logging.getLogger("ckptflow.checkpoint")
 GIB = float(1 << 30)

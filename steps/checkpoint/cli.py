@@ -19,10 +19,10 @@ import sys
 import threading
 import time
 
-from steps.checkpoint import catalog, inventory, layout
-from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from steps.checkpoint.retention import POLICY_EXAMPLE, PolicyError, parse_duration
-from steps.checkpoint.storage import StorageError
+from ckptflow.steps.checkpoint import catalog, inventory, layout
+from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.steps.checkpoint.retention import POLICY_EXAMPLE, PolicyError, parse_duration
+from ckptflow.steps.checkpoint.storage import StorageError
 
 _H = inventory.human_bytes
 
@@ -208,7 +208,7 @@ def cmd_unpin(args) -> int:
 
 # -- gc / archive ----------------------------------------------------------------------------------
 def cmd_gc(args) -> int:
-    from steps.checkpoint.gc import gc
+    from ckptflow.steps.checkpoint.gc import gc
 
     report = gc(args.root, args.policy, apply=args.yes, grace_s=args.grace)
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
@@ -216,7 +216,7 @@ def cmd_gc(args) -> int:
 
 
 def cmd_archive(args) -> int:
-    from steps.checkpoint.archive import archive
+    from ckptflow.steps.checkpoint.archive import archive
 
     report = archive(
         args.root,

@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from steps.checkpoint import manifest as mf
-from steps.checkpoint.errors import CorruptCheckpoint
+from ckptflow.steps.checkpoint import manifest as mf
+from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
 
 
 def _key(rec: dict) -> str:

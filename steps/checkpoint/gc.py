@@ -24,10 +24,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from steps.checkpoint import catalog, inventory, layout
-from steps.checkpoint.errors import CorruptCheckpoint
-from steps.checkpoint.retention import Policy, plan_retention
-from steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import catalog, inventory, layout
+from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
+from ckptflow.steps.checkpoint.retention import Policy, plan_retention
+from ckptflow.steps.checkpoint.storage import Storage
 
 DEFAULT_GRACE_S = 3600.0
 

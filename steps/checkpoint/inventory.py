@@ -16,10 +16,10 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from steps.checkpoint import catalog, codec, layout
-from steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from steps.checkpoint.retention import CatalogEntry
-from steps.checkpoint.storage import Entry, Storage, StorageError
+from ckptflow.steps.checkpoint import catalog, codec, layout
+from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.steps.checkpoint.retention import CatalogEntry
+from ckptflow.steps.checkpoint.storage import Entry, Storage, StorageError
 
 DEDUP_RATIO = 0.5  # a full step whose new bytes are below this share of its stored bytes
 

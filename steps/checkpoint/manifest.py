@@ -11,6 +11,7 @@ import json
 import math
 
 import torch
+from ckptflow.steps.checkpoint import layout
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -19,8 +20,6 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-
-from steps.checkpoint import layout
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024

@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from ckptflow.steps.checkpoint import catalog, codec, layout
+from ckptflow.steps.checkpoint import manifest as mf
+from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
+from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value
+from ckptflow.steps.checkpoint.storage import Storage
 from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING  # noqa: F401  (type only)
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -22,12 +27,6 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
-
-from steps.checkpoint import catalog, codec, layout
-from steps.checkpoint import manifest as mf
-from steps.checkpoint.errors import CorruptCheckpoint
-from steps.checkpoint.safe_value import UnsafeValueError, decode_value
-from steps.checkpoint.storage import Storage
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -15,8 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 import fsspec
-
-from steps.lib import env
+from ckptflow.steps.lib import env
 
 MULTIPART_CHUNK = 8 << 20
 # Temporary files of atomic exclusive creates on local disk (see Storage._write_local).

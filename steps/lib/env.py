@@ -75,7 +75,7 @@ def prepare_deterministic_cuda() -> None:
 def limit_mlflow_http_retries(max_retries: int = 0, timeout_s: int = 10) -> None:
     """Bound MLflow's own HTTP retries (default: 7 retries, 120 s timeout) unless the user set
     them, so an unreachable tracking server costs seconds, not minutes, per call (the caller,
-    steps.lib.lineage, retries on its own terms)."""
+    ckptflow.steps.lib.lineage, retries on its own terms)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))

@@ -1,7 +1,7 @@
 """What fine-tuning and selection read from a run's storage: evaluation results and the base.
 
-`eval.json` files (written next to each checkpoint by `steps.evaluate` or `steps.finetune`) are
-the one source of metrics: `--base-step best:METRIC` and `steps.select` rank steps with them,
+`eval.json` files (written next to each checkpoint by `ckptflow.steps.evaluate` or `ckptflow.steps.finetune`) are
+the one source of metrics: `--base-step best:METRIC` and `ckptflow.steps.select` rank steps with them,
 never with values passed through Argo. `resolve_base` turns `--base-root`/`--base-step` into a
 committed step and the lineage of that checkpoint (its MLflow LoggedModel and run), and
 `pin_base` keeps that step from being deleted while fine-tunes reference its objects.
@@ -14,9 +14,9 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from steps.checkpoint import catalog, layout
-from steps.checkpoint.errors import CheckpointError
-from steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.steps.checkpoint import catalog, layout
+from ckptflow.steps.checkpoint.errors import CheckpointError
+from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
 
 
 def ckpt_storage(uri: str) -> Storage:
@@ -117,7 +117,7 @@ def pick_step(ckpt: Storage, spec: str, latest: int | None) -> tuple[int, str]:
             raise CheckpointError(
                 f"--base-step {spec}: no evaluated step under {ckpt.uri} has metric {metric!r} "
                 f"(metrics found: {', '.join(known_metrics(evals)) or 'none'}); run "
-                "steps.evaluate on the base run or pick a step"
+                "ckptflow.steps.evaluate on the base run or pick a step"
             )
         return found[0], f"best:{metric}:{mode}"
     try:
@@ -142,7 +142,7 @@ def resolve_base(base_ck, spec: str) -> BaseRef:
     if "model_config" not in meta:
         raise CheckpointError(
             f"step {step} under {ckpt.uri} has no model_config in its metadata: "
-            "fine-tune a checkpoint written by steps.pretrain"
+            "fine-tune a checkpoint written by ckptflow.steps.pretrain"
         )
     evals = read_evals(ckpt).get(step, {})
     mlf = meta.get("mlflow") or {}

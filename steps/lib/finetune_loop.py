@@ -2,7 +2,7 @@
 
 Each saved step is evaluated on the fine-tune task right away, by every rank (FSDP2 gathers
 parameters collectively), while the model is still at that step; once the checkpoint is
-committed, rank 0 writes the result next to it as `eval.json` (what `steps.select` reads) and
+committed, rank 0 writes the result next to it as `eval.json` (what `ckptflow.steps.select` reads) and
 links the metrics to the checkpoint's MLflow LoggedModel, which also gets the base's tags.
 """
 
@@ -12,9 +12,9 @@ import json
 import logging
 import time
 
-from steps.checkpoint.layout import EVAL, step_dir
-from steps.lib import lineage as lin
-from steps.lib import training as tr
+from ckptflow.steps.checkpoint.layout import EVAL, step_dir
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import training as tr
 
 log = logging.getLogger("ckptflow.finetune")
 
@@ -54,7 +54,7 @@ class Recorder:
             "mlflow_run_id": self.lineage.run_id,
             "uri": self.ck.storage.url(step_dir(step)),
             "evaluated_at": time.time(),
-            "evaluator": "steps.finetune",
+            "evaluator": "ckptflow.steps.finetune",
         }
         self.ck.storage.write(f"{step_dir(step)}/{EVAL}", json.dumps(record, indent=1).encode())
         log.info("step %d on %s: %s", step, self.task, fmt(metrics))

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from ckptflow.steps.lib import env
+from ckptflow.steps.lib.data import Corpus, ShardedLoader, decode, encode
+from ckptflow.steps.lib.model import GPT, ModelConfig
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -27,10 +30,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
-
-from steps.lib import env
-from steps.lib.data import Corpus, ShardedLoader, decode, encode
-from steps.lib.model import GPT, ModelConfig
 
 log = logging.getLogger("ckptflow.training")
 
@@ -340,7 +339,7 @@ class CheckpointedLoop:
         self.last_metrics: dict = {}
 
     def run(self, start_step: int) -> int:
-        from steps.lib.lineage import Progress
+        from ckptflow.steps.lib.lineage import Progress
 
         # Steps above the resume point are committed only when resume fell back past them as
         # corrupt; checkpoints are immutable, so those saves are skipped (and said so).
@@ -432,7 +431,7 @@ class CheckpointedLoop:
                 self._log_committed(step, uri, model_id, stats)
 
     def _log_committed(self, step: int, uri: str, model_id: str | None, stats) -> None:
-        from steps.checkpoint import catalog
+        from ckptflow.steps.checkpoint import catalog
 
         m = self.ck.manifest(step)
         digest = catalog.read_commit(self.ck.storage, step)["manifest_xxh3"]
@@ -454,7 +453,7 @@ class CheckpointedLoop:
 
 def check_loop_args(parser, cfg) -> None:
     """Reject loop settings a user can get wrong (task name, step counts) with parser.error."""
-    from steps.lib.data import check_task
+    from ckptflow.steps.lib.data import check_task
 
     try:
         check_task(cfg.task)

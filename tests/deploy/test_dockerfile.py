@@ -149,12 +149,14 @@ def test_build_checks_every_contract_step():
 
 def test_build_checks_every_module_the_workflows_run():
     """Render every builder and collect the `-m MODULE` of each container."""
-    render = pytest.importorskip("workflows.render", reason="workflows (hera) not installed")
+    render = pytest.importorskip(
+        "ckptflow.workflows.render", reason="workflows (hera) not installed"
+    )
     run = set()
     for name in render.BUILDER_NAMES:
         manifest = json.dumps(render.builder(name).build(render.config([])).to_dict())
         run |= set(re.findall(r'"-m", "([\w.]+)"', manifest))
-    assert "steps.pretrain" in run, "found no step modules in the rendered workflows"
+    assert "ckptflow.steps.pretrain" in run, "found no step modules in the rendered workflows"
     assert run <= _checked_at_build(), (
         f"not checked by the image build: {run - _checked_at_build()}"
     )

@@ -240,8 +240,10 @@ def test_controller_config_validates_against_argo_schema(objects):
 
 
 def test_workflow_defaults_match_the_deployment(objects):
-    """workflows.config's platform defaults name what deploy/k8s creates."""
-    config = pytest.importorskip("workflows.config", reason="workflows (hera) not installed")
+    """ckptflow.workflows.config's platform defaults name what deploy/k8s creates."""
+    config = pytest.importorskip(
+        "ckptflow.workflows.config", reason="workflows (hera) not installed"
+    )
     platform = config.PlatformConfig()
     ns = platform.namespace
     _find(objects, "Namespace", ns)

@@ -22,21 +22,20 @@ pytestmark = pytest.mark.cluster
 
 
 def _running_rank_pods(wf_name: str) -> list[str]:
-    """Running pods of this workflow whose main container runs steps.pretrain."""
+    """Running pods of this workflow whose main container runs ckptflow.steps.pretrain."""
     pods = kubectl_json("get", "pods", "-l", f"workflows.argoproj.io/workflow={wf_name}")
     names = []
     for pod in pods["items"]:
         main = [c for c in pod["spec"]["containers"] if c["name"] == "main"]
         command = " ".join(main[0].get("command", []) + main[0].get("args", [])) if main else ""
-        if "steps.pretrain" in command and pod["status"].get("phase") == "Running":
+        if "ckptflow.steps.pretrain" in command and pod["status"].get("phase") == "Running":
             names.append(pod["metadata"]["name"])
     return names
 
 
 def test_deleted_rank_pod_is_retried_and_resumes(cluster, host_s3_env):
+    from ckptflow.steps.checkpoint import Checkpointer
     from mlflow import MlflowClient
-
-    from steps.checkpoint import Checkpointer
 
     run_root = unique_root("rank-kill")
     # Long enough to delete a rank after the first commit and before the end.

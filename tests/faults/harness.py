@@ -18,10 +18,10 @@ import time
 import traceback
 
 import torch
+from ckptflow.steps.checkpoint import layout
+from ckptflow.steps.checkpoint.storage import Storage
 from fsspec.implementations.local import LocalFileSystem
 
-from steps.checkpoint import layout
-from steps.checkpoint.storage import Storage
 from tests.steps.distworkers import free_port, rank_env
 
 PHASES = {
@@ -131,7 +131,7 @@ def crash_state(seed: int, n_tensors: int = 8) -> dict:
 def save_then_maybe_die(root: str, phase: str, step: int, state: dict, block: bool) -> None:
     """The child's work: one save through a killing storage; returning means it survived.
     The storage is made here, in the child: an fsspec filesystem is not fork-safe."""
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
 
     ck = Checkpointer("unused", storage=KillingStorage(root, phase), threads=2)
     handle = ck.save(step, state, block=block)
@@ -204,7 +204,7 @@ def rank_state(rank: int, step: int) -> dict:
 
 def ranks_save(rank: int, world: int, root: str, step: int, kill_rank: int | None) -> None:
     """Every rank saves `step`; rank `kill_rank` dies after its first object write."""
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
 
     phase = "mid_data" if rank == kill_rank else None
     st = KillingStorage(root, phase, mid_after=1) if phase else Storage(root)

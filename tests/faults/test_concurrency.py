@@ -14,10 +14,10 @@ import time
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, layout
+from ckptflow.steps.checkpoint.gc import gc
+from ckptflow.steps.checkpoint.storage import Storage
 
-from steps.checkpoint import Checkpointer, CheckpointError, catalog, layout
-from steps.checkpoint.gc import gc
-from steps.checkpoint.storage import Storage
 from tests.faults import harness
 from tests.steps import ckpt_helpers as h
 
@@ -224,9 +224,9 @@ def test_gc_during_a_save_never_removes_in_flight_data(tmp_path, where, fault):
 
 # -- two evaluators --------------------------------------------------------------------------------
 def _evaluator_proc(run_root: str, name: str) -> None:
-    """A real steps.evaluate Evaluator (claims, eval.json) whose model evaluation is replaced
+    """A real ckptflow.steps.evaluate Evaluator (claims, eval.json) whose model evaluation is replaced
     by a record of who evaluated what: the claim protocol is what is under test."""
-    from steps.evaluate import EvaluateConfig, Evaluator
+    from ckptflow.steps.evaluate import EvaluateConfig, Evaluator
 
     class Recording(Evaluator):
         def evaluate_step(self, step: int) -> dict:
@@ -242,7 +242,7 @@ def _evaluator_proc(run_root: str, name: str) -> None:
 
 
 def test_two_evaluators_never_evaluate_a_checkpoint_twice(tmp_path, fault):
-    pytest.importorskip("steps.evaluate")
+    pytest.importorskip("ckptflow.steps.evaluate")
     run_root = str(tmp_path / "run")
     ckpt = f"{run_root}/ckpt"
     os.makedirs(ckpt)

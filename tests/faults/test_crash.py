@@ -13,10 +13,10 @@ import logging
 import time
 
 import pytest
+from ckptflow.steps.checkpoint import Checkpointer, catalog, layout
+from ckptflow.steps.checkpoint.gc import gc
+from ckptflow.steps.checkpoint.storage import Storage
 
-from steps.checkpoint import Checkpointer, catalog, layout
-from steps.checkpoint.gc import gc
-from steps.checkpoint.storage import Storage
 from tests.faults import harness
 from tests.steps import ckpt_helpers as h
 

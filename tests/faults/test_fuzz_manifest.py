@@ -24,12 +24,12 @@ import tracemalloc
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, codec, layout
+from ckptflow.steps.checkpoint import manifest as mf
+from ckptflow.steps.checkpoint.storage import Storage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from steps.checkpoint import Checkpointer, CheckpointError, catalog, codec, layout
-from steps.checkpoint import manifest as mf
-from steps.checkpoint.storage import Storage
 from tests.faults.harness import MAX_PEAK, ReadRecordingFS
 
 

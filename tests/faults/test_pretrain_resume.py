@@ -1,5 +1,5 @@
 """Pretraining resume after corruption: it falls back to the newest valid checkpoint, says so
-in its log and in MLflow, and trains on to the end (slow: two real `steps.pretrain` runs)."""
+in its log and in MLflow, and trains on to the end (slow: two real `ckptflow.steps.pretrain` runs)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import random
 from pathlib import Path
 
 import pytest
+from ckptflow.steps.checkpoint import Checkpointer, layout
+from ckptflow.steps.checkpoint.storage import Storage
 from mlflow import MlflowClient
 
-from steps.checkpoint import Checkpointer, layout
-from steps.checkpoint.storage import Storage
 from tests.faults import harness
 
 ARGS = [
@@ -32,7 +32,7 @@ ARGS = [
 
 
 def _pretrain(run_root: str, max_steps: int, log: str) -> int:
-    from steps import pretrain
+    from ckptflow.steps import pretrain
 
     def run():
         raise SystemExit(

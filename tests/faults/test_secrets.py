@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer
-from steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.storage import Storage
 
 FAKE = {
     "AWS_ACCESS_KEY_ID": "AKIAFAKESCAN7CKPTFLOW",
@@ -89,8 +88,8 @@ def test_checkpoint_files_and_logs_hold_no_credentials(
 
 
 def test_rendered_argo_manifests_hold_no_credentials(fake_credentials, fault):
-    from workflows.config import PipelineConfig
-    from workflows.render import manifests
+    from ckptflow.workflows.config import PipelineConfig
+    from ckptflow.workflows.render import manifests
 
     names = ["pipeline", "pretrain", "finetune"]
     n = 0
@@ -113,9 +112,8 @@ def test_rendered_argo_manifests_hold_no_credentials(fake_credentials, fault):
 def test_full_local_pipeline_run_leaks_no_credentials(
     tmp_path, fake_credentials, capsys, monkeypatch, fault
 ):
+    from ckptflow.workflows.local import main
     from mlflow import MlflowClient
-
-    from workflows.local import main
 
     monkeypatch.chdir(tmp_path)
     rc = main(["pipeline", "--local", "--runs-dir", str(tmp_path / "runs"), "--name", "scan"])

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, StorageError, layout
+from ckptflow.steps.checkpoint.storage import Storage
 
-from steps.checkpoint import Checkpointer, StorageError, layout
-from steps.checkpoint.storage import Storage
 from tests.faults.proxy import FaultProxy
 from tests.steps import ckpt_helpers as h
 

@@ -6,10 +6,9 @@ import json
 
 import fsspec
 import torch
+from ckptflow.steps.checkpoint import codec, layout
+from ckptflow.steps.checkpoint.storage import Storage
 from fsspec.implementations.local import LocalFileSystem
-
-from steps.checkpoint import codec, layout
-from steps.checkpoint.storage import Storage
 
 
 def make_state(seed: int = 0, n: int = 4096) -> dict:

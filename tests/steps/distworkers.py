@@ -129,7 +129,7 @@ def extra_template() -> dict:
 
 
 def save_worker(rank, world, root, ref_path, steps, extra):
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
 
     model, opt = build(True, seed=0)
     train(model, opt, steps)
@@ -144,9 +144,8 @@ def save_worker(rank, world, root, ref_path, steps, extra):
 
 
 def load_worker(rank, world, root, out_path):
+    from ckptflow.steps.checkpoint import Checkpointer
     from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    from steps.checkpoint import Checkpointer
 
     model, opt = build(True, seed=99)
     train(model, opt, 1)  # different values, and optimizer state allocated
@@ -169,7 +168,7 @@ def load_worker(rank, world, root, out_path):
 
 def coop_load_worker(rank, world, root, out_path, cooperative):
     """Every rank loads the whole (replicated) state; report bytes read from storage."""
-    from steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint import Checkpointer
 
     sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
     sd["step"] = None

@@ -8,12 +8,11 @@ import time
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer, CorruptCheckpoint, catalog, inventory, layout
-from steps.checkpoint.archive import archive
-from steps.checkpoint.cli import main
-from steps.checkpoint.gc import gc
-from steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint, catalog, inventory, layout
+from ckptflow.steps.checkpoint.archive import archive
+from ckptflow.steps.checkpoint.cli import main
+from ckptflow.steps.checkpoint.gc import gc
+from ckptflow.steps.checkpoint.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

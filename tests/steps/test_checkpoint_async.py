@@ -7,9 +7,8 @@ import time
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer
-from steps.checkpoint.storage import Storage, StorageError
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.storage import Storage, StorageError
 
 
 class GatedStorage(Storage):

@@ -7,10 +7,9 @@ import os
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer, catalog, layout
-from steps.checkpoint.cli import main
-from steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, catalog, layout
+from ckptflow.steps.checkpoint.cli import main
+from ckptflow.steps.checkpoint.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -49,7 +48,12 @@ def build_root(root: str) -> dict[int, dict]:
 
 
 def write_eval(st: Storage, step: int, metrics: dict) -> None:
-    doc = {"step": step, "metrics": metrics, "evaluated_at": 1.0, "evaluator": "steps.evaluate"}
+    doc = {
+        "step": step,
+        "metrics": metrics,
+        "evaluated_at": 1.0,
+        "evaluator": "ckptflow.steps.evaluate",
+    }
     st.write(f"{layout.step_dir(step)}/{layout.EVAL}", json.dumps(doc).encode())
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.coop import assign_owners
 
-from steps.checkpoint import Checkpointer
-from steps.checkpoint.coop import assign_owners
 from tests.steps import distworkers as dw
 
 

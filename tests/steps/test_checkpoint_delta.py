@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer, CorruptCheckpoint, layout
+from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint, layout
 
 
 def _adamw_like_update(state: dict, lr: float = 1e-4) -> None:

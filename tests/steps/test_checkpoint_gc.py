@@ -8,11 +8,10 @@ import time
 
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer, CheckpointError, catalog, inventory, layout
-from steps.checkpoint.gc import gc
-from steps.checkpoint.retention import Policy
-from steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, inventory, layout
+from ckptflow.steps.checkpoint.gc import gc
+from ckptflow.steps.checkpoint.retention import Policy
+from ckptflow.steps.checkpoint.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 HOUR = 3600.0
@@ -152,7 +151,7 @@ def test_kept_delta_keeps_its_base_and_deleted_delta_objects_are_freed(tmp_path)
 
 
 def test_pinned_step_and_its_base_survive_until_unpinned(tmp_path):
-    from steps.checkpoint.cli import main
+    from ckptflow.steps.checkpoint.cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5))
@@ -336,7 +335,7 @@ def test_fine_tune_root_borrowing_objects_from_its_parent_is_valid(tmp_path):
 
 
 def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
-    from steps.checkpoint.cli import main
+    from ckptflow.steps.checkpoint.cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5), full_every=1)

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, layout
+from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
 
-from steps.checkpoint import Checkpointer, layout
-from steps.checkpoint.storage import AlreadyExists, Storage
 from tests.steps import ckpt_helpers as h
 
 pytestmark = pytest.mark.minio

@@ -6,10 +6,8 @@ import json
 import math
 
 import pytest
-
-from ckptflow import cli
-from steps.checkpoint import plan_cli
-from steps.checkpoint.planner import (
+from ckptflow.steps.checkpoint import plan_cli
+from ckptflow.steps.checkpoint.planner import (
     PlanInputs,
     daly_interval,
     parse_count,
@@ -18,6 +16,8 @@ from steps.checkpoint.planner import (
     simulate_footprint,
     young_interval,
 )
+
+from ckptflow import cli
 
 H, D = 3600, 86400
 GIB = 1073741824

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ckptflow.steps.checkpoint import Checkpointer, StateDictMismatch
 from torch.distributed.checkpoint.state_dict import set_state_dict
 
-from steps.checkpoint import Checkpointer, StateDictMismatch
 from tests.steps import distworkers as dw
 
 EXTRA = {"step": 7, "sched": {"last_epoch": 7, "lrs": [0.1, 0.05]}, "data": (3, 1024)}

@@ -7,10 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from steps.checkpoint.retention import (
+from ckptflow.steps.checkpoint.retention import (
     CatalogEntry,
     KeepBest,
     KeepLast,
@@ -21,6 +18,8 @@ from steps.checkpoint.retention import (
     plan_retention,
     select_for_archive,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 M, H, D = 60, 3600, 86400
 NOW = 10 * D  # a UTC midnight, so hour and day buckets are easy to count by hand
@@ -43,8 +42,8 @@ def test_pure_python_modules_import_no_torch(module):
             imported.add(node.module or "")
     assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "fsspec")}
     assert {m for m in imported if m.startswith("steps")} <= {
-        "steps.checkpoint.retention",
-        "steps.checkpoint.planner",
+        "ckptflow.steps.checkpoint.retention",
+        "ckptflow.steps.checkpoint.planner",
     }
 
 

@@ -6,8 +6,7 @@ import re
 
 import pytest
 import torch
-
-from steps.lib.data import TASKS, VOCAB, Corpus, ShardedLoader, decode, encode
+from ckptflow.steps.lib.data import TASKS, VOCAB, Corpus, ShardedLoader, decode, encode
 
 
 def test_tokenizer_round_trip_and_unknown_characters():

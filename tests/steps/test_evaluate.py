@@ -1,4 +1,4 @@
-"""`steps.evaluate` beside a real 2-rank torchrun pretraining: every checkpoint exactly once.
+"""`ckptflow.steps.evaluate` beside a real 2-rank torchrun pretraining: every checkpoint exactly once.
 
 Two evaluators follow the run at the same time as separate processes; the exclusive claim
 decides which one evaluates each step. Lineage is checked with MLflow's own client.
@@ -11,12 +11,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from ckptflow.steps import evaluate, pretrain
+from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.checkpoint.layout import object_path
+from ckptflow.steps.checkpoint.storage import AlreadyExists
 from mlflow import MlflowClient
 
-from steps import evaluate, pretrain
-from steps.checkpoint import Checkpointer, Storage
-from steps.checkpoint.layout import object_path
-from steps.checkpoint.storage import AlreadyExists
 from tests.steps.test_pretrain import pipeline_run
 
 

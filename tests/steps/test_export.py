@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ckptflow.steps.lib.export import CONFIG, WEIGHTS, export_weights
+from ckptflow.steps.lib.model import GPT, config_for
 from safetensors import safe_open
 from safetensors.numpy import load_file
-
-from steps.lib.export import CONFIG, WEIGHTS, export_weights
-from steps.lib.model import GPT, config_for
 
 
 @pytest.fixture

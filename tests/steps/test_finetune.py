@@ -1,4 +1,4 @@
-"""`steps.finetune`: a 4-rank pretraining checkpoint loaded into 2 and 1 workers, frozen tensors
+"""`ckptflow.steps.finetune`: a 4-rank pretraining checkpoint loaded into 2 and 1 workers, frozen tensors
 deduplicated against the base, a task the base cannot do learned, exact resume, lineage.
 
 Ranks are forked from the test process (torch already imported) with torchrun's environment,
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckptflow.steps import evaluate, finetune, pretrain
+from ckptflow.steps.checkpoint import Checkpointer, Storage, catalog, inventory
+from ckptflow.steps.checkpoint.layout import object_path
+from ckptflow.steps.lib.model import GPT, ModelConfig
+from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 
-from steps import evaluate, finetune, pretrain
-from steps.checkpoint import Checkpointer, Storage, catalog, inventory
-from steps.checkpoint.layout import object_path
-from steps.lib.model import GPT, ModelConfig
-from steps.lib.training import KILLED_EXIT
 from tests.steps import distworkers as dw
 
 PRE = [
@@ -268,7 +268,9 @@ def test_finetune_beats_the_base_on_its_task(finetuned):
     for name in ("a", "b"):
         rec = json.loads(Path(f"{finetuned[name]}/ckpt/step-00000008/eval.json").read_text())
         assert (
-            rec["status"] == "ok" and rec["task"] == "rev" and rec["evaluator"] == "steps.finetune"
+            rec["status"] == "ok"
+            and rec["task"] == "rev"
+            and rec["evaluator"] == "ckptflow.steps.finetune"
         )
         base_loss, loss = rec["base_metrics"]["val_loss"], rec["metrics"]["val_loss"]
         assert loss < 0.9 * base_loss, (name, loss, base_loss)
@@ -342,7 +344,7 @@ def _tensors(seed: int) -> dict:
 
 
 def test_inherit_deduplicates_across_part_sizes_and_roots_stay_self_consistent(tmp_path):
-    from steps.checkpoint import archive, gc
+    from ckptflow.steps.checkpoint import archive, gc
 
     base_root, ft_root = str(tmp_path / "base"), str(tmp_path / "ft")
     base = Checkpointer(base_root, part_mib=1)  # other parts than the fine-tune's 64 MiB ones
@@ -383,7 +385,7 @@ def test_inherit_deduplicates_across_part_sizes_and_roots_stay_self_consistent(t
 
 
 def test_inherit_refuses_a_root_of_another_base(tmp_path):
-    from steps.checkpoint import CheckpointError
+    from ckptflow.steps.checkpoint import CheckpointError
 
     base = Checkpointer(str(tmp_path / "base"))
     base.save(1, {"x": torch.ones(4)})

@@ -8,11 +8,10 @@ import socket
 import time
 
 import pytest
+from ckptflow.steps import finish_run, start_run
+from ckptflow.steps.lib import lineage as lin
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
-
-from steps import finish_run, start_run
-from steps.lib import lineage as lin
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from steps.lib.model import (
+from ckptflow.steps.lib.model import (
     GPT,
     SIZES,
     ModelConfig,

@@ -1,4 +1,4 @@
-"""`steps.pretrain` on 2 CPU ranks: checkpoints, kill-and-resume equality, corrupt-latest fallback.
+"""`ckptflow.steps.pretrain` on 2 CPU ranks: checkpoints, kill-and-resume equality, corrupt-latest fallback.
 
 The uninterrupted reference is the pipeline run `pipeline_run` makes once per session (the real
 torchrun command line, two evaluators beside it; `test_evaluate` checks those). The killed and
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckptflow.steps import finish_run, pretrain, start_run
+from ckptflow.steps.checkpoint import Checkpointer, catalog
+from ckptflow.steps.checkpoint.layout import object_path
+from ckptflow.steps.lib.model import GPT, ModelConfig
+from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
-from steps import finish_run, pretrain, start_run
-from steps.checkpoint import Checkpointer, catalog
-from steps.checkpoint.layout import object_path
-from steps.lib.model import GPT, ModelConfig
-from steps.lib.training import KILLED_EXIT
 from tests.steps import distworkers as dw
 
 STEPS = 16
@@ -65,7 +65,7 @@ def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
 
 
 def launch(world: int, argv: list[str], timeout: float = 240) -> list[int]:
-    """Run `python -m steps.pretrain ARGV` as `world` ranks (as torchrun would); exit codes.
+    """Run `python -m ckptflow.steps.pretrain ARGV` as `world` ranks (as torchrun would); exit codes.
 
     Ranks come from a fork server that imported this module (torch, mlflow, the steps) once:
     each launch costs a fork, not an interpreter start-up, and unlike a fork of the test
@@ -122,8 +122,8 @@ _SHARED: dict = {}
 
 
 def pipeline_run(tmp_path_factory) -> dict:
-    """Once per session: start_run, `torchrun --nproc-per-node 2 -m steps.pretrain` with two
-    `steps.evaluate --until-finished` processes following it, then finish_run."""
+    """Once per session: start_run, `torchrun --nproc-per-node 2 -m ckptflow.steps.pretrain` with two
+    `ckptflow.steps.evaluate --until-finished` processes following it, then finish_run."""
     if _SHARED:
         return _SHARED
     base = tmp_path_factory.mktemp("pipeline")
@@ -153,7 +153,7 @@ def pipeline_run(tmp_path_factory) -> dict:
             [
                 sys.executable,
                 "-m",
-                "steps.evaluate",
+                "ckptflow.steps.evaluate",
                 *common,
                 "--until-finished",
                 "--poll-seconds",
@@ -178,7 +178,7 @@ def pipeline_run(tmp_path_factory) -> dict:
             "--nproc-per-node",
             "2",
             "-m",
-            "steps.pretrain",
+            "ckptflow.steps.pretrain",
             *common,
             *TRAIN,
             "--output-dir",

@@ -1,4 +1,4 @@
-"""`python -m steps.rdzv`: the rendezvous store serves clients and names a taken port.
+"""`python -m ckptflow.steps.rdzv`: the rendezvous store serves clients and names a taken port.
 
 The full path (daemon + two torchrun ranks forming a group from the rendered manifest) is
 tests/workflows/test_rendezvous.py.
@@ -11,8 +11,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-
-from steps.rdzv import RdzvConfig, parse_args, serve
+from ckptflow.steps.rdzv import RdzvConfig, parse_args, serve
 
 
 def test_store_serves_clients_until_stopped():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from ckptflow.steps.lib import registry
 
-from steps.lib import registry
 from tests.steps.test_finetune import mlflow_template  # noqa: F401
 
 

@@ -1,4 +1,4 @@
-"""`steps.select`: the fan-in over the fine-tune variants of test_finetune's `finetuned` runs.
+"""`ckptflow.steps.select`: the fan-in over the fine-tune variants of test_finetune's `finetuned` runs.
 
 Select reads eval.json files from storage, skips failed variants, exports the winner to
 safetensors (checked with `safetensors` itself against the checkpoint's weights) and registers
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckptflow.steps import select
 from mlflow import MlflowClient
 from safetensors import safe_open
 
-from steps import select
 from tests.steps.test_finetune import finetuned, load_state, mlflow_template  # noqa: F401
 
 

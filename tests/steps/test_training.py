@@ -7,11 +7,10 @@ import random
 import numpy as np
 import pytest
 import torch
-
-from steps.checkpoint import Checkpointer
-from steps.lib import training as tr
-from steps.lib.data import Corpus, ShardedLoader
-from steps.lib.model import config_for
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.lib import training as tr
+from ckptflow.steps.lib.data import Corpus, ShardedLoader
+from ckptflow.steps.lib.model import config_for
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from workflows.config import (
+from ckptflow.workflows.config import (
     ConfigError,
     PipelineConfig,
     Resources,

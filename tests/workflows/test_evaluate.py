@@ -13,9 +13,8 @@ import re
 import shlex
 
 import pytest
-
-from workflows.config import ConfigError, PipelineConfig, apply_overrides
-from workflows.evaluate import event_source, sensor
+from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
+from ckptflow.workflows.evaluate import event_source, sensor
 
 # A MinIO bucket notification as Argo Events' minio event source delivers it.
 EVENT = {

@@ -7,11 +7,10 @@ import json
 import sys
 
 import pytest
-
-from workflows.local import local_config, main
-from workflows.render import manifests
-from workflows.runner.cli import main as run_cli
-from workflows.runner.manifest import validate
+from ckptflow.workflows.local import local_config, main
+from ckptflow.workflows.render import manifests
+from ckptflow.workflows.runner.cli import main as run_cli
+from ckptflow.workflows.runner.manifest import validate
 
 
 @pytest.mark.parametrize("s3", [None, "http://127.0.0.1:9"])

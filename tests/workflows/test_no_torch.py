@@ -10,11 +10,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import importlib, pkgutil, sys
-import workflows
-names = [m.name for m in pkgutil.walk_packages(workflows.__path__, "workflows.")]
+import ckptflow.workflows
+names = [m.name for m in pkgutil.walk_packages(ckptflow.workflows.__path__, "workflows.")]
 for name in names:
     importlib.import_module(name)
-from workflows.render import BUILDER_NAMES, config, manifests
+from ckptflow.workflows.render import BUILDER_NAMES, config, manifests
 for name in BUILDER_NAMES:
     manifests(name, config())
 from ckptflow.cli import main

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ckptflow.workflows.config import PipelineConfig, apply_overrides
+from ckptflow.workflows.render import BUILDER_NAMES, manifests, to_yaml
+from ckptflow.workflows.render import main as render_main
 from hera.workflows import CronWorkflow, Workflow, WorkflowTemplate
 
 from tests.workflows.argo_schema import errors
-from workflows.config import PipelineConfig, apply_overrides
-from workflows.render import BUILDER_NAMES, manifests, to_yaml
-from workflows.render import main as render_main
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("CKPTFLOW_UPDATE_GOLDEN") == "1"
@@ -90,11 +90,11 @@ def test_schema_check_rejects_unknown_and_mistyped_fields():
 
 
 def test_builders_return_hera_objects():
-    from workflows.evaluate import build_evaluate
-    from workflows.finetune import build_finetune
-    from workflows.pipeline import build_pipeline
-    from workflows.pretrain import build_pretrain
-    from workflows.retention import build_retention
+    from ckptflow.workflows.evaluate import build_evaluate
+    from ckptflow.workflows.finetune import build_finetune
+    from ckptflow.workflows.pipeline import build_pipeline
+    from ckptflow.workflows.pretrain import build_pretrain
+    from ckptflow.workflows.retention import build_retention
 
     cfg = PipelineConfig()
     for build in (build_pipeline, build_pretrain, build_finetune):
@@ -108,7 +108,7 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     tpl = templates(doc)
     rdzv = tpl["rdzv"]
     assert rdzv["daemon"] is True
-    assert rdzv["container"]["command"] == ["python", "-m", "steps.rdzv"]
+    assert rdzv["container"]["command"] == ["python", "-m", "ckptflow.steps.rdzv"]
     assert rdzv["container"]["readinessProbe"]["tcpSocket"]["port"] == 29400
     assert "env" not in rdzv["container"]  # no credentials where none are needed
     dag = tasks(doc, "pretrain")
@@ -119,7 +119,7 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     assert "depends" not in dag["evaluate"]  # concurrent with the ranks
     cmd = tpl["pretrain-rank"]["container"]["command"]
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
-    assert cmd[-2:] == ["-m", "steps.pretrain"]
+    assert cmd[-2:] == ["-m", "ckptflow.steps.pretrain"]
     assert "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
     assert "--rdzv-endpoint={{inputs.parameters.rdzv_host}}:29400" in cmd
     assert "--rdzv-id={{workflow.uid}}" in cmd

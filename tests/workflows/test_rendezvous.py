@@ -1,5 +1,5 @@
 """The rendered rendezvous really forms a process group: the rank pods' torchrun command,
-taken from the manifest, joins the `steps.rdzv` daemon's store and all-reduces.
+taken from the manifest, joins the `ckptflow.steps.rdzv` daemon's store and all-reduces.
 
 Only the training module is swapped for a small all-reduce script; every torchrun argument
 is the manifest's, with Argo's variables filled in as the local runner fills them.
@@ -14,8 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
-from workflows.config import PipelineConfig, apply_overrides
-from workflows.render import manifests
+from ckptflow.workflows.config import PipelineConfig, apply_overrides
+from ckptflow.workflows.render import manifests
 
 SCRIPT = Path(__file__).with_name("rdzv_allreduce.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_ranks_form_a_group_through_the_daemon(tmp_path):
     try:
         _wait_for_port(port, daemon)
         cmd = argv({"command": tpl["pretrain-rank"]["container"]["command"]})
-        assert cmd[-2:] == ["-m", "steps.pretrain"]
+        assert cmd[-2:] == ["-m", "ckptflow.steps.pretrain"]
         cmd = [*cmd[:-2], str(SCRIPT), str(tmp_path)]
         ranks = [
             subprocess.Popen(

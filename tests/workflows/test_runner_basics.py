@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from workflows.runner import load_manifest, run_workflow
+from ckptflow.workflows.runner import load_manifest, run_workflow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
 
@@ -131,7 +130,7 @@ def test_workflow_template_with_arguments_and_env(tmp_path):
 
 @pytest.mark.parametrize("bad", [{"mood": "sad", "who": "x"}, {}])
 def test_workflow_template_rejects_bad_arguments(tmp_path, bad):
-    from workflows.runner import ManifestError
+    from ckptflow.workflows.runner import ManifestError
 
     with pytest.raises(ManifestError, match="mood|who"):
         run_fixture("workflow-template", tmp_path, arguments=bad)

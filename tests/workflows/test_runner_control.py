@@ -8,8 +8,7 @@ import io
 from pathlib import Path
 
 import pytest
-
-from workflows.runner import load_manifest, run_workflow
+from ckptflow.workflows.runner import load_manifest, run_workflow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
 

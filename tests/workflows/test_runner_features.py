@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workflows.runner import run_workflow
+from ckptflow.workflows.runner import run_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ def test_terminal_view_redraws(tmp_path):
 
 
 def test_runner_imports_neither_hera_nor_torch():
-    code = "import sys, workflows.runner.cli; print(sorted(m for m in ('hera', 'torch') if m in sys.modules))"
+    code = "import sys, ckptflow.workflows.runner.cli; print(sorted(m for m in ('hera', 'torch') if m in sys.modules))"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )

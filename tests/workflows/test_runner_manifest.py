@@ -7,11 +7,10 @@ import io
 from pathlib import Path
 
 import pytest
-
-from workflows.runner import ManifestError, load_manifest, run_workflow
-from workflows.runner import depends as dep
-from workflows.runner.manifest import validate
-from workflows.runner.when import WhenError, evaluate_when
+from ckptflow.workflows.runner import ManifestError, load_manifest, run_workflow
+from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner.manifest import validate
+from ckptflow.workflows.runner.when import WhenError, evaluate_when
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
 

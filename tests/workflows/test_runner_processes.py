@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from workflows.runner import load_manifest, run_workflow
+from ckptflow.workflows.runner import load_manifest, run_workflow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
 REPO = Path(__file__).resolve().parents[2]

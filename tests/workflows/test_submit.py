@@ -12,11 +12,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from ckptflow.workflows.submit import argo_connection
+from ckptflow.workflows.submit import main as submit_main
 from hera.shared import global_config
 
 from tests.workflows.argo_schema import errors
-from workflows.submit import argo_connection
-from workflows.submit import main as submit_main
 
 
 class FakeArgo:
@@ -192,8 +192,8 @@ def test_connection_follows_hera_then_argo_cli_conventions(monkeypatch):
 
 def test_builders_submit_from_python_with_hera_global_config(monkeypatch):
     """What the README shows: configure hera once, then `build_pipeline(cfg).create()`."""
-    from workflows.config import PipelineConfig
-    from workflows.pipeline import build_pipeline
+    from ckptflow.workflows.config import PipelineConfig
+    from ckptflow.workflows.pipeline import build_pipeline
 
     with FakeArgo() as argo:
         monkeypatch.setattr(global_config, "host", argo.url)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from workflows.runner import context as cx
-from workflows.runner import execute
-from workflows.runner.nodes import ERROR, SKIPPED, Node
-from workflows.runner.substitution import (
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import execute
+from ckptflow.workflows.runner.nodes import ERROR, SKIPPED, Node
+from ckptflow.workflows.runner.substitution import (
     expand_items,
     item_label,
     item_vars,
@@ -18,7 +18,7 @@ from workflows.runner.substitution import (
     to_str,
     unresolved,
 )
-from workflows.runner.when import WhenError, evaluate_when
+from ckptflow.workflows.runner.when import WhenError, evaluate_when
 
 __all__ = ["Launcher", "Unit", "plan"]
 

@@ -12,8 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
-from workflows.runner.manifest import ManifestError, load_manifest
-from workflows.runner.workflow import run_workflow
+from ckptflow.workflows.runner.manifest import ManifestError, load_manifest
+from ckptflow.workflows.runner.workflow import run_workflow
 
 __all__ = ["build_parser", "main", "resolve_manifest", "run_manifest"]
 
@@ -66,7 +66,7 @@ def resolve_manifest(target: str) -> dict:
 def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     """Run a manifest dict with the parsed CLI options; print the table; return the exit code."""
     params = parse_parameters(args.parameter)
-    from workflows.runner.workflow import _workflow_name
+    from ckptflow.workflows.runner.workflow import _workflow_name
 
     name = args.name or _workflow_name(manifest)
     workdir = args.workdir or str(Path("runs") / "local" / name)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in BUILDER_TARGETS and not Path(argv[0]).exists():
         # `ckptflow run pipeline --local`: a builder name, rendered by hera then run here.
-        from workflows.local import main as run_builder
+        from ckptflow.workflows.local import main as run_builder
 
         return run_builder(argv)
     args = build_parser().parse_args(argv)

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
-from workflows.runner.process import ProcessRegistry
-from workflows.runner.substitution import to_str
+from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
+from ckptflow.workflows.runner.process import ProcessRegistry
+from ckptflow.workflows.runner.substitution import to_str
 
 __all__ = ["Run", "Scope", "node_vars", "aggregate_vars", "LOCAL_IP"]
 

@@ -9,10 +9,18 @@ stops new tasks from starting; running ones finish, then the DAG fails.
 
 from __future__ import annotations
 
-from workflows.runner import children as ch
-from workflows.runner import context as cx
-from workflows.runner import depends as dep
-from workflows.runner.nodes import ERROR, FAILED, OMITTED, RUNNING, SKIPPED, SUCCEEDED, Node
+from ckptflow.workflows.runner import children as ch
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner.nodes import (
+    ERROR,
+    FAILED,
+    OMITTED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    Node,
+)
 
 __all__ = ["run_dag"]
 

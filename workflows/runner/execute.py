@@ -11,9 +11,9 @@ import json
 import time
 from collections.abc import Callable
 
-from workflows.runner import context as cx
-from workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
-from workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
 __all__ = ["start", "kind_of"]
 
@@ -188,13 +188,13 @@ def run_once(
     values["node.name"] = node.name
     kind = kind_of(tmpl)
     if kind in ("container", "script") and run.private_tmp:
-        from workflows.runner import leaf
+        from ckptflow.workflows.runner import leaf
 
         tmpl = leaf.map_tmp(tmpl, leaf.pod_dir(run, node))
     body = substitute(tmpl, values)
     deadline = _template_deadline(tmpl)
     if kind in ("container", "script"):
-        from workflows.runner import leaf, volumes
+        from ckptflow.workflows.runner import leaf, volumes
 
         mapping = volumes.mounts(run.spec, body, run.workdir, leaf.pod_dir(run, node))
         body = volumes.apply_mounts(body, mapping)
@@ -207,11 +207,11 @@ def run_once(
     inner = scope.child(deadline, cx.DEADLINE) if deadline is not None else scope
     run.store.update(node, phase=RUNNING)
     if kind == "dag":
-        from workflows.runner import dag_exec
+        from ckptflow.workflows.runner import dag_exec
 
         phase, message, local = dag_exec.run_dag(run, node, body, inner)
     else:
-        from workflows.runner import steps_exec
+        from ckptflow.workflows.runner import steps_exec
 
         phase, message, local = steps_exec.run_steps(run, node, body, inner)
     outputs = None

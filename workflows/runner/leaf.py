@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from workflows.runner import context as cx
-from workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
-from workflows.runner.process import wait_ready
-from workflows.runner.substitution import to_str
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner.process import wait_ready
+from ckptflow.workflows.runner.substitution import to_str
 
 __all__ = ["run_leaf"]
 
@@ -102,7 +102,7 @@ def _argv(container: dict, script_path: str | None) -> list[str]:
         argv.append(script_path)
     argv += [to_str(a) for a in container.get("args") or []]
     if argv and argv[0] in _PYTHONS:
-        argv[0] = sys.executable  # `python -m steps.x` must run in this venv
+        argv[0] = sys.executable  # `python -m ckptflow.steps.x` must run in this venv
     return argv
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from workflows.runner import depends as dep
-from workflows.runner.substitution import TAG, parse_duration, to_str
-from workflows.runner.volumes import volume_problems
+from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner.substitution import TAG, parse_duration, to_str
+from ckptflow.workflows.runner.volumes import volume_problems
 
 __all__ = ["ManifestError", "load_manifest", "validate", "workflow_spec"]
 

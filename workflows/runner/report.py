@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TextIO
 
-from workflows.runner.nodes import DONE, Node, NodeStore
+from ckptflow.workflows.runner.nodes import DONE, Node, NodeStore
 
 __all__ = ["Reporter", "final_table", "write_status"]
 

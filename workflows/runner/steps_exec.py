@@ -7,9 +7,9 @@ keep running until the template ends.
 
 from __future__ import annotations
 
-from workflows.runner import children as ch
-from workflows.runner import context as cx
-from workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner import children as ch
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 
 __all__ = ["run_steps"]
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from workflows.runner import context as cx
-from workflows.runner import execute
-from workflows.runner.manifest import arguments_of, validate, workflow_spec
-from workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
-from workflows.runner.process import ProcessRegistry
-from workflows.runner.report import Reporter, final_table, write_status
-from workflows.runner.substitution import parse_duration
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import execute
+from ckptflow.workflows.runner.manifest import arguments_of, validate, workflow_spec
+from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
+from ckptflow.workflows.runner.process import ProcessRegistry
+from ckptflow.workflows.runner.report import Reporter, final_table, write_status
+from ckptflow.workflows.runner.substitution import parse_duration
 
 __all__ = ["RunResult", "run_workflow", "EXIT_CODES"]
 
