@@ -202,7 +202,7 @@ def _fsync_file(path: str) -> None:
 
 
 def _fs():
-    from ckptflow.steps.checkpoint.storage import filesystem_for
+    from ckptflow.core.storage import filesystem_for
 
     return filesystem_for("s3://x")
 
@@ -250,7 +250,7 @@ def save_raw(spec: dict, sd: dict) -> dict:
     uri = spec["path"]
     t0 = time.perf_counter()
     if uri.startswith("s3://"):
-        from ckptflow.steps.checkpoint.storage import Storage
+        from ckptflow.core.storage import Storage
 
         blob = np.resize(block, size).tobytes()
         t0 = time.perf_counter()
@@ -350,7 +350,7 @@ def save_ckptflow_nohash(spec: dict, sd: dict) -> dict:
     Also times xxh3 itself over the state's raw bytes and over the stored bytes of a normal save
     (the two digests a save computes), single-threaded, as a direct measure of hashing cost.
     """
-    from ckptflow.steps.checkpoint import codec
+    from ckptflow.core import codec
 
     hashed = save_ckptflow({**spec, "path": spec["path"] + "-hashed"}, sd)
     real = codec.digest

@@ -13,7 +13,7 @@ import sys
 # subcommand -> ("module", "function taking argv and returning an exit code", "help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "ckpt": (
-        "ckptflow.steps.checkpoint.cli",
+        "ckptflow.core.ckpt_cli",
         "main",
         "inspect, verify, pin, archive and gc checkpoints",
     ),
@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "run a rendered Argo Workflow manifest locally",
     ),
     "plan": (
-        "ckptflow.steps.checkpoint.plan_cli",
+        "ckptflow.core.plan_cli",
         "main",
         "checkpoint size, stall, interval, storage cost",
     ),

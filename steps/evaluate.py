@@ -29,11 +29,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, Storage
-from ckptflow.steps.checkpoint.storage import AlreadyExists
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.data import Corpus
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import evaluate
+
+from ckptflow.core.storage import AlreadyExists
 
 log = logging.getLogger("ckptflow.evaluate")
 EVAL, CLAIM = "eval.json", "eval.claim"

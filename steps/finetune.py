@@ -23,8 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage, catalog
-from ckptflow.steps.checkpoint.layout import EVAL, step_dir
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import finetune_loop as fl
 from ckptflow.steps.lib import lineage as lin
@@ -34,6 +33,9 @@ from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
+
+from ckptflow.core import rootreader
+from ckptflow.core.layout import EVAL, step_dir
 
 log = logging.getLogger("ckptflow.finetune")
 PARALLEL = ("fsdp", "ddp")
@@ -161,7 +163,7 @@ def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
-    parent = catalog.read_parent(Storage(cfg.ckpt_root))
+    parent = rootreader.read_parent(Storage(cfg.ckpt_root))
     if parent is None:
         st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
     else:

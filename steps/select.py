@@ -21,13 +21,14 @@ import logging
 import posixpath
 from dataclasses import asdict, dataclass, fields
 
-from ckptflow.steps.checkpoint import catalog
-from ckptflow.steps.checkpoint.layout import step_dir
-from ckptflow.steps.checkpoint.storage import Storage
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import registry
 from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
+
+from ckptflow.core import rootreader
+from ckptflow.core.layout import step_dir
+from ckptflow.core.storage import Storage
 
 log = logging.getLogger("ckptflow.select")
 
@@ -91,7 +92,7 @@ def assess(uri: str, cfg: SelectConfig) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
     run = Storage(uri)
     ckpt = fb.ckpt_storage(uri)
-    if not catalog.committed_steps(ckpt):
+    if not rootreader.committed_steps(ckpt):
         raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
     if cfg.require_finished and not run.exists("FINISHED"):
         raise ValueError(f"no FINISHED marker under {run.url()}: the variant did not finish")
@@ -212,7 +213,7 @@ def run(cfg: SelectConfig) -> int:
         len(failures),
     )
     tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
-    digest = catalog.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
+    digest = rootreader.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
     exported = None
     if cfg.export_uri:
         info = {

@@ -18,11 +18,11 @@ _EXPORTS = {
     "LoadInfo": "ckptflow.steps.checkpoint.checkpointer",
     "SaveHandle": "ckptflow.steps.checkpoint.checkpointer",
     "SaveStats": "ckptflow.steps.checkpoint.checkpointer",
-    "CheckpointError": "ckptflow.steps.checkpoint.errors",
-    "CorruptCheckpoint": "ckptflow.steps.checkpoint.errors",
-    "StateDictMismatch": "ckptflow.steps.checkpoint.errors",
-    "Storage": "ckptflow.steps.checkpoint.storage",
-    "StorageError": "ckptflow.steps.checkpoint.storage",
+    "CheckpointError": "ckptflow.core.errors",
+    "CorruptCheckpoint": "ckptflow.core.errors",
+    "StateDictMismatch": "ckptflow.core.errors",
+    "Storage": "ckptflow.core.storage",
+    "StorageError": "ckptflow.core.storage",
 }
 __all__ = sorted(_EXPORTS)
 

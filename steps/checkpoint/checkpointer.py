@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import catalog, coop
+from ckptflow.steps.checkpoint import coop
 from ckptflow.steps.checkpoint.compat import check_compatible
-from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.staging import Stager
-from ckptflow.steps.checkpoint.storage import Storage
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptflow.core import rootreader
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.storage import Storage
 
 log = logging.getLogger("ckptflow.checkpoint")
 GIB = float(1 << 30)
@@ -154,10 +156,10 @@ class Checkpointer:
 
     # -- catalog -------------------------------------------------------------------------------
     def committed_steps(self) -> list[int]:
-        return catalog.committed_steps(self.storage)
+        return rootreader.committed_steps(self.storage)
 
     def manifest(self, step: int) -> dict:
-        return catalog.read_manifest(catalog.locate(self.storage, step), step)
+        return rootreader.read_manifest(rootreader.locate(self.storage, step), step)
 
     def latest(self) -> int | None:
         """The newest committed step whose commit marker and manifest are sound."""
@@ -172,7 +174,7 @@ class Checkpointer:
     def verify(self, step: int) -> dict:
         """Check every byte of a step against its manifest; raise CorruptCheckpoint naming files."""
         m = self.manifest(step)
-        bad = catalog.verify_objects(catalog.locate(self.storage, step), m)
+        bad = rootreader.verify_objects(rootreader.locate(self.storage, step), m)
         if bad:
             raise CorruptCheckpoint(
                 f"step {step} under {self.root} is corrupt: " + "; ".join(bad), bad
@@ -244,7 +246,7 @@ class Checkpointer:
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()
         if self.rank == 0:
-            job.root_id = catalog.ensure_root(self.storage, self._parent)
+            job.root_id = rootreader.ensure_root(self.storage, self._parent)
         try:
             dcp.save(
                 state_dict,
@@ -319,13 +321,13 @@ class Checkpointer:
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
-        located = catalog.locate(self.storage, step)  # an archived step reads its archive root
+        located = rootreader.locate(self.storage, step)  # an archived step reads its archive root
         reader = CkptStorageReader(
             located,
             m,
             threads=self.threads,
             exchange=exchange,
-            fallbacks=catalog.parent_stores(self.storage),
+            fallbacks=rootreader.parent_stores(self.storage),
         )
         try:
             dcp.load(
@@ -361,8 +363,8 @@ class Checkpointer:
         """
         m = parent.manifest(step)
         ref = {"uri": parent.storage.url(), "step": step, "root_id": m["root_id"]}
-        existing = catalog.read_parent(self.storage)
-        if existing is None and catalog.committed_steps(self.storage):
+        existing = rootreader.read_parent(self.storage)
+        if existing is None and rootreader.committed_steps(self.storage):
             raise CheckpointError(
                 f"{self.root} already holds checkpoints not derived from {ref['uri']} step "
                 f"{step}; use a new root for this fine-tune"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from ckptflow.steps.checkpoint.errors import StateDictMismatch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+from ckptflow.core.errors import StateDictMismatch
 
 
 def check_compatible(state_dict: dict, manifest: dict, root: str, step: int) -> None:

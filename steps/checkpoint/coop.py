@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import torch.distributed as dist
-from ckptflow.steps.checkpoint import manifest as mf
-from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
+
+from ckptflow.core import manifest as mf
+from ckptflow.core.errors import CorruptCheckpoint
 
 
 def _key(rec: dict) -> str:

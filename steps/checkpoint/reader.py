@@ -15,11 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from ckptflow.steps.checkpoint import catalog, codec, layout
-from ckptflow.steps.checkpoint import manifest as mf
-from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value
-from ckptflow.steps.checkpoint.storage import Storage
 from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING  # noqa: F401  (type only)
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -27,6 +23,11 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
+
+from ckptflow.core import codec, layout, rootreader
+from ckptflow.core import manifest as mf
+from ckptflow.core.errors import CorruptCheckpoint
+from ckptflow.core.storage import Storage
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -62,7 +63,7 @@ class ObjectFetcher:
     def stored(self, key: str, size: int) -> bytes:
         url = self.storage.url(layout.object_path(key))
         try:
-            blob, url = catalog.read_object(self.storage, key, self.fallbacks)
+            blob, url = rootreader.read_object(self.storage, key, self.fallbacks)
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
         with self._lock:

@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from ckptflow.steps.checkpoint import codec, layout
-from ckptflow.steps.checkpoint import manifest as mf
-from ckptflow.steps.checkpoint.errors import CheckpointError
 from ckptflow.steps.checkpoint.safe_value import encode_value
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
+
+from ckptflow.core import codec, layout
+from ckptflow.core import manifest as mf
+from ckptflow.core.errors import CheckpointError
+from ckptflow.core.storage import AlreadyExists, Storage
 
 VERSION = "0.1.0"
 

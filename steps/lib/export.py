@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.checkpoint.storage import Storage
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from safetensors.torch import save as st_save
+
+from ckptflow.core.storage import Storage
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WEIGHTS, CONFIG = "model.safetensors", "config.json"

@@ -14,9 +14,9 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.steps.checkpoint import catalog, layout
-from ckptflow.steps.checkpoint.errors import CheckpointError
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.core import layout, rootreader
+from ckptflow.core.errors import CheckpointError
+from ckptflow.core.storage import AlreadyExists, Storage
 
 
 def ckpt_storage(uri: str) -> Storage:
@@ -44,7 +44,7 @@ def better(a: float, b: float, mode: str) -> bool:
 def read_evals(ckpt: Storage) -> dict[int, dict]:
     """step -> eval.json record, for every committed step that has one (unreadable ones skipped)."""
     out = {}
-    for step in catalog.committed_steps(ckpt):
+    for step in rootreader.committed_steps(ckpt):
         try:
             rec = json.loads(ckpt.read(f"{layout.step_dir(step)}/{layout.EVAL}"))
         except (FileNotFoundError, ValueError, UnicodeDecodeError):
@@ -99,7 +99,7 @@ class BaseRef:
 
 def pick_step(ckpt: Storage, spec: str, latest: int | None) -> tuple[int, str]:
     """Resolve `latest`, `best:METRIC[:min|max]` or a step number; (step, how it was chosen)."""
-    committed = catalog.committed_steps(ckpt)
+    committed = rootreader.committed_steps(ckpt)
     if not committed:
         raise CheckpointError(
             f"no committed checkpoint under {ckpt.uri}: run the pretraining first or fix --base-root"

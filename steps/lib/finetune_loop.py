@@ -12,9 +12,10 @@ import json
 import logging
 import time
 
-from ckptflow.steps.checkpoint.layout import EVAL, step_dir
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import training as tr
+
+from ckptflow.core.layout import EVAL, step_dir
 
 log = logging.getLogger("ckptflow.finetune")
 

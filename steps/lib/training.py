@@ -431,10 +431,10 @@ class CheckpointedLoop:
                 self._log_committed(step, uri, model_id, stats)
 
     def _log_committed(self, step: int, uri: str, model_id: str | None, stats) -> None:
-        from ckptflow.steps.checkpoint import catalog
+        from ckptflow.core import rootreader
 
         m = self.ck.manifest(step)
-        digest = catalog.read_commit(self.ck.storage, step)["manifest_xxh3"]
+        digest = rootreader.read_commit(self.ck.storage, step)["manifest_xxh3"]
         sizes = {"kind": m["kind"], "world_size": m["world_size"], **m["stats"]}
         self.lineage.log_checkpoint(step, uri, digest, sizes, model_id=model_id)
         self.lineage.log_metrics(

@@ -97,7 +97,7 @@ def is_pinned_image(image: str) -> bool:
 def contract_step_modules() -> list[str]:
     """The step modules in docs/contracts.md's command-line table, in order."""
     text = (REPO / "docs" / "contracts.md").read_text()
-    return re.findall(r"^\| `(steps\.[a-z_]+)` \|", text, flags=re.M)
+    return re.findall(r"^\| `(ckptflow\.steps\.[a-z_]+)` \|", text, flags=re.M)
 
 
 def k3d_port_map() -> dict[int, int]:

@@ -30,8 +30,9 @@ def test_workflow_succeeded(pipeline):
 
 def test_committed_checkpoints_are_in_minio_and_every_one_was_evaluated(pipeline, host_s3_env):
     from ckptflow.steps.checkpoint import Checkpointer
-    from ckptflow.steps.checkpoint.layout import EVAL, step_dir
-    from ckptflow.steps.checkpoint.storage import Storage
+
+    from ckptflow.core.layout import EVAL, step_dir
+    from ckptflow.core.storage import Storage
 
     _, _, wf = pipeline
     roots = outputs(wf, "ckpt_root")

@@ -18,10 +18,10 @@ import time
 import traceback
 
 import torch
-from ckptflow.steps.checkpoint import layout
-from ckptflow.steps.checkpoint.storage import Storage
 from fsspec.implementations.local import LocalFileSystem
 
+from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 from tests.steps.distworkers import free_port, rank_env
 
 PHASES = {

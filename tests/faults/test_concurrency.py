@@ -14,10 +14,11 @@ import time
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, layout
-from ckptflow.steps.checkpoint.gc import gc
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 
+from ckptflow.core import layout, rootreader
+from ckptflow.core.gc import gc
+from ckptflow.core.storage import Storage
 from tests.faults import harness
 from tests.steps import ckpt_helpers as h
 
@@ -274,7 +275,7 @@ def test_two_evaluators_never_evaluate_a_checkpoint_twice(tmp_path, fault):
     st = Storage(ckpt)
     for s in steps:
         assert json.loads(st.read(f"{layout.step_dir(s)}/eval.json"))["status"] == "ok"
-    assert catalog.committed_steps(st) == steps
+    assert rootreader.committed_steps(st) == steps
     by = {n: lines[0::2].count(n) for n in ("A", "B")}
     fault(
         "concurrency",

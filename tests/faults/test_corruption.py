@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, layout
-from ckptflow.steps.checkpoint import cli as ckpt_cli
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 
+from ckptflow.core import ckpt_cli, layout
+from ckptflow.core.storage import Storage
 from tests.steps import ckpt_helpers as h
 
 
@@ -344,7 +344,7 @@ def test_manifest_from_another_run(pristine, tmp_path, recommit, caplog, capsys,
     foreign = other.read(f"{layout.step_dir(3)}/{co['manifest']}")
     st.write(rel, foreign)
     if recommit:  # a consistent marker too: only the root id tells them apart
-        from ckptflow.steps.checkpoint import codec
+        from ckptflow.core import codec
 
         c3["manifest_xxh3"] = codec.digest(foreign)
         st.write(layout.commit_path(3), json.dumps(c3).encode())

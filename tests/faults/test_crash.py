@@ -13,10 +13,11 @@ import logging
 import time
 
 import pytest
-from ckptflow.steps.checkpoint import Checkpointer, catalog, layout
-from ckptflow.steps.checkpoint.gc import gc
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer
 
+from ckptflow.core import layout, rootreader
+from ckptflow.core.gc import gc
+from ckptflow.core.storage import Storage
 from tests.faults import harness
 from tests.steps import ckpt_helpers as h
 
@@ -63,7 +64,7 @@ def _detail(phase: str, gc_note: str, s3: bool = False) -> str:
 
 
 def catalog_steps(st: Storage) -> list[int]:
-    return sorted(catalog.step_names(st))
+    return sorted(rootreader.step_names(st))
 
 
 def _crash(root: str, phase: str, block: bool) -> None:

@@ -1,4 +1,4 @@
-"""Hypothesis fuzz of the manifest parser (`manifest.parse`, then `catalog.read_manifest` and a
+"""Hypothesis fuzz of the manifest parser (`manifest.parse`, then `rootreader.read_manifest` and a
 load for what the parser accepts): every outcome is a result or a clean error, with no read
 outside the root and no large allocation. 300 cases by default, 10,000 with -m slow.
 
@@ -24,12 +24,13 @@ import tracemalloc
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, codec, layout
-from ckptflow.steps.checkpoint import manifest as mf
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
+from ckptflow.core import codec, layout, rootreader
+from ckptflow.core import manifest as mf
+from ckptflow.core.storage import Storage
 from tests.faults.harness import MAX_PEAK, ReadRecordingFS
 
 
@@ -165,7 +166,7 @@ def _check_one(blob: bytes) -> str:
     )
     fs = ReadRecordingFS()
     try:
-        catalog.read_manifest(st, step)
+        rootreader.read_manifest(st, step)
         outcome = "loaded"
         try:
             Checkpointer("unused", storage=Storage(root, fs=fs), threads=1).load(
@@ -221,7 +222,7 @@ def test_fuzz_manifest_parser(fault):
     assert n >= 300 and _FUZZ_SEEN.get("rejected")
     fault(
         "hostile",
-        "hypothesis fuzz of manifest.parse, catalog.read_manifest and load",
+        "hypothesis fuzz of manifest.parse, rootreader.read_manifest and load",
         cases=n,
         detail=", ".join(f"{k} {v}" for k, v in sorted(_FUZZ_SEEN.items())),
     )
@@ -235,7 +236,7 @@ def test_fuzz_manifest_parser_10000(fault):
     assert n >= 10_000
     fault(
         "hostile",
-        "hypothesis fuzz of manifest.parse, catalog.read_manifest and load (slow run)",
+        "hypothesis fuzz of manifest.parse, rootreader.read_manifest and load (slow run)",
         cases=n,
         detail=", ".join(f"{k} {v}" for k, v in sorted(_FUZZ_SEEN_SLOW.items())),
     )

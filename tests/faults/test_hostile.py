@@ -18,10 +18,11 @@ import tracemalloc
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, codec, layout
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value, encode_value
-from ckptflow.steps.checkpoint.storage import Storage
 
+from ckptflow.core import codec, layout
+from ckptflow.core.storage import Storage
 from tests.faults.harness import MAX_PEAK, ReadRecordingFS
 from tests.steps import ckpt_helpers as h
 

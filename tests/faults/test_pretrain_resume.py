@@ -8,10 +8,11 @@ import random
 from pathlib import Path
 
 import pytest
-from ckptflow.steps.checkpoint import Checkpointer, layout
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer
 from mlflow import MlflowClient
 
+from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 from tests.faults import harness
 
 ARGS = [

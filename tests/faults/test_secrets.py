@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.checkpoint.storage import Storage
+
+from ckptflow.core.storage import Storage
 
 FAKE = {
     "AWS_ACCESS_KEY_ID": "AKIAFAKESCAN7CKPTFLOW",

@@ -13,9 +13,10 @@ import time
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, StorageError, layout
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, StorageError
 
+from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 from tests.faults.proxy import FaultProxy
 from tests.steps import ckpt_helpers as h
 

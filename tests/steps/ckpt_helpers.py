@@ -6,9 +6,10 @@ import json
 
 import fsspec
 import torch
-from ckptflow.steps.checkpoint import codec, layout
-from ckptflow.steps.checkpoint.storage import Storage
 from fsspec.implementations.local import LocalFileSystem
+
+from ckptflow.core import codec, layout
+from ckptflow.core.storage import Storage
 
 
 def make_state(seed: int = 0, n: int = 4096) -> dict:

@@ -8,11 +8,13 @@ import time
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint, catalog, inventory, layout
-from ckptflow.steps.checkpoint.archive import archive
-from ckptflow.steps.checkpoint.cli import main
-from ckptflow.steps.checkpoint.gc import gc
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
+
+from ckptflow.core import layout, listing, rootreader
+from ckptflow.core.archive import archive
+from ckptflow.core.ckpt_cli import main
+from ckptflow.core.gc import gc
+from ckptflow.core.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -38,14 +40,14 @@ def assert_loads(root: str, step: int, expected: dict) -> None:
     assert torch.equal(target["w"], expected["w"]) and target["step"] == expected["step"]
 
 
-def rows_of(root: str) -> dict[int, inventory.StepRow]:
-    return {r.step: r for r in inventory.build_rows(Storage(root), now=time.time())}
+def rows_of(root: str) -> dict[int, listing.StepRow]:
+    return {r.step: r for r in listing.build_rows(Storage(root), now=time.time())}
 
 
 def test_archive_then_load_from_the_hot_root(tmp_path, capsys):
     root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
     states = save_steps(root, range(1, 8))  # 1 4 7 full; 2 3 5 6 deltas
-    hot_before = inventory.list_objects(Storage(root))
+    hot_before = listing.list_objects(Storage(root))
     report = archive(root, arch, 5.0, apply=True, now=time.time() + 10, grace_s=0)
     assert report.steps == [1, 2, 3, 4, 5, 6]  # all but the latest valid
     rows = rows_of(root)
@@ -53,11 +55,11 @@ def test_archive_then_load_from_the_hot_root(tmp_path, capsys):
     assert all(rows[s].state == "committed" for s in rows) and rows[5].archive_uri == arch
     # the hot folder keeps what lists it; its data moved
     assert {"COMMIT", layout.ARCHIVED} <= set(os.listdir(os.path.join(root, "step-00000005")))
-    hot_after = inventory.list_objects(Storage(root))
-    assert set(hot_after) == set(catalog.read_manifest(Storage(root), 7)["objects"])
+    hot_after = listing.list_objects(Storage(root))
+    assert set(hot_after) == set(rootreader.read_manifest(Storage(root), 7)["objects"])
     assert report.bytes_freed == sum(e.size for k, e in hot_before.items() if k not in hot_after)
     marker = json.loads(Storage(arch).read(layout.ROOT_MARKER))
-    assert marker["root_id"] == catalog.read_root_id(Storage(root))
+    assert marker["root_id"] == rootreader.read_root_id(Storage(root))
     for step in (1, 2, 5, 6, 7):
         assert_loads(root, step, states[step])
     capsys.readouterr()
@@ -79,9 +81,9 @@ def test_a_delta_archived_alone_is_self_contained_and_its_hot_base_stays(tmp_pat
     assert report.steps == [2]  # step 1 is the base of step 3, which stays hot
     rows = rows_of(root)
     assert (rows[1].tier, rows[2].tier, rows[3].tier) == ("hot", "archive", "hot")
-    base_objects = set(catalog.read_manifest(Storage(root), 1)["objects"])
-    assert base_objects <= set(inventory.list_objects(Storage(arch)))  # copied with the delta
-    assert base_objects <= set(inventory.list_objects(Storage(root)))  # and kept hot
+    base_objects = set(rootreader.read_manifest(Storage(root), 1)["objects"])
+    assert base_objects <= set(listing.list_objects(Storage(arch)))  # copied with the delta
+    assert base_objects <= set(listing.list_objects(Storage(root)))  # and kept hot
     for step in (1, 2, 3):
         assert_loads(root, step, states[step])
     plan = gc(root, "last=1", now=time.time() + 7200)
@@ -93,7 +95,8 @@ def test_a_corrupt_source_is_not_archived(tmp_path):
     save_steps(root, range(1, 3), full_every=1)
     st = Storage(root)
     key = sorted(
-        set(catalog.read_manifest(st, 1)["objects"]) - set(catalog.read_manifest(st, 2)["objects"])
+        set(rootreader.read_manifest(st, 1)["objects"])
+        - set(rootreader.read_manifest(st, 2)["objects"])
     )[0]
     path = os.path.join(root, layout.object_path(key))
     with open(path, "r+b") as f:  # flip one bit of the first byte
@@ -150,9 +153,9 @@ def test_archive_of_a_fine_tune_copies_the_objects_it_borrows(tmp_path):
     states = {s: state(s) for s in (1, 2)}
     for s, sd in states.items():
         child.save(s, sd)
-    needed = set(catalog.read_manifest(Storage(child_root), 1)["objects"])
-    assert needed - set(inventory.list_objects(Storage(child_root)))  # some are borrowed
+    needed = set(rootreader.read_manifest(Storage(child_root), 1)["objects"])
+    assert needed - set(listing.list_objects(Storage(child_root)))  # some are borrowed
     assert archive(child_root, arch, 1.0, apply=True, now=time.time() + 10).steps == [1]
-    assert needed <= set(inventory.list_objects(Storage(arch)))  # self-contained copy
+    assert needed <= set(listing.list_objects(Storage(arch)))  # self-contained copy
     assert_loads(child_root, 1, states[1])
     assert_loads(child_root, 2, states[2])

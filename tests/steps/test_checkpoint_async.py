@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.checkpoint.storage import Storage, StorageError
+
+from ckptflow.core.storage import Storage, StorageError
 
 
 class GatedStorage(Storage):

@@ -7,9 +7,11 @@ import os
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, catalog, layout
-from ckptflow.steps.checkpoint.cli import main
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer
+
+from ckptflow.core import layout, rootreader
+from ckptflow.core.ckpt_cli import main
+from ckptflow.core.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -59,9 +61,9 @@ def write_eval(st: Storage, step: int, metrics: dict) -> None:
 
 def unique_object(root: str, step: int, others) -> str:
     st = Storage(root)
-    mine = set(catalog.read_manifest(st, step)["objects"])
+    mine = set(rootreader.read_manifest(st, step)["objects"])
     for o in others:
-        mine -= set(catalog.read_manifest(st, o)["objects"])
+        mine -= set(rootreader.read_manifest(st, o)["objects"])
     return sorted(mine)[0]
 
 
@@ -80,7 +82,7 @@ def test_ls_shows_kind_sizes_state_pin_tier_and_metrics(tmp_path, capsys):
     assert rows[9]["state"] == "uncommitted" and rows[9]["kind"] is None
     assert rows[1]["pinned"] and rows[1]["pin_reason"] == "published v1" and not rows[2]["pinned"]
     assert rows[2]["metrics"] == {"val_loss": 1.25, "val_exact_match": 0.5}
-    m = catalog.read_manifest(Storage(root), 2)
+    m = rootreader.read_manifest(Storage(root), 2)
     assert rows[2]["logical_bytes"] == m["stats"]["raw_bytes"] == 64 * 64 * 4 + 64 * 4
     assert rows[2]["stored_bytes"] == m["stats"]["stored_bytes"]
     assert rows[2]["ratio"] == pytest.approx(rows[2]["logical_bytes"] / rows[2]["stored_bytes"])
@@ -138,12 +140,12 @@ def test_pin_unpin_round_trip(tmp_path, capsys):
     pin = json.loads(Storage(root).read(f"{layout.step_dir(2)}/{layout.PIN}"))
     assert pin["reason"] == "release candidate" and pin["pinned_at"] > 0
     rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "0", "--yes")
-    assert rc == 0 and catalog.committed_steps(Storage(root)) == [1, 2, 6]
+    assert rc == 0 and rootreader.committed_steps(Storage(root)) == [1, 2, 6]
     assert run(capsys, "unpin", root, 2)[0] == 0
     rc, out, _ = run(capsys, "unpin", root, 2)
     assert rc == 0 and "was not pinned" in out
     assert run(capsys, "gc", root, "--policy", "last=1", "--grace", "0", "--yes")[0] == 0
-    assert catalog.committed_steps(Storage(root)) == [6]
+    assert rootreader.committed_steps(Storage(root)) == [6]
 
 
 def test_gc_prints_a_dry_run_and_deletes_only_with_yes(tmp_path, capsys):
@@ -151,13 +153,13 @@ def test_gc_prints_a_dry_run_and_deletes_only_with_yes(tmp_path, capsys):
     states = build_root(root)
     rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "0")
     assert rc == 0 and "would delete step" in out and "add --yes" in out
-    assert catalog.committed_steps(Storage(root)) == [1, 2, 5, 6]
+    assert rootreader.committed_steps(Storage(root)) == [1, 2, 5, 6]
     rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "0", "--yes", "--json")
     report = json.loads(out)
     assert rc == 0 and report["applied"] and report["delete_steps"] == [1, 2, 5]
     assert report["leftovers"] == [9] and report["bytes_freed"] > 0
     assert report["keep"] == {"6": ["last-1", "latest-valid"]}
-    assert catalog.step_names(Storage(root)) == {6: "step-00000006"}
+    assert rootreader.step_names(Storage(root)) == {6: "step-00000006"}
     target = {"w": torch.zeros(64, 64), "b": torch.zeros(64)}
     Checkpointer(root).load(target)
     assert torch.equal(target["w"], states[5]["w"])
@@ -196,7 +198,7 @@ def test_ls_verify_gc_on_s3_and_a_missing_bucket(s3_bucket, capsys):
     assert rc == 0 and rows[2]["kind"] == "delta" and rows[9]["state"] == "uncommitted"
     assert run(capsys, "verify", root)[0] == 0
     rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "0", "--yes")
-    assert rc == 0 and catalog.committed_steps(Storage(root)) == [6]
+    assert rc == 0 and rootreader.committed_steps(Storage(root)) == [6]
     target = {"w": torch.zeros(64, 64), "b": torch.zeros(64)}
     assert Checkpointer(root).load(target) == 6 and torch.equal(target["b"], states[5]["b"])
     rc, out, err = run(capsys, "ls", f"s3://{s3_bucket}-missing/ckpt")

@@ -13,10 +13,10 @@ from ckptflow.steps.checkpoint import (
     CheckpointError,
     CorruptCheckpoint,
     StorageError,
-    layout,
 )
-from ckptflow.steps.checkpoint.storage import Storage
 
+from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 from tests.steps import ckpt_helpers as h
 
 
@@ -173,7 +173,7 @@ def test_pickle_payload_is_never_executed(tmp_path):
     ck = Checkpointer(root)
     ck.save(1, {"w": torch.ones(4), "cfg": {"lr": 0.1}})
     evil = pickle.dumps({"lr": Payload()})
-    key = __import__("ckptflow.steps.checkpoint.codec", fromlist=["digest"]).digest(evil)
+    key = __import__("ckptflow.core.codec", fromlist=["digest"]).digest(evil)
     ck.storage.write(layout.object_path(key), evil)
 
     def plant(m):
@@ -199,9 +199,7 @@ def test_foreign_manifest_is_refused(tmp_path):
     foreign = b.storage.read(f"{layout.step_dir(1)}/{commit['manifest']}")
     a_commit = json.loads(a.storage.read(layout.commit_path(1)))
     a.storage.write(f"{layout.step_dir(1)}/{a_commit['manifest']}", foreign)
-    a_commit["manifest_xxh3"] = __import__(
-        "ckptflow.steps.checkpoint.codec", fromlist=["x"]
-    ).digest(foreign)
+    a_commit["manifest_xxh3"] = __import__("ckptflow.core.codec", fromlist=["x"]).digest(foreign)
     a.storage.write(layout.commit_path(1), json.dumps(a_commit).encode())
     with pytest.raises(CorruptCheckpoint, match="another checkpoint root"):
         a.manifest(1)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint, layout
+from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
+
+from ckptflow.core import layout
 
 
 def _adamw_like_update(state: dict, lr: float = 1e-4) -> None:

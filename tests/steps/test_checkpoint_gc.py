@@ -8,10 +8,12 @@ import time
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, catalog, inventory, layout
-from ckptflow.steps.checkpoint.gc import gc
-from ckptflow.steps.checkpoint.retention import Policy
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
+
+from ckptflow.core import layout, listing, rootreader
+from ckptflow.core.gc import gc
+from ckptflow.core.retention import Policy
+from ckptflow.core.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 HOUR = 3600.0
@@ -110,7 +112,7 @@ class FailingStorage(Storage):
 
 
 def objects_of(root: str, step: int) -> set[str]:
-    return set(catalog.read_manifest(Storage(root), step)["objects"])
+    return set(rootreader.read_manifest(Storage(root), step)["objects"])
 
 
 def test_dry_run_deletes_nothing_and_yes_frees_the_reported_bytes(tmp_path):
@@ -124,7 +126,7 @@ def test_dry_run_deletes_nothing_and_yes_frees_the_reported_bytes(tmp_path):
     after = tree(root)
     assert real.delete_steps == dry.delete_steps and real.objects == dry.objects
     assert real.bytes_freed == dry.bytes_freed == sum(before.values()) - sum(after.values())
-    assert catalog.committed_steps(Storage(root)) == [7]
+    assert rootreader.committed_steps(Storage(root)) == [7]
     assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
     on_disk = {p.rsplit("/", 1)[-1] for p in after if p.startswith("objects/")}
     assert on_disk == objects_of(root, 7)  # nothing unreferenced is left
@@ -136,7 +138,7 @@ def test_dry_run_deletes_nothing_and_yes_frees_the_reported_bytes(tmp_path):
 def test_kept_delta_keeps_its_base_and_deleted_delta_objects_are_freed(tmp_path):
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 7))  # 1 full, 2-3 deltas of 1, 4 full, 5-6 deltas of 4
-    m6 = catalog.read_manifest(Storage(root), 6)
+    m6 = rootreader.read_manifest(Storage(root), 6)
     assert (m6["kind"], m6["base_step"]) == ("delta", 4)
     only5 = objects_of(root, 5) - objects_of(root, 4) - objects_of(root, 6)
     assert only5
@@ -144,26 +146,26 @@ def test_kept_delta_keeps_its_base_and_deleted_delta_objects_are_freed(tmp_path)
     assert report.keep == {4: ["base-of:6"], 6: ["last-1", "latest-valid"]}
     assert report.delete_steps == [1, 2, 3, 5]
     assert only5 <= set(report.objects)
-    listing = inventory.list_objects(Storage(root))
-    assert not only5 & set(listing) and objects_of(root, 6) <= set(listing)
+    present = listing.list_objects(Storage(root))
+    assert not only5 & set(present) and objects_of(root, 6) <= set(present)
     assert_loads(root, 6, states[6])
     assert_loads(root, 4, states[4])
 
 
 def test_pinned_step_and_its_base_survive_until_unpinned(tmp_path):
-    from ckptflow.steps.checkpoint.cli import main
+    from ckptflow.core.ckpt_cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5))
     assert main(["pin", root, "2", "--reason", "published v1"]) == 0
     report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
     assert report.keep[2] == ["pinned"] and report.keep[1] == ["base-of:2"]
-    assert catalog.committed_steps(Storage(root)) == [1, 2, 4]
+    assert rootreader.committed_steps(Storage(root)) == [1, 2, 4]
     assert_loads(root, 2, states[2])
     assert main(["unpin", root, "2"]) == 0
     report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
     assert report.delete_steps == [1, 2]
-    assert catalog.committed_steps(Storage(root)) == [4]
+    assert rootreader.committed_steps(Storage(root)) == [4]
 
 
 def test_gc_while_an_async_save_runs_leaves_it_whole(tmp_path):
@@ -231,8 +233,8 @@ def test_crashed_save_leftover_is_removed_only_after_the_grace(tmp_path):
     assert young.in_progress == [3] and os.path.isdir(os.path.join(root, "step-00000003"))
     old = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
     assert old.leftovers == [3] and not os.path.exists(os.path.join(root, "step-00000003"))
-    listing = set(inventory.list_objects(Storage(root)))
-    assert listing == objects_of(root, 2)  # the crashed save's objects are gone too
+    present = set(listing.list_objects(Storage(root)))
+    assert present == objects_of(root, 2)  # the crashed save's objects are gone too
     assert_loads(root, 2, states[2])
 
 
@@ -268,11 +270,11 @@ def test_a_crash_mid_gc_leaves_nothing_a_later_gc_cannot_finish(tmp_path, crash_
     with pytest.raises(KeyboardInterrupt):
         gc(root, "last=1", apply=True, now=later, storage=FailingStorage(root, crash_after))
     st = Storage(root)
-    for step in catalog.committed_steps(st):  # whatever is still committed is whole
+    for step in rootreader.committed_steps(st):  # whatever is still committed is whole
         Checkpointer(root).verify(step)
     gc(root, "last=1", apply=True, now=later + 2 * HOUR)
-    assert catalog.committed_steps(st) == [7]
-    assert set(inventory.list_objects(st)) == objects_of(root, 7)
+    assert rootreader.committed_steps(st) == [7]
+    assert set(listing.list_objects(st)) == objects_of(root, 7)
     assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
     assert_loads(root, 7, states[7])
 
@@ -307,8 +309,8 @@ def test_gc_on_s3_with_a_delta_base_and_a_concurrent_save(s3_bucket):
     report = gc(root, "last=1", apply=True, grace_s=2.0)
     assert report.keep == {3: ["base-of:4"], 4: ["last-1", "latest-valid"]}
     assert report.delete_steps == [1, 2] and report.in_progress == [5]
-    listing = set(inventory.list_objects(Storage(root)))
-    assert listing >= objects_of(root, 4) and not listing & only2
+    present = set(listing.list_objects(Storage(root)))
+    assert present >= objects_of(root, 4) and not present & only2
     paused.release.set()
     handle.wait()
     ck.close()
@@ -324,23 +326,23 @@ def test_fine_tune_root_borrowing_objects_from_its_parent_is_valid(tmp_path):
     states = {s: state(s) for s in (1, 2, 3)}
     for s, sd in states.items():
         child.save(s, sd)  # "frozen" is the base's: referenced there, not stored here
-    borrowed = objects_of(child_root, 3) - set(inventory.list_objects(Storage(child_root)))
+    borrowed = objects_of(child_root, 3) - set(listing.list_objects(Storage(child_root)))
     assert borrowed and borrowed <= objects_of(base_root, 10)
-    rows = inventory.build_rows(Storage(child_root), now=time.time())
+    rows = listing.build_rows(Storage(child_root), now=time.time())
     assert [r.state for r in rows] == ["committed"] * 3
     report = gc(child_root, "last=1", apply=True, now=time.time() + 2 * HOUR)
     assert report.delete_steps == [1, 2] and not set(report.objects) & borrowed
-    assert objects_of(base_root, 10) <= set(inventory.list_objects(Storage(base_root)))
+    assert objects_of(base_root, 10) <= set(listing.list_objects(Storage(base_root)))
     assert_loads(child_root, 3, states[3])
 
 
 def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
-    from ckptflow.steps.checkpoint.cli import main
+    from ckptflow.core.ckpt_cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5), full_every=1)
     hook = HookStorage(root, lambda: main(["pin", root, "3", "--reason", "late publish"]))
     report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR, storage=hook)
     assert report.delete_steps == [1, 2] and "step 3 was pinned during gc; kept" in report.warnings
-    assert catalog.committed_steps(Storage(root)) == [3, 4]
+    assert rootreader.committed_steps(Storage(root)) == [3, 4]
     assert_loads(root, 3, states[3])

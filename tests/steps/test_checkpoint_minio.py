@@ -10,9 +10,10 @@ import uuid
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, layout
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.steps.checkpoint import Checkpointer
 
+from ckptflow.core import layout
+from ckptflow.core.storage import AlreadyExists, Storage
 from tests.steps import ckpt_helpers as h
 
 pytestmark = pytest.mark.minio

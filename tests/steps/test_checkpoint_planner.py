@@ -6,8 +6,10 @@ import json
 import math
 
 import pytest
-from ckptflow.steps.checkpoint import plan_cli
-from ckptflow.steps.checkpoint.planner import (
+
+from ckptflow import cli
+from ckptflow.core import plan_cli
+from ckptflow.core.planner import (
     PlanInputs,
     daly_interval,
     parse_count,
@@ -16,8 +18,6 @@ from ckptflow.steps.checkpoint.planner import (
     simulate_footprint,
     young_interval,
 )
-
-from ckptflow import cli
 
 H, D = 3600, 86400
 GIB = 1073741824

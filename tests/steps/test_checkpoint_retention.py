@@ -7,7 +7,10 @@ import math
 from pathlib import Path
 
 import pytest
-from ckptflow.steps.checkpoint.retention import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptflow.core.retention import (
     CatalogEntry,
     KeepBest,
     KeepLast,
@@ -18,8 +21,6 @@ from ckptflow.steps.checkpoint.retention import (
     plan_retention,
     select_for_archive,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 M, H, D = 60, 3600, 86400
 NOW = 10 * D  # a UTC midnight, so hour and day buckets are easy to count by hand
@@ -33,7 +34,7 @@ def hourly(n: int, **kw) -> list[CatalogEntry]:
 @pytest.mark.parametrize("module", ["retention", "planner", "plan_cli"])
 def test_pure_python_modules_import_no_torch(module):
     # static check: the package __init__ (not ours) may import torch, these modules must not
-    path = Path(__file__).parents[2] / "steps" / "checkpoint" / f"{module}.py"
+    path = Path(__file__).parents[2] / "ckptflow" / "core" / f"{module}.py"
     imported = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -41,9 +42,9 @@ def test_pure_python_modules_import_no_torch(module):
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module or "")
     assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "fsspec")}
-    assert {m for m in imported if m.startswith("steps")} <= {
-        "ckptflow.steps.checkpoint.retention",
-        "ckptflow.steps.checkpoint.planner",
+    assert {m for m in imported if m.startswith("ckptflow")} <= {
+        "ckptflow.core.retention",
+        "ckptflow.core.planner",
     }
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import boto3
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, StorageError, layout
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.steps.checkpoint import Checkpointer, StorageError
 
+from ckptflow.core import layout
+from ckptflow.core.storage import AlreadyExists, Storage
 from tests.steps import ckpt_helpers as h
 
 pytestmark = pytest.mark.s3

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from ckptflow.steps import evaluate, pretrain
 from ckptflow.steps.checkpoint import Checkpointer, Storage
-from ckptflow.steps.checkpoint.layout import object_path
-from ckptflow.steps.checkpoint.storage import AlreadyExists
 from mlflow import MlflowClient
 
+from ckptflow.core.layout import object_path
+from ckptflow.core.storage import AlreadyExists
 from tests.steps.test_pretrain import pipeline_run
 
 

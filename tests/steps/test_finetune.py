@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from ckptflow.steps import evaluate, finetune, pretrain
-from ckptflow.steps.checkpoint import Checkpointer, Storage, catalog, inventory
-from ckptflow.steps.checkpoint.layout import object_path
+from ckptflow.steps.checkpoint import Checkpointer, Storage
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 
+from ckptflow.core import listing, rootreader
+from ckptflow.core.layout import object_path
 from tests.steps import distworkers as dw
 
 PRE = [
@@ -259,7 +260,7 @@ def test_frozen_tensors_are_deduplicated_against_the_base(finetuned):
             assert fraction < 0.6
             assert ck.verify(step)["objects"] == len(m["objects"])  # reads through the parent
     # the catalog (and so GC) sees the borrowed objects as present, not as a corrupt step
-    rows = inventory.build_rows(Storage(f"{finetuned['a']}/ckpt"), now=0.0, check=True)
+    rows = listing.build_rows(Storage(f"{finetuned['a']}/ckpt"), now=0.0, check=True)
     assert [r.state for r in rows] == ["committed", "committed"]
     assert os.path.exists(f"{finetuned['pre']}/ckpt/step-{base_step:08d}/PIN")
 
@@ -331,7 +332,7 @@ def test_bad_base_step_names_the_fix(tmp_path, finetuned, caplog):
     assert _plain(finetune.main, [*argv, "--base-step", "best:bleu"]) == 2
     with pytest.raises(SystemExit):
         finetune.parse_args([*argv, "--task", "poetry"])
-    assert not catalog.committed_steps(Storage(str(tmp_path / "x" / "ckpt")))
+    assert not rootreader.committed_steps(Storage(str(tmp_path / "x" / "ckpt")))
 
 
 # -- the engine side of fine-tuning: a root that borrows its base's objects (fast, one process) --
@@ -344,7 +345,7 @@ def _tensors(seed: int) -> dict:
 
 
 def test_inherit_deduplicates_across_part_sizes_and_roots_stay_self_consistent(tmp_path):
-    from ckptflow.steps.checkpoint import archive, gc
+    from ckptflow.core import archive, gc
 
     base_root, ft_root = str(tmp_path / "base"), str(tmp_path / "ft")
     base = Checkpointer(base_root, part_mib=1)  # other parts than the fine-tune's 64 MiB ones

@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 from ckptflow.steps import finish_run, pretrain, start_run
-from ckptflow.steps.checkpoint import Checkpointer, catalog
-from ckptflow.steps.checkpoint.layout import object_path
+from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
+from ckptflow.core import rootreader
+from ckptflow.core.layout import object_path
 from tests.steps import distworkers as dw
 
 STEPS = 16
@@ -300,7 +301,9 @@ def test_lineage_of_the_run(runs):
     for step, m in by_step.items():
         assert m.status == LoggedModelStatus.READY
         assert m.params["uri"] == f"{root}/ckpt/step-{step:08d}"
-        assert m.params["manifest_hash"] == catalog.read_commit(ck.storage, step)["manifest_xxh3"]
+        assert (
+            m.params["manifest_hash"] == rootreader.read_commit(ck.storage, step)["manifest_xxh3"]
+        )
         assert int(m.params["stored_bytes"]) > 0
         assert ck.manifest(step)["metadata"]["mlflow"]["model_id"] == m.model_id
 

@@ -1,4 +1,4 @@
-"""The catalog of a checkpoint root: one row per step folder, as `ckptflow ckpt ls` shows it.
+"""The listing of a checkpoint root: one row per step folder, as `ckptflow ckpt ls` shows it.
 
 A row says what a step is (full, delta, or deduplicated: a full step that stored little that
 was new), its logical and stored size, its state (committed, uncommitted leftover of a save, or
@@ -16,10 +16,10 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.steps.checkpoint import catalog, codec, layout
-from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.steps.checkpoint.retention import CatalogEntry
-from ckptflow.steps.checkpoint.storage import Entry, Storage, StorageError
+from ckptflow.core import codec, layout, rootreader
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.retention import CatalogEntry
+from ckptflow.core.storage import Entry, Storage, StorageError
 
 DEDUP_RATIO = 0.5  # a full step whose new bytes are below this share of its stored bytes
 
@@ -80,7 +80,7 @@ def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = Tr
     URI, a missing bucket, a folder that holds something else, or (must_exist) nothing there."""
     st = storage or Storage(uri)
     st.check_reachable()
-    if catalog.read_root_id(st) is None and must_exist and not st.listdir():
+    if rootreader.read_root_id(st) is None and must_exist and not st.listdir():
         raise CheckpointError(f"{st.uri}: no checkpoints there; check the root URI")
     return st
 
@@ -126,12 +126,12 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
     if layout.COMMIT not in names:
         return row
     try:
-        commit = catalog.read_commit(storage, step)
+        commit = rootreader.read_commit(storage, step)
         row.save_id, row.committed_at = commit["save_id"], float(commit.get("committed_at") or 0)
-        located = catalog.locate(storage, step) if layout.ARCHIVED in names else storage
+        located = rootreader.locate(storage, step) if layout.ARCHIVED in names else storage
         if located is not storage:
             row.tier, row.archive_uri = "archive", located.uri
-        m = catalog.read_manifest(storage, step, root_id)
+        m = rootreader.read_manifest(storage, step, root_id)
     except FileNotFoundError:  # the commit marker went away while we looked (GC)
         return row
     except CorruptCheckpoint as exc:
@@ -174,7 +174,7 @@ def check_objects(
         have = found.size if found is not None else None
         if found is None:
             if key not in borrowed:
-                fallbacks = catalog.parent_stores(located) if fallbacks is None else fallbacks
+                fallbacks = rootreader.parent_stores(located) if fallbacks is None else fallbacks
                 borrowed[key] = _size_in(fallbacks, key)
             have = borrowed[key]
         if have is None:
@@ -200,18 +200,18 @@ def verify_step(
     """Read every byte of a committed step (from its archive root when archived, borrowed
     objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
     `progress(nbytes, total_bytes)` is called as each object is checked."""
-    located = catalog.locate(storage, step)
+    located = rootreader.locate(storage, step)
     try:
-        m = catalog.read_manifest(located, step)
+        m = rootreader.read_manifest(located, step)
     except CorruptCheckpoint as exc:
         return None, list(exc.files) or [str(exc)]
-    fallbacks = catalog.parent_stores(located)
+    fallbacks = rootreader.parent_stores(located)
     total = sum(v["size"] for v in m["objects"].values())
 
     def one(key: str) -> str | None:
         size = m["objects"][key]["size"]
         try:
-            blob, url = catalog.read_object(located, key, fallbacks)
+            blob, url = rootreader.read_object(located, key, fallbacks)
         except FileNotFoundError:
             return f"{located.url(layout.object_path(key))} (missing)"
         finally:
@@ -230,8 +230,8 @@ def build_rows(
     storage: Storage, *, now: float, check: bool = True, deep: bool = False
 ) -> list[StepRow]:
     """One row per step folder, ascending. `check` lists objects; `deep` reads every byte."""
-    root_id = catalog.read_root_id(storage)
-    rows = [read_row(storage, s, root_id, now) for s in sorted(catalog.step_names(storage))]
+    root_id = rootreader.read_root_id(storage)
+    rows = [read_row(storage, s, root_id, now) for s in sorted(rootreader.step_names(storage))]
     if not (check or deep):
         return rows
     # Objects are listed AFTER the manifests were read: a step committed by then has them all.

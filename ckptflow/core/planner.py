@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.steps.checkpoint.retention import CatalogEntry, Policy, plan_retention
+from ckptflow.core.retention import CatalogEntry, Policy, plan_retention
 
 GIB = 2**30
 GB = 1e9  # storage is priced per decimal GB

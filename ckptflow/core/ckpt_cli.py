@@ -19,12 +19,12 @@ import sys
 import threading
 import time
 
-from ckptflow.steps.checkpoint import catalog, inventory, layout
-from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.steps.checkpoint.retention import POLICY_EXAMPLE, PolicyError, parse_duration
-from ckptflow.steps.checkpoint.storage import StorageError
+from ckptflow.core import layout, listing, rootreader
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
+from ckptflow.core.storage import StorageError
 
-_H = inventory.human_bytes
+_H = listing.human_bytes
 
 
 def _duration(text: str) -> float:
@@ -76,7 +76,7 @@ def _metrics_text(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "-"
 
 
-def _table(rows: list[inventory.StepRow]) -> list[str]:
+def _table(rows: list[listing.StepRow]) -> list[str]:
     head = ("STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "PIN", "TIER")
     head = (*head, "METRICS")
     body = []
@@ -89,7 +89,7 @@ def _table(rows: list[inventory.StepRow]) -> list[str]:
             (
                 str(r.step),
                 r.state,
-                inventory.human_age(r.age_s),
+                listing.human_age(r.age_s),
                 kind,
                 _H(r.logical_bytes) if done else "-",
                 _H(r.stored_bytes) if done else "-",
@@ -111,8 +111,8 @@ def _table(rows: list[inventory.StepRow]) -> list[str]:
 
 
 def cmd_ls(args) -> int:
-    st = inventory.open_root(args.root)
-    rows = inventory.build_rows(st, now=time.time(), check=True, deep=args.verify)
+    st = listing.open_root(args.root)
+    rows = listing.build_rows(st, now=time.time(), check=True, deep=args.verify)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1, sort_keys=True))
     elif not rows:
@@ -147,8 +147,8 @@ class _Progress:
 
 
 def cmd_verify(args) -> int:
-    st = inventory.open_root(args.root)
-    steps = catalog.committed_steps(st)
+    st = listing.open_root(args.root)
+    steps = rootreader.committed_steps(st)
     if args.step is not None:
         if args.step not in steps:
             raise CheckpointError(
@@ -161,7 +161,7 @@ def cmd_verify(args) -> int:
     n_bad = 0
     for step in steps:
         prog = _Progress(0, f"verify step {step}")
-        m, bad = inventory.verify_step(st, step, progress=prog.add)
+        m, bad = listing.verify_step(st, step, progress=prog.add)
         prog.close()
         if bad:
             n_bad += 1
@@ -181,12 +181,12 @@ def _committed(st, step: int) -> None:
     if not st.exists(layout.commit_path(step)):
         raise CheckpointError(
             f"step {step} is not a committed checkpoint under {st.uri}; committed steps: "
-            f"{catalog.committed_steps(st) or 'none'}"
+            f"{rootreader.committed_steps(st) or 'none'}"
         )
 
 
 def cmd_pin(args) -> int:
-    st = inventory.open_root(args.root)
+    st = listing.open_root(args.root)
     _committed(st, args.step)
     doc = {"reason": args.reason, "pinned_at": time.time()}
     st.write(f"{layout.step_dir(args.step)}/{layout.PIN}", json.dumps(doc).encode())
@@ -195,7 +195,7 @@ def cmd_pin(args) -> int:
 
 
 def cmd_unpin(args) -> int:
-    st = inventory.open_root(args.root)
+    st = listing.open_root(args.root)
     rel = f"{layout.step_dir(args.step)}/{layout.PIN}"
     if not st.exists(rel):
         _committed(st, args.step)
@@ -208,7 +208,7 @@ def cmd_unpin(args) -> int:
 
 # -- gc / archive ----------------------------------------------------------------------------------
 def cmd_gc(args) -> int:
-    from ckptflow.steps.checkpoint.gc import gc
+    from ckptflow.core.gc import gc
 
     report = gc(args.root, args.policy, apply=args.yes, grace_s=args.grace)
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
@@ -216,7 +216,7 @@ def cmd_gc(args) -> int:
 
 
 def cmd_archive(args) -> int:
-    from ckptflow.steps.checkpoint.archive import archive
+    from ckptflow.core.archive import archive
 
     report = archive(
         args.root,

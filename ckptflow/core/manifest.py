@@ -11,7 +11,6 @@ import json
 import math
 
 import torch
-from ckptflow.steps.checkpoint import layout
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -20,6 +19,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+
+from ckptflow.core import layout
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024

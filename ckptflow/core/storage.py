@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 
 import fsspec
+
 from ckptflow.steps.lib import env
 
 MULTIPART_CHUNK = 8 << 20

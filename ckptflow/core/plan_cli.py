@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from ckptflow.steps.checkpoint.planner import (
+from ckptflow.core.planner import (
     GIB,
     PlanInputs,
     PlanResult,
@@ -23,7 +23,7 @@ from ckptflow.steps.checkpoint.planner import (
     plan,
     precision_bytes,
 )
-from ckptflow.steps.checkpoint.retention import PolicyError, parse_duration
+from ckptflow.core.retention import PolicyError, parse_duration
 
 
 def build_parser() -> argparse.ArgumentParser:

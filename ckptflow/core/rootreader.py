@@ -12,10 +12,10 @@ import json
 import time
 import uuid
 
-from ckptflow.steps.checkpoint import codec, layout
-from ckptflow.steps.checkpoint import manifest as mf
-from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.core import codec, layout
+from ckptflow.core import manifest as mf
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.storage import AlreadyExists, Storage
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
 

@@ -24,10 +24,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.steps.checkpoint import catalog, inventory, layout
-from ckptflow.steps.checkpoint.errors import CorruptCheckpoint
-from ckptflow.steps.checkpoint.retention import Policy, plan_retention
-from ckptflow.steps.checkpoint.storage import Storage
+from ckptflow.core import layout, listing, rootreader
+from ckptflow.core.errors import CorruptCheckpoint
+from ckptflow.core.retention import Policy, plan_retention
+from ckptflow.core.storage import Storage
 
 DEFAULT_GRACE_S = 3600.0
 
@@ -65,7 +65,7 @@ class GcReport:
         out += [f"  warning: {w}" for w in self.warnings]
         out.append(
             f"{verb} {len(self.delete_steps)} step(s), {len(self.leftovers)} leftover(s), "
-            f"{len(self.objects)} object(s): {inventory.human_bytes(self.bytes_freed)} freed"
+            f"{len(self.objects)} object(s): {listing.human_bytes(self.bytes_freed)} freed"
         )
         if not self.applied:
             out.append("dry run: nothing was deleted; add --yes to delete")
@@ -91,16 +91,16 @@ def gc(
     """Collect a checkpoint root under `policy` (dry run unless `apply`); see the module doc."""
     now = time.time() if now is None else now
     policy = parse_policy(policy) if isinstance(policy, str) else policy
-    st = inventory.open_root(root_uri, storage, must_exist=False)
+    st = listing.open_root(root_uri, storage, must_exist=False)
     report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
-    rows = inventory.build_rows(st, now=now, check=True)
-    plan = plan_retention(inventory.entries(rows), policy, now)
+    rows = listing.build_rows(st, now=now, check=True)
+    plan = plan_retention(listing.entries(rows), policy, now)
     report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
     report.warnings += plan.warnings
     by_step = {r.step: r for r in rows}
     doomed: list[tuple[int, list]] = []
     for step in plan.delete:
-        doomed.append((step, inventory.step_files(st, step)))
+        doomed.append((step, listing.step_files(st, step)))
     for row in rows:
         if row.state != "uncommitted":
             continue
@@ -109,7 +109,7 @@ def gc(
         else:
             report.leftovers.append(row.step)
             # Only old files: a new save of the same step may have started since the look above.
-            files = [e for e in inventory.step_files(st, row.step) if e.mtime < now - grace_s]
+            files = [e for e in listing.step_files(st, row.step) if e.mtime < now - grace_s]
             doomed.append((row.step, files))
     orphans = _orphans(st, [by_step[s] for s in plan.keep], now - grace_s)
     report.orphan_files = [st.url(e.path) for e in orphans]
@@ -129,13 +129,13 @@ def gc(
     return report
 
 
-def _orphans(st: Storage, kept: list[inventory.StepRow], cutoff: float) -> list:
+def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:
     """Manifests and intents in committed steps that COMMIT does not name (a losing racer)."""
     out = []
     for row in kept:
         if row.save_id is None:
             continue
-        for e in inventory.step_files(st, row.step):
+        for e in listing.step_files(st, row.step):
             name = e.path.rsplit("/", 1)[-1]
             stem = name.removesuffix(".json")
             for prefix in ("manifest-", "saving-"):
@@ -170,15 +170,15 @@ def delete_files(st: Storage, rels: list[str], threads: int = 16) -> None:
 
 
 def referenced(
-    st: Storage, rows: list[inventory.StepRow], skip: set[int], fresh: bool, warnings: list[str]
+    st: Storage, rows: list[listing.StepRow], skip: set[int], fresh: bool, warnings: list[str]
 ) -> set[str] | None:
     """Object keys hot steps need: committed steps (listed again when `fresh`; else the rows
     less `skip`) and manifests of saves not committed yet. None when a needed manifest is
     unreadable, so no object is deleted on a guess."""
     if fresh:
         cache = {(r.step, r.save_id): r for r in rows if r.save_id and r.objects}
-        root_id = catalog.read_root_id(st)
-        committed = [_current(st, s, cache, root_id) for s in catalog.committed_steps(st)]
+        root_id = rootreader.read_root_id(st)
+        committed = [_current(st, s, cache, root_id) for s in rootreader.committed_steps(st)]
     else:
         committed = [r for r in rows if r.state != "uncommitted" and r.step not in skip]
     refs: set[str] = set()
@@ -193,7 +193,7 @@ def referenced(
             return None
         refs |= set(row.objects)
     if fresh:
-        pending = [s for s in catalog.step_names(st) if not st.exists(layout.commit_path(s))]
+        pending = [s for s in rootreader.step_names(st) if not st.exists(layout.commit_path(s))]
     else:
         pending = [r.step for r in rows if r.state == "uncommitted"]
     for step in pending:
@@ -201,17 +201,17 @@ def referenced(
     return refs
 
 
-def _current(st: Storage, step: int, cache: dict, root_id: str | None) -> inventory.StepRow:
+def _current(st: Storage, step: int, cache: dict, root_id: str | None) -> listing.StepRow:
     """A committed step's row now: the cached one when the same save is still committed."""
     try:
-        save_id = catalog.read_commit(st, step)["save_id"]
+        save_id = rootreader.read_commit(st, step)["save_id"]
     except (FileNotFoundError, CorruptCheckpoint):
         save_id = None
     row = cache.get((step, save_id))
     if row is None:
-        return inventory.read_row(st, step, root_id, time.time())
+        return listing.read_row(st, step, root_id, time.time())
     try:  # an archive run may have moved it meanwhile
-        row.tier = "archive" if catalog.locate(st, step) is not st else "hot"
+        row.tier = "archive" if rootreader.locate(st, step) is not st else "hot"
     except CorruptCheckpoint:
         row.tier = "hot"
     return row
@@ -239,16 +239,16 @@ def free_objects(
 ) -> tuple[list[str], int]:
     """Objects (among `only`, if given) older than the cutoff that no kept manifest references;
     deleted when `apply`. Returns the keys and their bytes."""
-    listing = inventory.list_objects(st)
+    present = listing.list_objects(st)
     # Listed again right before deleting: a save that committed meanwhile keeps its objects.
     refs = referenced(st, rows, skip, fresh=apply, warnings=warnings)
     if refs is None:
         return [], 0
     keys = sorted(
         k
-        for k, e in listing.items()
+        for k, e in present.items()
         if k not in refs and e.mtime < cutoff and (only is None or k in only)
     )
     if apply:
         delete_files(st, [layout.object_path(k) for k in keys])
-    return keys, sum(listing[k].size for k in keys)
+    return keys, sum(present[k].size for k in keys)

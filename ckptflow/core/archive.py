@@ -7,7 +7,7 @@ For each selected step (bases before the deltas that need them):
 2. every object the manifest needs is read (checked against its key), and written there,
    then the manifest, eval.json and, last, COMMIT (the archive step is valid only when whole);
 3. the copy is verified: manifest checksum and every object's size and checksum;
-4. `ARCHIVED` ({"uri"}) is written in the hot step folder: from then on `catalog.locate` sends
+4. `ARCHIVED` ({"uri"}) is written in the hot step folder: from then on `rootreader.locate` sends
    loads of the step to the archive root, and the hot folder keeps COMMIT + manifest + ARCHIVED
    so the step stays listed;
 5. hot objects no hot step references any more (and older than the grace) are deleted, with
@@ -27,10 +27,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.steps.checkpoint import catalog, codec, gc, inventory, layout
-from ckptflow.steps.checkpoint.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.steps.checkpoint.retention import select_for_archive
-from ckptflow.steps.checkpoint.storage import AlreadyExists, Storage
+from ckptflow.core import codec, gc, layout, listing, rootreader
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.retention import select_for_archive
+from ckptflow.core.storage import AlreadyExists, Storage
 
 
 @dataclass
@@ -55,9 +55,9 @@ class ArchiveReport:
         out += [f"  {verb} step {s}" for s in self.steps]
         out += [f"  warning: {w}" for w in self.warnings]
         out.append(
-            f"{verb} {len(self.steps)} step(s): {inventory.human_bytes(self.bytes_copied)} "
+            f"{verb} {len(self.steps)} step(s): {listing.human_bytes(self.bytes_copied)} "
             f"copied, {len(self.objects)} hot object(s), "
-            f"{inventory.human_bytes(self.bytes_freed)} freed"
+            f"{listing.human_bytes(self.bytes_freed)} freed"
         )
         if not self.applied:
             out.append("dry run: nothing was copied or deleted; add --yes to archive")
@@ -75,7 +75,7 @@ def claim_archive_root(dst: Storage, root_id: str, hot_uri: str, create: bool = 
     """Give the archive root the hot root's id (once, when `create`); refuse one that belongs
     to another run (also in a dry run, so the mistake shows before anything is copied)."""
     dst.check_reachable()
-    existing = catalog.read_root_id(dst)
+    existing = rootreader.read_root_id(dst)
     if existing is None and not create:
         return
     if existing is None:
@@ -88,7 +88,7 @@ def claim_archive_root(dst: Storage, root_id: str, hot_uri: str, create: bool = 
         }
         with contextlib.suppress(AlreadyExists):
             dst.write(layout.ROOT_MARKER, json.dumps(doc).encode(), exclusive=True)
-        existing = catalog.read_root_id(dst)
+        existing = rootreader.read_root_id(dst)
     if existing != root_id:
         raise CheckpointError(
             f"{dst.uri} holds checkpoints of another run (root id {existing}, this run's is "
@@ -101,7 +101,7 @@ def _copy_object(src: Storage, dst: Storage, key: str, size: int, fallbacks: lis
     root, so the archive copy is self-contained). Returns the bytes written."""
     rel = layout.object_path(key)
     try:
-        blob, url = catalog.read_object(src, key, fallbacks)
+        blob, url = rootreader.read_object(src, key, fallbacks)
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{src.url(rel)}: data file is missing", [src.url(rel)]) from None
     if len(blob) != size or codec.digest(blob) != key:
@@ -114,10 +114,10 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     """Copy a committed step (objects, manifest, eval.json, then COMMIT) and verify the copy.
     `present` (key -> Entry) lists the archive's objects; those of the right size are skipped
     (content-addressed: same name and size is this content; the verification reads them)."""
-    m = catalog.read_manifest(src, step)
+    m = rootreader.read_manifest(src, step)
     sizes = {k: v["size"] for k, v in m["objects"].items()}
     todo = sorted(k for k in sizes if k not in present or present[k].size != sizes[k])
-    fallbacks = catalog.parent_stores(src)
+    fallbacks = rootreader.parent_stores(src)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-archive") as pool:
         copied = sum(pool.map(lambda k: _copy_object(src, dst, k, sizes[k], fallbacks), todo))
     sd = layout.step_dir(step)
@@ -134,7 +134,7 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
                 f"{dst.url(layout.commit_path(step))} is a different save of step {step}; "
                 "archive this run to its own archive root"
             ) from None
-    _, bad = inventory.verify_step(dst, step, threads=threads)
+    _, bad = listing.verify_step(dst, step, threads=threads)
     if bad:
         raise CorruptCheckpoint(f"archive copy of step {step} is bad: " + "; ".join(bad), bad)
     return copied
@@ -154,23 +154,23 @@ def archive(
 ) -> ArchiveReport:
     """Archive hot steps older than `older_than_s` to `to_uri` (dry run unless `apply`)."""
     now = time.time() if now is None else now
-    st = inventory.open_root(root_uri, storage)
+    st = listing.open_root(root_uri, storage)
     dst = dest or Storage(to_uri)
     if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
         raise CheckpointError(
             f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"
         )
-    rows = inventory.build_rows(st, now=now, check=True)
-    chosen = select_for_archive(inventory.entries(rows), older_than_s, now)
+    rows = listing.build_rows(st, now=now, check=True)
+    chosen = select_for_archive(listing.entries(rows), older_than_s, now)
     by_step = {r.step: r for r in rows}
     report = ArchiveReport(root=st.uri, to=dst.uri, applied=apply, steps=chosen)
-    root_id = catalog.read_root_id(st)
+    root_id = rootreader.read_root_id(st)
     claim_archive_root(dst, root_id, st.uri, create=apply)
     if not apply:
         report.bytes_copied = sum(by_step[s].stored_bytes for s in chosen)
         return report
     moved: set[str] = set()
-    present = inventory.list_objects(dst)
+    present = listing.list_objects(dst)
     for i, step in enumerate(chosen):  # ascending: a delta's base is archived before it
         if progress:
             print(f"\rarchiving step {step} ({i + 1}/{len(chosen)})", end="", file=sys.stderr)
