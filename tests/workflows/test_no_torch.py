@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import importlib, pkgutil, sys
 import ckptflow.workflows
-names = [m.name for m in pkgutil.walk_packages(ckptflow.workflows.__path__, "workflows.")]
+names = [m.name for m in pkgutil.walk_packages(ckptflow.workflows.__path__, "ckptflow.workflows.")]
 for name in names:
     importlib.import_module(name)
 from ckptflow.workflows.render import BUILDER_NAMES, config, manifests
@@ -19,7 +19,7 @@ for name in BUILDER_NAMES:
     manifests(name, config())
 from ckptflow.cli import main
 assert main(["render", "pipeline", "-o", sys.argv[1]]) == 0
-loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "steps")))
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "ckptflow.steps", "steps", "workflows")))
 print(len(names), loaded)
 """
 
