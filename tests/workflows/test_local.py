@@ -10,7 +10,7 @@ import pytest
 from ckptflow.workflows.local import local_config, main
 from ckptflow.workflows.render import manifests
 from ckptflow.workflows.runner.cli import main as run_cli
-from ckptflow.workflows.runner.manifest import validate
+from ckptflow.workflows.runner.spec import validate
 
 
 @pytest.mark.parametrize("s3", [None, "http://127.0.0.1:9"])

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ckptflow.workflows.runner.manifest import ManifestError, load_manifest
+from ckptflow.workflows.runner.spec import ManifestError, load_manifest
 from ckptflow.workflows.runner.workflow import run_workflow
 
 __all__ = ["build_parser", "main", "resolve_manifest", "run_manifest"]

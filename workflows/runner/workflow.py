@@ -14,10 +14,10 @@ from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import execute
-from ckptflow.workflows.runner.manifest import arguments_of, validate, workflow_spec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
+from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
 from ckptflow.workflows.runner.substitution import parse_duration
 
 __all__ = ["RunResult", "run_workflow", "EXIT_CODES"]

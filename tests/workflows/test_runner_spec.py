@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ckptflow.workflows.runner import ManifestError, load_manifest, run_workflow
 from ckptflow.workflows.runner import depends as dep
-from ckptflow.workflows.runner.manifest import validate
+from ckptflow.workflows.runner.spec import validate
 from ckptflow.workflows.runner.when import WhenError, evaluate_when
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
