@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from ckptflow.workflows.runner import ManifestError, run_workflow
+    from ckptflow.workflows.runner import SpecError, run_workflow
 
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
             result = run_workflow(manifest, workdir=str(workdir), name=name, env=env)
-        except ManifestError as exc:
+        except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 3
         print(result.table)

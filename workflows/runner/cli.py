@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ckptflow.workflows.runner.spec import ManifestError, load_manifest
+from ckptflow.workflows.runner.spec import SpecError, load_manifest
 from ckptflow.workflows.runner.workflow import run_workflow
 
 __all__ = ["build_parser", "main", "resolve_manifest", "run_manifest"]
@@ -51,7 +51,7 @@ def parse_parameters(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise ManifestError(f"-p {pair!r}: expected NAME=VALUE")
+            raise SpecError(f"-p {pair!r}: expected NAME=VALUE")
         out[name] = value
     return out
 
@@ -59,7 +59,7 @@ def parse_parameters(pairs: list[str]) -> dict[str, str]:
 def resolve_manifest(target: str) -> dict:
     """The manifest a target names; today a file path."""
     if not Path(target).exists():
-        raise ManifestError(f"{target}: no such manifest file (give a rendered Workflow YAML)")
+        raise SpecError(f"{target}: no such manifest file (give a rendered Workflow YAML)")
     return load_manifest(target)
 
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = resolve_manifest(args.target)
         return run_manifest(manifest, args)
-    except ManifestError as exc:
+    except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return REFUSED_EXIT
 

@@ -96,7 +96,7 @@ def run_workflow(
     kill_grace: float = 3.0,
     env: dict[str, str] | None = None,
 ) -> RunResult:
-    """Run a Workflow/WorkflowTemplate manifest here; raise ManifestError before running anything
+    """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
 
     arguments: workflow parameters (like `argo submit -p`), overriding spec.arguments.
