@@ -1,4 +1,8 @@
-"""Run a whole Workflow manifest locally: the Python API behind `ckptflow run`."""
+"""Run a whole Workflow manifest locally: the Python API behind `ckptflow run`.
+
+The top of the runner: it builds the table of template executors (`dispatch`) that the others
+reach each other through, so none of them imports another upward.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +13,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import execute
+from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
@@ -58,6 +63,19 @@ class RunResult:
     def phases(self) -> dict[str, str]:
         """Display name -> phase of every node (last one wins for repeated display names)."""
         return {n["displayName"]: n["phase"] for n in self.nodes.values()}
+
+
+def dispatch() -> cx.Dispatch:
+    """The executor of each template kind, in the order a template's kind is looked up."""
+    return cx.Dispatch(
+        start=execute.start,
+        kinds={
+            "container": cx.Kind("Pod", leaf.run_template),
+            "script": cx.Kind("Pod", leaf.run_template),
+            "dag": cx.Kind("DAG", partial(execute.run_group, dag_exec.run_dag)),
+            "steps": cx.Kind("Steps", partial(execute.run_group, steps_exec.run_steps)),
+        },
+    )
 
 
 def _workflow_name(manifest: dict) -> str:
@@ -131,6 +149,7 @@ def run_workflow(
         workdir=str(work),
         cwd=str(Path(cwd or os.getcwd()).resolve()),
         pod_slots=threading.BoundedSemaphore(int(parallelism)) if parallelism else None,
+        dispatch=dispatch(),
         private_tmp=private_tmp,
         env=base_env,
     )
