@@ -66,9 +66,9 @@ def resolve_manifest(target: str) -> dict:
 def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     """Run a manifest dict with the parsed CLI options; print the table; return the exit code."""
     params = parse_parameters(args.parameter)
-    from ckptflow.workflows.runner.workflow import _workflow_name
+    from ckptflow.workflows.runner.workflow import workflow_name
 
-    name = args.name or _workflow_name(manifest)
+    name = args.name or workflow_name(manifest)
     workdir = args.workdir or str(Path("runs") / "local" / name)
     result = run_workflow(
         manifest,

@@ -25,7 +25,7 @@ from ckptflow.workflows.runner.report import Reporter, final_table, write_status
 from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
 from ckptflow.workflows.runner.substitution import parse_duration
 
-__all__ = ["RunResult", "run_workflow", "EXIT_CODES"]
+__all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES"]
 
 EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, ERROR: 2}
 INTERRUPTED_EXIT = 130
@@ -78,7 +78,7 @@ def dispatch() -> cx.Dispatch:
     )
 
 
-def _workflow_name(manifest: dict) -> str:
+def workflow_name(manifest: dict) -> str:
     meta = manifest.get("metadata") or {}
     suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
     if manifest.get("kind") in ("WorkflowTemplate", "ClusterWorkflowTemplate"):
@@ -127,7 +127,7 @@ def run_workflow(
     base_env = dict(os.environ if env is None else env)
     validate(spec, env=base_env)
     params = arguments_of(spec, arguments)
-    wf_name = name or _workflow_name(manifest)
+    wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     status_path = str(Path(status_file).resolve() if status_file else work / "status.json")
