@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ckptflow.run_cli import main
+import pytest
+
+from ckptflow.run_cli import BUILDER_TARGETS, main
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "workflows" / "fixtures" / "runner"
@@ -41,3 +43,41 @@ def test_run_cli_imports_neither_hera_nor_torch():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_builder_targets_are_the_local_modes():
+    from ckptflow.workflows.local import LOCAL_TARGETS
+
+    assert BUILDER_TARGETS == LOCAL_TARGETS
+
+
+def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ckptflow.cli", "run", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_a_missing_file_or_a_bad_parameter_is_one_line_and_exit_3(tmp_path):
+    done = _run(str(tmp_path / "nope.yaml"))
+    assert done.returncode == 3
+    assert done.stderr.strip() == (
+        f"ckptflow run: {tmp_path / 'nope.yaml'}: no such manifest file "
+        "(give a rendered Workflow YAML)"
+    )
+    done = _run(str(FIXTURES / "steps.yaml"), "-p", "greeting", "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 3
+    assert done.stderr.strip() == "ckptflow run: -p 'greeting': expected NAME=VALUE"
+
+
+def test_a_file_named_like_a_builder_is_run_as_a_file(tmp_path):
+    (tmp_path / "pipeline").write_text((FIXTURES / "steps.yaml").read_text())
+    done = _run("pipeline", "--workdir", str(tmp_path / "w"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Succeeded" in done.stdout
+
+
+def test_help_names_both_kinds_of_target(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "-p NAME=VALUE" in out and "--shared-tmp" in out and "pipeline" in out

@@ -8,6 +8,7 @@ Read from the source with `ast`, so an import hidden inside a function counts to
 from __future__ import annotations
 
 import ast
+import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 PKG = "ckptflow.workflows.runner"
 RUNNER = Path(__file__).resolve().parents[2] / "workflows" / "runner"
+ALLOWED_THIRD_PARTY = {"yaml"}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -65,3 +67,17 @@ def test_runner_modules_import_each_other_without_a_cycle():
     except CycleError as exc:
         cycle = " imports ".join(reversed(exc.args[1]))  # graphlib lists importers after
         pytest.fail(f"import cycle among runner modules: {cycle}")
+
+
+def test_runner_imports_only_itself_the_standard_library_and_yaml():
+    bad = {}
+    for name, targets in _graph().items():
+        for target in targets:
+            top = target.split(".")[0]
+            if target == PKG or target.startswith(f"{PKG}."):
+                continue
+            if top == "ckptflow" or top in ("hera", "torch", "steps", "workflows"):
+                bad.setdefault(name, []).append(target)  # builders, core, steps: not standalone
+            elif top not in sys.stdlib_module_names and top not in ALLOWED_THIRD_PARTY:
+                bad.setdefault(name, []).append(target)
+    assert bad == {}, f"runner modules importing outside the runner: {bad}"

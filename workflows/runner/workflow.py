@@ -25,10 +25,11 @@ from ckptflow.workflows.runner.report import Reporter, final_table, write_status
 from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
 from ckptflow.workflows.runner.substitution import parse_duration
 
-__all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES"]
+__all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES", "REFUSED_EXIT"]
 
 EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, ERROR: 2}
 INTERRUPTED_EXIT = 130
+REFUSED_EXIT = 3  # SpecError: the manifest was refused before anything ran
 
 
 @dataclass
