@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "inspect, verify, pin, archive and gc checkpoints",
     ),
     "run": (
-        "ckptflow.workflows.runner.cli",
+        "ckptflow.run_cli",
         "main",
         "run a rendered Argo Workflow manifest locally",
     ),

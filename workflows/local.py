@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
 from ckptflow.workflows.render import builder, manifests, to_yaml
+from ckptflow.workflows.runner import REFUSED_EXIT, SpecError, run_workflow
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
 S3_BUCKET = "ckptflow-local"
@@ -212,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from ckptflow.workflows.runner import ManifestError, run_workflow
-
     runs_dir = Path(args.runs_dir).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -237,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
             result = run_workflow(manifest, workdir=str(workdir), name=name, env=env)
-        except ManifestError as exc:
+        except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
-            return 3
+            return REFUSED_EXIT
         print(result.table)
         print(
             f"\nworkflow {result.name}: {result.phase}"

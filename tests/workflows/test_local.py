@@ -9,8 +9,7 @@ import sys
 import pytest
 from ckptflow.workflows.local import local_config, main
 from ckptflow.workflows.render import manifests
-from ckptflow.workflows.runner.cli import main as run_cli
-from ckptflow.workflows.runner.manifest import validate
+from ckptflow.workflows.runner.spec import validate
 
 
 @pytest.mark.parametrize("s3", [None, "http://127.0.0.1:9"])
@@ -32,11 +31,6 @@ def test_local_manifest_is_runnable_by_the_local_runner(tmp_path, s3):
 def test_run_without_local_points_at_submit(capsys):
     assert main(["pipeline"]) == 2
     assert "--local" in capsys.readouterr().err
-
-
-def test_run_builder_name_reaches_the_local_runner_hook(capsys):
-    assert run_cli(["pipeline", "--set", "pretrain.rnks=2", "--local"]) == 2
-    assert "did you mean pretrain.ranks" in capsys.readouterr().err
 
 
 @pytest.mark.slow

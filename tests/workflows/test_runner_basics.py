@@ -130,8 +130,8 @@ def test_workflow_template_with_arguments_and_env(tmp_path):
 
 @pytest.mark.parametrize("bad", [{"mood": "sad", "who": "x"}, {}])
 def test_workflow_template_rejects_bad_arguments(tmp_path, bad):
-    from ckptflow.workflows.runner import ManifestError
+    from ckptflow.workflows.runner import SpecError
 
-    with pytest.raises(ManifestError, match="mood|who"):
+    with pytest.raises(SpecError, match="mood|who"):
         run_fixture("workflow-template", tmp_path, arguments=bad)
     assert not (tmp_path / "run").exists()

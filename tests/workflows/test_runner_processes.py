@@ -95,23 +95,6 @@ def test_workflow_parallelism_limits_concurrent_processes(tmp_path):
     assert len(events) == 8 and peak == 2
 
 
-def test_cli_runs_a_file_and_maps_phase_to_exit_code(tmp_path):
-    status = tmp_path / "status.json"
-    cmd = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "steps.yaml"),
-           "-p", "greeting=yo", "--workdir", str(tmp_path / "w"), "--status-file", str(status)]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "TASK" in done.stdout and "Succeeded" in done.stdout
-    assert "started" in done.stderr  # plain progress lines when not on a terminal
-    assert status.exists()
-    failing = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "fail-fast.yaml"),
-               "--workdir", str(tmp_path / "f")]  # fmt: skip
-    assert subprocess.run(failing, cwd=REPO, capture_output=True, timeout=60).returncode == 1
-    refused = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "refused.yaml")]
-    done = subprocess.run(refused, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 3 and "resource templates" in done.stderr
-
-
 def test_ctrl_c_stops_every_process(tmp_path):
     pidfile = tmp_path / "pid"
     cmd = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "interrupt.yaml"),

@@ -1,9 +1,18 @@
-"""A local runner for rendered Argo Workflow manifests (no cluster): `ckptflow run FILE.yaml`.
+"""A local interpreter for rendered Argo Workflow manifests (no cluster): the API behind
+`ckptflow run FILE.yaml` (ckptflow/run_cli.py).
 
-Pure Python + PyYAML; it imports neither hera nor torch.
+Standalone: pure Python + PyYAML. It imports nothing else of ckptflow (no builders, no
+checkpoint core), neither hera nor torch (tests/workflows/test_runner_imports.py).
 """
 
-from ckptflow.workflows.runner.manifest import ManifestError, load_manifest
-from ckptflow.workflows.runner.workflow import RunResult, run_workflow
+from ckptflow.workflows.runner.spec import SpecError, load_manifest
+from ckptflow.workflows.runner.workflow import REFUSED_EXIT, RunResult, run_workflow, workflow_name
 
-__all__ = ["ManifestError", "RunResult", "load_manifest", "run_workflow"]
+__all__ = [
+    "REFUSED_EXIT",
+    "SpecError",
+    "RunResult",
+    "load_manifest",
+    "run_workflow",
+    "workflow_name",
+]

@@ -1,14 +1,17 @@
 """What DAG and steps templates share: resolve a step/task, expand its loop, honour `when`,
 and start its children within the template's `parallelism`.
+
+Children start through `run.dispatch.start` (execute.start, handed down by workflow.py): importing
+execute would be a cycle, since execute runs the DAG/steps templates that use this module.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import execute
 from ckptflow.workflows.runner.nodes import ERROR, SKIPPED, Node
 from ckptflow.workflows.runner.substitution import (
     expand_items,
@@ -89,7 +92,7 @@ def start_unit(
         p["name"]: to_str(p.get("value", ""))
         for p in (unit.spec.get("arguments") or {}).get("parameters") or []
     }
-    return execute.start(
+    return run.dispatch.start(
         run,
         name=unit.name,
         display=unit.display,
@@ -129,8 +132,6 @@ class Launcher:
 
     def wait_all_done(self, run: cx.Run, timeout: float = 30.0) -> None:
         """After the scope ended: wait until stopped daemons have really finished."""
-        import time
-
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             gen = run.store.generation

@@ -1,4 +1,5 @@
-"""Shared state of one local run, cancellation scopes, and the `{{tasks.X...}}` variables.
+"""Shared state of one local run, the executors it dispatches to, cancellation scopes, and the
+`{{tasks.X...}}` variables.
 
 A Scope is a region of the workflow that can end early: the whole workflow (deadline, Ctrl-C),
 a template with its own deadline, or a DAG/steps template whose daemons must stop when it
@@ -10,14 +11,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
-from ckptflow.workflows.runner.substitution import to_str
+from ckptflow.workflows.runner.substitution import parse_duration, to_str
 
-__all__ = ["Run", "Scope", "node_vars", "aggregate_vars", "LOCAL_IP"]
+__all__ = ["Dispatch", "Kind", "Run", "Scope", "node_vars", "aggregate_vars", "LOCAL_IP"]
 
 LOCAL_IP = "127.0.0.1"
 
@@ -58,6 +60,34 @@ class Scope:
         return self.parent.reason() if self.parent is not None else None
 
 
+def template_deadline(tmpl: dict) -> float | None:
+    """A template's own deadline in seconds (the smaller of activeDeadlineSeconds and timeout)."""
+    values = [parse_duration(tmpl[k]) for k in ("activeDeadlineSeconds", "timeout") if k in tmpl]
+    return min(values) if values else None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one template kind runs: the node type Argo gives it, and one attempt of it,
+    `run(run, node, template, values, scope, on_daemon)`, which substitutes `values` into the
+    template, runs it and records the outcome on `node`."""
+
+    node_type: str
+    run: Callable[..., None]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """The executors of a run, built by `workflow.py` and handed down in `Run`.
+
+    Executors reach each other only through it, never by importing one another: a DAG's tasks
+    start templates again, so execute -> dag_exec -> children -> execute would be an import cycle.
+    """
+
+    start: Callable[..., Node]  # invoke a template as a node: `execute.start`
+    kinds: dict[str, Kind]  # template key ("container", "dag", ...) -> its Kind, in match order
+
+
 @dataclass
 class Run:
     """Everything the executors of one workflow run share."""
@@ -73,6 +103,7 @@ class Run:
     workdir: str
     cwd: str
     pod_slots: threading.BoundedSemaphore | None
+    dispatch: Dispatch
     private_tmp: bool = True
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)

@@ -1,8 +1,9 @@
 """Invoke one template as one node: bind inputs, apply retryStrategy, dispatch by kind.
 
 `start` creates the node at once (so schedulers see it immediately) and runs the body in a
-thread; the body substitutes `{{inputs.*}}`, `{{workflow.*}}` and `{{retries}}` into the template
-and hands it to the leaf, DAG or steps executor.
+thread; the body gathers `{{inputs.*}}`, `{{workflow.*}}` and `{{retries}}` and hands the template
+to the executor of its kind, found in `run.dispatch` (leaf, DAG or steps: see workflow.py), never
+imported from here. `run_group` is what DAG and steps templates share around their executor.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
-__all__ = ["start", "kind_of"]
+__all__ = ["start", "kind_of", "run_group"]
 
-NODE_TYPES = {"container": "Pod", "script": "Pod", "dag": "DAG", "steps": "Steps"}
+# A DAG/steps executor: (run, node, substituted body, scope) -> (phase, message, local variables)
+GroupBody = Callable[[cx.Run, Node, dict, cx.Scope], tuple[str, str, dict]]
 
 
-def kind_of(tmpl: dict) -> str:
-    return next(k for k in NODE_TYPES if k in tmpl)
+def kind_of(run: cx.Run, tmpl: dict) -> cx.Kind:
+    """The Kind of a template: the first key of `run.dispatch.kinds` it has."""
+    return next(kind for key, kind in run.dispatch.kinds.items() if key in tmpl)
 
 
 def bind_inputs(tmpl: dict, args: dict[str, str]) -> list[dict]:
@@ -55,9 +58,9 @@ def start(
     """Create the node for invoking `template` and start running it in a thread."""
     tmpl = run.templates[template]
     strategy = tmpl.get("retryStrategy")
-    if strategy is None and kind_of(tmpl) in ("container", "script"):
+    if strategy is None and kind_of(run, tmpl).node_type == "Pod":
         strategy = run.spec.get("retryStrategy")  # the workflow's default, for leaf templates
-    node_type = "Retry" if strategy is not None else NODE_TYPES[kind_of(tmpl)]
+    node_type = "Retry" if strategy is not None else kind_of(run, tmpl).node_type
     node = run.store.create(
         name, display, node_type, template_name=template, boundary_id=boundary_id, parents=parents
     )
@@ -117,7 +120,7 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
         child = run.store.create(
             f"{node.name}({attempt})",
             f"{node.display_name}({attempt})",
-            NODE_TYPES[kind_of(tmpl)],
+            kind_of(run, tmpl).node_type,
             template_name=tmpl["name"],
             boundary_id=boundary_id,
             parents=[node],
@@ -160,11 +163,6 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
         attempt += 1
 
 
-def _template_deadline(tmpl: dict) -> float | None:
-    values = [parse_duration(tmpl[k]) for k in ("activeDeadlineSeconds", "timeout") if k in tmpl]
-    return min(values) if values else None
-
-
 def run_once(
     run: cx.Run,
     node: Node,
@@ -186,34 +184,26 @@ def run_once(
     values["retries"] = str(retries)
     values["pod.name"] = node.id
     values["node.name"] = node.name
-    kind = kind_of(tmpl)
-    if kind in ("container", "script") and run.private_tmp:
-        from ckptflow.workflows.runner import leaf
+    kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
 
-        tmpl = leaf.map_tmp(tmpl, leaf.pod_dir(run, node))
+
+def run_group(
+    run_body: GroupBody,
+    run: cx.Run,
+    node: Node,
+    tmpl: dict,
+    values: dict[str, str],
+    scope: cx.Scope,
+    on_daemon: Callable[[Node], None] | None,
+) -> None:
+    """One attempt of a DAG/steps template: substitute, run its children with `run_body` within
+    the template's deadline, then collect the template's outputs. With `run_body` bound
+    (`partial`), this is those kinds' `Kind.run`; `on_daemon` is unused (only pods are daemons)."""
     body = substitute(tmpl, values)
-    deadline = _template_deadline(tmpl)
-    if kind in ("container", "script"):
-        from ckptflow.workflows.runner import leaf, volumes
-
-        mapping = volumes.mounts(run.spec, body, run.workdir, leaf.pod_dir(run, node))
-        body = volumes.apply_mounts(body, mapping)
-        missing = unresolved(body, skip=("outputs",))
-        if missing:
-            run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
-            return
-        leaf.run_leaf(run, node, body, scope, deadline, on_daemon)
-        return
+    deadline = cx.template_deadline(tmpl)
     inner = scope.child(deadline, cx.DEADLINE) if deadline is not None else scope
     run.store.update(node, phase=RUNNING)
-    if kind == "dag":
-        from ckptflow.workflows.runner import dag_exec
-
-        phase, message, local = dag_exec.run_dag(run, node, body, inner)
-    else:
-        from ckptflow.workflows.runner import steps_exec
-
-        phase, message, local = steps_exec.run_steps(run, node, body, inner)
+    phase, message, local = run_body(run, node, body, inner)
     outputs = None
     if phase == SUCCEEDED:
         try:

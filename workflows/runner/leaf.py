@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.process import wait_ready
-from ckptflow.workflows.runner.substitution import to_str
+from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
 
-__all__ = ["run_leaf"]
+__all__ = ["run_template"]
 
 _PYTHONS = ("python", "python3")
 
@@ -146,6 +147,23 @@ def _wait_slot(run: cx.Run, scope: cx.Scope) -> bool:
         if run.pod_slots.acquire(timeout=0.05):
             return True
     return False
+
+
+def run_template(
+    run: cx.Run, node: Node, tmpl: dict, values: dict[str, str], scope: cx.Scope, on_daemon
+) -> None:
+    """One attempt of a container/script template as `node` (the leaves' Kind `run`): private
+    /tmp paths, substitution, volume mounts, then the process."""
+    if run.private_tmp:
+        tmpl = map_tmp(tmpl, pod_dir(run, node))
+    body = substitute(tmpl, values)
+    mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
+    body = volumes.apply_mounts(body, mapping)
+    missing = unresolved(body, skip=("outputs",))
+    if missing:
+        run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
+        return
+    run_leaf(run, node, body, scope, cx.template_deadline(tmpl), on_daemon)
 
 
 def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, on_daemon) -> None:

@@ -1,4 +1,8 @@
-"""Run a whole Workflow manifest locally: the Python API behind `ckptflow run`."""
+"""Run a whole Workflow manifest locally: the Python API behind `ckptflow run`.
+
+The top of the runner: it builds the table of template executors (`dispatch`) that the others
+reach each other through, so none of them imports another upward.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,23 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import execute
-from ckptflow.workflows.runner.manifest import arguments_of, validate, workflow_spec
+from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
+from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
 from ckptflow.workflows.runner.substitution import parse_duration
 
-__all__ = ["RunResult", "run_workflow", "EXIT_CODES"]
+__all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES", "REFUSED_EXIT"]
 
 EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, ERROR: 2}
 INTERRUPTED_EXIT = 130
+REFUSED_EXIT = 3  # SpecError: the manifest was refused before anything ran
 
 
 @dataclass
@@ -60,7 +66,20 @@ class RunResult:
         return {n["displayName"]: n["phase"] for n in self.nodes.values()}
 
 
-def _workflow_name(manifest: dict) -> str:
+def dispatch() -> cx.Dispatch:
+    """The executor of each template kind, in the order a template's kind is looked up."""
+    return cx.Dispatch(
+        start=execute.start,
+        kinds={
+            "container": cx.Kind("Pod", leaf.run_template),
+            "script": cx.Kind("Pod", leaf.run_template),
+            "dag": cx.Kind("DAG", partial(execute.run_group, dag_exec.run_dag)),
+            "steps": cx.Kind("Steps", partial(execute.run_group, steps_exec.run_steps)),
+        },
+    )
+
+
+def workflow_name(manifest: dict) -> str:
     meta = manifest.get("metadata") or {}
     suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
     if manifest.get("kind") in ("WorkflowTemplate", "ClusterWorkflowTemplate"):
@@ -83,6 +102,92 @@ def _wait(run: cx.Run, node, scope: cx.Scope) -> bool:
     return interrupted
 
 
+def _new_run(manifest: dict, spec: dict, params: dict[str, str], store: NodeStore, **kw) -> cx.Run:
+    """The shared state of one run (`kw`: name, workdir, cwd, kill_grace, private_tmp, env)."""
+    meta = manifest.get("metadata") or {}
+    parallelism = spec.get("parallelism")
+    return cx.Run(
+        name=kw["name"],
+        uid=str(uuid.uuid4()),
+        namespace=str(meta.get("namespace") or "default"),
+        spec=spec,
+        templates={t["name"]: t for t in spec["templates"]},
+        parameters=params,
+        store=store,
+        registry=ProcessRegistry(kw["kill_grace"]),
+        workdir=kw["workdir"],
+        cwd=str(Path(kw["cwd"] or os.getcwd()).resolve()),
+        pod_slots=threading.BoundedSemaphore(int(parallelism)) if parallelism else None,
+        dispatch=dispatch(),
+        private_tmp=kw["private_tmp"],
+        env=kw["env"],
+    )
+
+
+def _document(run: cx.Run, state: dict) -> dict:
+    """The status document as `argo get -o json` shows it (`state`: phase, message, times)."""
+    nodes = run.store.to_status()
+    pods = [n for n in nodes.values() if n["type"] == "Pod"]
+    done = sum(1 for n in pods if n["phase"] in DONE)
+    status = {
+        "phase": state["phase"],
+        "startedAt": rfc3339(state["started"]),
+        "finishedAt": rfc3339(state["finished"]),
+        "progress": f"{done}/{len(pods)}",
+        "nodes": nodes,
+    }
+    if state["message"]:
+        status["message"] = state["message"]
+    if run.global_outputs:
+        status["outputs"] = {
+            "parameters": [{"name": k, "value": v} for k, v in run.global_outputs.items()]
+        }
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": run.name, "uid": run.uid, "namespace": run.namespace},
+        "status": status,
+    }
+
+
+def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
+    """Run the entrypoint, then the exit handler; return (phase, message, interrupted)."""
+    spec, params, wf_name = run.spec, run.parameters, run.name
+    root = execute.start(
+        run, name=wf_name, display=wf_name, template=spec["entrypoint"], args=params,
+        boundary_id=None, parents=[], scope=scope,
+    )  # fmt: skip
+    interrupted = _wait(run, root, scope)
+    phase, message = root.phase, root.message
+    if scope.reason() is not None and scope.reason()[0] == cx.DEADLINE:
+        phase, message = FAILED, scope.reason()[1]
+    if spec.get("onExit") and not interrupted:
+        run.exit_vars = {"workflow.status": phase, "workflow.failures": cx.failures(run.store)}
+        exit_scope = cx.Scope()
+        handler = execute.start(
+            run, name=f"{wf_name}.onExit", display=f"{wf_name}.onExit",
+            template=spec["onExit"], args=params, boundary_id=None, parents=[], scope=exit_scope,
+        )  # fmt: skip
+        interrupted = _wait(run, handler, exit_scope)
+        if phase == SUCCEEDED and handler.phase != SUCCEEDED:
+            phase, message = (
+                handler.phase,
+                f"exit handler {handler.phase.lower()}: {handler.message}",
+            )
+    if interrupted:
+        phase, message = FAILED, "Stopped by user (interrupted)"
+    return phase, message, interrupted
+
+
+def _stop_everything(run: cx.Run) -> None:
+    """Stop every process still running and wait for the executors' threads."""
+    run.registry.stop_all()
+    with run.threads_lock:
+        threads = list(run.threads)
+    for t in threads:
+        t.join(timeout=10)
+
+
 def run_workflow(
     manifest: dict,
     *,
@@ -96,7 +201,7 @@ def run_workflow(
     kill_grace: float = 3.0,
     env: dict[str, str] | None = None,
 ) -> RunResult:
-    """Run a Workflow/WorkflowTemplate manifest here; raise ManifestError before running anything
+    """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
 
     arguments: workflow parameters (like `argo submit -p`), overriding spec.arguments.
@@ -109,95 +214,29 @@ def run_workflow(
     base_env = dict(os.environ if env is None else env)
     validate(spec, env=base_env)
     params = arguments_of(spec, arguments)
-    wf_name = name or _workflow_name(manifest)
+    wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     status_path = str(Path(status_file).resolve() if status_file else work / "status.json")
-    meta = manifest.get("metadata") or {}
-    started = time.time()
-    state = {"phase": "Running", "message": "", "finished": None}
+    state = {"phase": "Running", "message": "", "started": time.time(), "finished": None}
     reporter = Reporter(stream)
     store = NodeStore(wf_name, on_change=reporter.on_change)
-    parallelism = spec.get("parallelism")
-    run = cx.Run(
-        name=wf_name,
-        uid=str(uuid.uuid4()),
-        namespace=str(meta.get("namespace") or "default"),
-        spec=spec,
-        templates={t["name"]: t for t in spec["templates"]},
-        parameters=params,
-        store=store,
-        registry=ProcessRegistry(kill_grace),
-        workdir=str(work),
-        cwd=str(Path(cwd or os.getcwd()).resolve()),
-        pod_slots=threading.BoundedSemaphore(int(parallelism)) if parallelism else None,
-        private_tmp=private_tmp,
-        env=base_env,
-    )
-
-    def document() -> dict:
-        nodes = store.to_status()
-        pods = [n for n in nodes.values() if n["type"] == "Pod"]
-        done = sum(1 for n in pods if n["phase"] in DONE)
-        status = {
-            "phase": state["phase"],
-            "startedAt": rfc3339(started),
-            "finishedAt": rfc3339(state["finished"]),
-            "progress": f"{done}/{len(pods)}",
-            "nodes": nodes,
-        }
-        if state["message"]:
-            status["message"] = state["message"]
-        if run.global_outputs:
-            status["outputs"] = {
-                "parameters": [{"name": k, "value": v} for k, v in run.global_outputs.items()]
-            }
-        return {
-            "apiVersion": "argoproj.io/v1alpha1",
-            "kind": "Workflow",
-            "metadata": {"name": wf_name, "uid": run.uid, "namespace": run.namespace},
-            "status": status,
-        }
-
-    reporter.status = lambda: write_status(status_path, document())
+    run = _new_run(
+        manifest, spec, params, store, name=wf_name, workdir=str(work), cwd=cwd,
+        kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
+    )  # fmt: skip
+    reporter.status = lambda: write_status(status_path, _document(run, state))
     reporter.start(store)
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
-    interrupted = False
     try:
-        root = execute.start(
-            run, name=wf_name, display=wf_name, template=spec["entrypoint"], args=params,
-            boundary_id=None, parents=[], scope=scope,
-        )  # fmt: skip
-        interrupted = _wait(run, root, scope)
-        phase, message = root.phase, root.message
-        if scope.reason() is not None and scope.reason()[0] == cx.DEADLINE:
-            phase, message = FAILED, scope.reason()[1]
-        if spec.get("onExit") and not interrupted:
-            run.exit_vars = {"workflow.status": phase, "workflow.failures": cx.failures(store)}
-            exit_scope = cx.Scope()
-            handler = execute.start(
-                run, name=f"{wf_name}.onExit", display=f"{wf_name}.onExit",
-                template=spec["onExit"], args=params, boundary_id=None, parents=[], scope=exit_scope,
-            )  # fmt: skip
-            interrupted = _wait(run, handler, exit_scope)
-            if phase == SUCCEEDED and handler.phase != SUCCEEDED:
-                phase, message = (
-                    handler.phase,
-                    f"exit handler {handler.phase.lower()}: {handler.message}",
-                )
-        if interrupted:
-            phase, message = FAILED, "Stopped by user (interrupted)"
+        phase, message, interrupted = _run_to_end(run, scope)
     finally:
-        run.registry.stop_all()
-        with run.threads_lock:
-            threads = list(run.threads)
-        for t in threads:
-            t.join(timeout=10)
+        _stop_everything(run)
         state["finished"] = time.time()
     state["phase"], state["message"] = phase, message
     reporter.stop()
-    doc = document()
+    doc = _document(run, state)
     return RunResult(
         name=wf_name,
         phase=phase,

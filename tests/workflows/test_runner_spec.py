@@ -7,9 +7,9 @@ import io
 from pathlib import Path
 
 import pytest
-from ckptflow.workflows.runner import ManifestError, load_manifest, run_workflow
+from ckptflow.workflows.runner import SpecError, load_manifest, run_workflow
 from ckptflow.workflows.runner import depends as dep
-from ckptflow.workflows.runner.manifest import validate
+from ckptflow.workflows.runner.spec import validate
 from ckptflow.workflows.runner.when import WhenError, evaluate_when
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runner"
@@ -21,7 +21,7 @@ def spec_with(template: dict, **spec) -> dict:
 
 def test_refused_manifest_names_each_field_and_template(tmp_path):
     manifest = load_manifest(str(FIXTURES / "refused.yaml"))
-    with pytest.raises(ManifestError) as info:
+    with pytest.raises(SpecError) as info:
         run_workflow(manifest, workdir=str(tmp_path / "w"), stream=io.StringIO(), name="x")
     text = str(info.value)
     assert "spec: volumes.data: only emptyDir, persistentVolumeClaim, hostPath" in text
@@ -42,7 +42,7 @@ def test_secret_env_is_taken_from_the_runner_environment(tmp_path):
             "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
         },
     }
-    with pytest.raises(ManifestError, match="export TOKEN"):
+    with pytest.raises(SpecError, match="export TOKEN"):
         validate(spec_with(tmpl), env={})
     validate(spec_with(tmpl), env={"TOKEN": "t0k"})
 
@@ -80,7 +80,7 @@ def test_secret_env_is_taken_from_the_runner_environment(tmp_path):
     ],
 )
 def test_unsupported_fields_are_refused(template, needle):
-    with pytest.raises(ManifestError) as info:
+    with pytest.raises(SpecError) as info:
         validate(spec_with(template), env={})
     assert needle in str(info.value)
     assert f"template {template['name']!r}" in str(info.value) or "spec" in str(info.value)

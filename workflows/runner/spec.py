@@ -1,5 +1,5 @@
-"""Load a Workflow / WorkflowTemplate manifest and refuse, before anything runs, what the local
-runner cannot do faithfully.
+"""The Argo spec parser: load a Workflow / WorkflowTemplate manifest (Argo YAML) and refuse,
+before anything runs, what the local runner cannot do faithfully.
 
 Fields with no meaning on one machine (image, resources, scheduling, pod metadata) are ignored;
 fields that change what runs or how (artifacts, configMap/secret volumes, resource templates,
@@ -18,7 +18,7 @@ from ckptflow.workflows.runner import depends as dep
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, to_str
 from ckptflow.workflows.runner.volumes import volume_problems
 
-__all__ = ["ManifestError", "load_manifest", "validate", "workflow_spec"]
+__all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
 
 KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
@@ -76,21 +76,22 @@ _WHY = {
 }
 
 
-class ManifestError(ValueError):
-    """The manifest cannot run locally; the message lists every problem with its field."""
+class SpecError(ValueError):
+    """The Argo Workflow manifest cannot run locally; the message lists every problem with its
+    field. (Not `ckptflow.core.manifest.ManifestError`: that one is a checkpoint's JSON manifest.)"""
 
 
 def load_manifest(path: str) -> dict:
     """Read a YAML (or JSON) manifest holding one Workflow or WorkflowTemplate."""
     p = Path(path)
     if not p.is_file():
-        raise ManifestError(f"{path}: no such manifest file")
+        raise SpecError(f"{path}: no such manifest file")
     try:
         docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
     if len(docs) != 1 or not isinstance(docs[0], dict):
-        raise ManifestError(f"{path}: expected exactly one Workflow document, found {len(docs)}")
+        raise SpecError(f"{path}: expected exactly one Workflow document, found {len(docs)}")
     return docs[0]
 
 
@@ -99,12 +100,12 @@ def workflow_spec(manifest: dict) -> dict:
     if "spec" in manifest or "kind" in manifest:
         kind = manifest.get("kind", "Workflow")
         if kind not in KINDS:
-            raise ManifestError(f"kind {kind!r} cannot run; expected one of {', '.join(KINDS)}")
+            raise SpecError(f"kind {kind!r} cannot run; expected one of {', '.join(KINDS)}")
         spec = manifest.get("spec")
         if kind == "CronWorkflow" and isinstance(spec, dict):
             spec = spec.get("workflowSpec")  # run one instance now, ignoring the schedule
         if not isinstance(spec, dict):
-            raise ManifestError("manifest has no spec")
+            raise SpecError("manifest has no spec")
         return spec
     return manifest
 
@@ -341,11 +342,11 @@ def _strings(obj: Any):
 
 
 def validate(spec: dict, env: dict[str, str] | None = None) -> None:
-    """Raise ManifestError listing every unsupported or invalid field of a workflow spec."""
+    """Raise SpecError listing every unsupported or invalid field of a workflow spec."""
     errors = _Checker(spec, dict(os.environ if env is None else env)).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))
-        raise ManifestError(f"the manifest cannot run locally:\n  {lines}")
+        raise SpecError(f"the manifest cannot run locally:\n  {lines}")
 
 
 def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
@@ -364,12 +365,10 @@ def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]
             continue
         enum = p.get("enum")
         if enum and values[name] not in [to_str(e) for e in enum]:
-            raise ManifestError(f"parameter {name}={values[name]!r} is not one of {enum}")
+            raise SpecError(f"parameter {name}={values[name]!r} is not one of {enum}")
     for name, value in overrides.items():
         values.setdefault(name, value)
     if missing:
         flags = " ".join(f"-p {m}=VALUE" for m in missing)
-        raise ManifestError(
-            f"workflow parameters without a value: {', '.join(missing)}; pass {flags}"
-        )
+        raise SpecError(f"workflow parameters without a value: {', '.join(missing)}; pass {flags}")
     return values

@@ -1,7 +1,12 @@
-"""`ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE]`.
+"""`ckptflow run`: run a workflow on this machine, from one of two kinds of target.
 
-The file path is one kind of target; `resolve_manifest` is the place to add others (a pipeline
-builder name rendered to a manifest), all ending in `run_manifest`, which takes a manifest dict.
+- `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
+  [--shared-tmp]`: a rendered manifest, handed to the local runner's API
+  (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
+- `ckptflow run pipeline --local [--s3] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
+  builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
+
+A file of that name wins over the builder name. Only the second kind imports hera.
 """
 
 from __future__ import annotations
@@ -12,13 +17,19 @@ import signal
 import sys
 from pathlib import Path
 
-from ckptflow.workflows.runner.manifest import ManifestError, load_manifest
-from ckptflow.workflows.runner.workflow import run_workflow
+from ckptflow.workflows.runner import (
+    REFUSED_EXIT,
+    SpecError,
+    load_manifest,
+    run_workflow,
+    workflow_name,
+)
 
-__all__ = ["build_parser", "main", "resolve_manifest", "run_manifest"]
+__all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
 
-REFUSED_EXIT = 3  # the manifest was refused before anything ran
-BUILDER_TARGETS = ("pipeline", "pretrain", "finetune")  # see workflows/local.py
+# The builder names `ckptflow run NAME --local` renders; ckptflow.workflows.local.LOCAL_TARGETS
+# (written out here so that running a file never imports hera; a test keeps the two equal).
+BUILDER_TARGETS = ("pipeline", "pretrain", "finetune")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ckptflow run",
         description="Run a rendered Argo Workflow (or WorkflowTemplate) manifest on this machine. "
         "Exit code: 0 Succeeded, 1 Failed, 2 Error, 3 refused manifest, 130 interrupted.",
+        epilog=f"`ckptflow run {{{','.join(BUILDER_TARGETS)}}} --local` renders a workflow and "
+        "runs it here (see `ckptflow run pipeline --help`).",
     )
     p.add_argument("target", help="a Workflow/WorkflowTemplate manifest (YAML or JSON)")
     p.add_argument(
@@ -51,24 +64,22 @@ def parse_parameters(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise ManifestError(f"-p {pair!r}: expected NAME=VALUE")
+            raise SpecError(f"-p {pair!r}: expected NAME=VALUE")
         out[name] = value
     return out
 
 
 def resolve_manifest(target: str) -> dict:
-    """The manifest a target names; today a file path."""
+    """The manifest a file target names."""
     if not Path(target).exists():
-        raise ManifestError(f"{target}: no such manifest file (give a rendered Workflow YAML)")
+        raise SpecError(f"{target}: no such manifest file (give a rendered Workflow YAML)")
     return load_manifest(target)
 
 
 def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     """Run a manifest dict with the parsed CLI options; print the table; return the exit code."""
     params = parse_parameters(args.parameter)
-    from ckptflow.workflows.runner.workflow import _workflow_name
-
-    name = args.name or _workflow_name(manifest)
+    name = args.name or workflow_name(manifest)
     workdir = args.workdir or str(Path("runs") / "local" / name)
     result = run_workflow(
         manifest,
@@ -89,13 +100,8 @@ def _sigterm(signum, frame):  # SIGTERM stops the run like Ctrl-C: processes are
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in BUILDER_TARGETS and not Path(argv[0]).exists():
-        # `ckptflow run pipeline --local`: a builder name, rendered by hera then run here.
-        from ckptflow.workflows.local import main as run_builder
-
-        return run_builder(argv)
+def run_file(argv: list[str]) -> int:
+    """`ckptflow run FILE.yaml ...`: a refused manifest is one line on stderr and exit code 3."""
     args = build_parser().parse_args(argv)
     if hasattr(signal, "SIGTERM"):
         # signal() refuses outside the main thread (e.g. main() called from a test thread)
@@ -104,9 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         manifest = resolve_manifest(args.target)
         return run_manifest(manifest, args)
-    except ManifestError as exc:
+    except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return REFUSED_EXIT
+
+
+def run_builder(argv: list[str]) -> int:
+    """`ckptflow run pipeline --local ...`: parsed and run by the builders' local mode."""
+    # Imported here, not at the top: it imports hera, which running a file never needs.
+    from ckptflow.workflows.local import main as run_local
+
+    return run_local(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in BUILDER_TARGETS and not Path(argv[0]).exists():
+        return run_builder(argv)
+    return run_file(argv)
 
 
 if __name__ == "__main__":

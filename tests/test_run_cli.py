@@ -1,0 +1,83 @@
+"""`ckptflow run`: a manifest file goes to the local runner (exit code from the phase, 3 for a
+refused manifest); a builder name with `--local` goes to `ckptflow.workflows.local`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptflow.run_cli import BUILDER_TARGETS, main
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "workflows" / "fixtures" / "runner"
+
+
+def test_cli_runs_a_file_and_maps_phase_to_exit_code(tmp_path):
+    status = tmp_path / "status.json"
+    cmd = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "steps.yaml"),
+           "-p", "greeting=yo", "--workdir", str(tmp_path / "w"), "--status-file", str(status)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "TASK" in done.stdout and "Succeeded" in done.stdout
+    assert "started" in done.stderr  # plain progress lines when not on a terminal
+    assert status.exists()
+    failing = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "fail-fast.yaml"),
+               "--workdir", str(tmp_path / "f")]  # fmt: skip
+    assert subprocess.run(failing, cwd=REPO, capture_output=True, timeout=60).returncode == 1
+    refused = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "refused.yaml")]
+    done = subprocess.run(refused, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3 and "resource templates" in done.stderr
+
+
+def test_run_builder_name_reaches_the_local_runner_hook(capsys):
+    assert main(["pipeline", "--set", "pretrain.rnks=2", "--local"]) == 2
+    assert "did you mean pretrain.ranks" in capsys.readouterr().err
+
+
+def test_run_cli_imports_neither_hera_nor_torch():
+    code = "import sys, ckptflow.run_cli; print(sorted(m for m in ('hera', 'torch') if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_builder_targets_are_the_local_modes():
+    from ckptflow.workflows.local import LOCAL_TARGETS
+
+    assert BUILDER_TARGETS == LOCAL_TARGETS
+
+
+def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ckptflow.cli", "run", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_a_missing_file_or_a_bad_parameter_is_one_line_and_exit_3(tmp_path):
+    done = _run(str(tmp_path / "nope.yaml"))
+    assert done.returncode == 3
+    assert done.stderr.strip() == (
+        f"ckptflow run: {tmp_path / 'nope.yaml'}: no such manifest file "
+        "(give a rendered Workflow YAML)"
+    )
+    done = _run(str(FIXTURES / "steps.yaml"), "-p", "greeting", "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 3
+    assert done.stderr.strip() == "ckptflow run: -p 'greeting': expected NAME=VALUE"
+
+
+def test_a_file_named_like_a_builder_is_run_as_a_file(tmp_path):
+    (tmp_path / "pipeline").write_text((FIXTURES / "steps.yaml").read_text())
+    done = _run("pipeline", "--workdir", str(tmp_path / "w"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Succeeded" in done.stdout
+
+
+def test_help_names_both_kinds_of_target(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "-p NAME=VALUE" in out and "--shared-tmp" in out and "pipeline" in out
