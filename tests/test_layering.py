@@ -5,6 +5,7 @@ Layers, bottom to top (a module imports only from its own layer group or below):
 
     ckptflow.core              the checkpoint format core: no torch, no hera
     ckptflow.contract          the step argument dataclasses: no torch, no hera
+    ckptflow.env               the one reader of deployment wiring (environment variables)
     ckptflow.workflows.runner  a standalone Argo interpreter: nothing else of ckptflow
     ckptflow.steps             what containers run: torch, never hera, never workflows
     ckptflow.workflows         Hera builders: hera, never torch, never steps
@@ -30,6 +31,7 @@ ROOTS = {"ckptflow": "ckptflow", "steps": "ckptflow.steps", "workflows": "ckptfl
 GROUPS = {
     "ckptflow.core": (0, {"torch", "hera"}),
     "ckptflow.contract": (1, {"torch", "hera"}),
+    "ckptflow.env": (1, {"torch", "hera"}),
     "ckptflow.workflows.runner": (1, {"torch", "hera"}),
     "ckptflow.steps": (2, {"hera"}),
     "ckptflow.workflows": (2, {"torch"}),
