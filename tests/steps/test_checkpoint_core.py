@@ -255,8 +255,10 @@ def test_numpy_and_nested_values_round_trip(tmp_path):
 
 def test_torch_free_itemsize_table_matches_torch():
     # the validator's table (no torch) and the loader's dtypes must name the same sizes
+    from ckptflow.steps.checkpoint import dcp_metadata
+
     from ckptflow.core import manifest as mf
 
-    assert set(mf.ITEMSIZE) == set(mf.DTYPES)
-    for name, dtype in mf.DTYPES.items():
+    assert set(mf.ITEMSIZE) == set(dcp_metadata.DTYPES)
+    for name, dtype in dcp_metadata.DTYPES.items():
         assert mf.ITEMSIZE[name] == torch.empty(0, dtype=dtype).element_size(), name
