@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-from ckptflow.steps.lib import env
+from ckptflow import env
 
 MULTIPART_CHUNK = 8 << 20
 # Temporary files of atomic exclusive creates on local disk (see Storage._write_local).

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 
-from ckptflow.steps.lib import env
+from ckptflow import env
 
 log = logging.getLogger("ckptflow.lineage")
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-from ckptflow.steps.lib import env
 from ckptflow.steps.lib.data import Corpus, ShardedLoader, decode, encode
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from torch.distributed.checkpoint.state_dict import (
@@ -30,6 +29,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
+
+from ckptflow import env
 
 log = logging.getLogger("ckptflow.training")
 
