@@ -28,12 +28,13 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.data import Corpus
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import evaluate
 
+from ckptflow import env
 from ckptflow.core.storage import AlreadyExists
 
 log = logging.getLogger("ckptflow.evaluate")
@@ -69,7 +70,7 @@ class Evaluator:
 
     def __init__(self, cfg: EvaluateConfig, lineage: lin.Lineage):
         self.cfg, self.lineage = cfg, lineage
-        self.run = Storage(cfg.run_root)
+        self.run = env.open_storage(cfg.run_root)
         self.ckpt = self.run.child("ckpt")
         self.ck = Checkpointer(self.ckpt.uri, storage=self.ckpt)
         self.evaluated: list[int] = []

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from ckptflow import env
 from ckptflow.core import rootreader
 from ckptflow.core.layout import EVAL, step_dir
 
@@ -163,11 +164,11 @@ def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
-    parent = rootreader.read_parent(Storage(cfg.ckpt_root))
+    parent = rootreader.read_parent(env.open_storage(cfg.ckpt_root))
     if parent is None:
         st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
     else:
-        st, spec = Storage(parent["uri"]), str(parent["step"])
+        st, spec = env.open_storage(parent["uri"]), str(parent["step"])
         log.info("resuming a fine-tune of %s step %s (its root names that base)", st.uri, spec)
     base_ck = Checkpointer(st.uri, storage=st)
     return base_ck, fb.resolve_base(base_ck, spec)
@@ -296,7 +297,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
         "base_stored_bytes": base.stored_bytes,
         "max_fraction_of_base": ratio,
     }
-    Storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
+    env.open_storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
     lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
     lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
     lineage.close("FINISHED")

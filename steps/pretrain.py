@@ -23,6 +23,8 @@ from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
 from ckptflow.steps.lib.model import config_for, count_parameters
 
+from ckptflow import env
+
 log = logging.getLogger("ckptflow.pretrain")
 
 
@@ -69,7 +71,7 @@ def parse_args(argv=None) -> PretrainConfig:
 def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -> int:
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
     start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
-    run_storage = Storage(cfg.run_root)
+    run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and run_storage.exists("FINISHED"):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
         run_storage.delete(["FINISHED"])
@@ -147,7 +149,7 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
         if lineage:
             lineage.close("FAILED")
         raise
-    run_storage = Storage(cfg.run_root)
+    run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main:
         finish = {"last_step": last, "finished_at": time.time(), "ckpt_root": cfg.ckpt_root}
         run_storage.write("FINISHED", json.dumps(finish).encode())

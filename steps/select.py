@@ -26,6 +26,7 @@ from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import registry
 from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
 
+from ckptflow import env
 from ckptflow.core import rootreader
 from ckptflow.core.layout import step_dir
 from ckptflow.core.storage import Storage
@@ -90,7 +91,7 @@ def variant_name(uri: str) -> str:
 
 def assess(uri: str, cfg: SelectConfig) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
-    run = Storage(uri)
+    run = env.open_storage(uri)
     ckpt = fb.ckpt_storage(uri)
     if not rootreader.committed_steps(ckpt):
         raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
@@ -213,7 +214,8 @@ def run(cfg: SelectConfig) -> int:
         len(failures),
     )
     tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
-    digest = rootreader.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
+    winner_root = env.open_storage(winner.ckpt_root)
+    digest = rootreader.read_commit(winner_root, winner.step)["manifest_xxh3"]
     exported = None
     if cfg.export_uri:
         info = {

@@ -155,7 +155,7 @@ def archive(
     """Archive hot steps older than `older_than_s` to `to_uri` (dry run unless `apply`)."""
     now = time.time() if now is None else now
     st = listing.open_root(root_uri, storage)
-    dst = dest or Storage(to_uri)
+    dst = dest or st.peer(to_uri)
     if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
         raise CheckpointError(
             f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"

@@ -245,7 +245,7 @@ def build_rows(
             if bad:
                 row.state, row.problems = "corrupt", bad
             continue
-        located = Storage(row.archive_uri) if row.archive_uri else storage
+        located = storage.peer(row.archive_uri) if row.archive_uri else storage
         if located.uri not in listings:
             try:
                 listings[located.uri] = list_objects(located)

@@ -14,6 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+from ckptflow import env
 from ckptflow.core import layout, rootreader
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
@@ -21,7 +22,7 @@ from ckptflow.core.storage import AlreadyExists, Storage
 
 def ckpt_storage(uri: str) -> Storage:
     """The checkpoint root of `uri`: a run root (its `ckpt/`) or a checkpoint root itself."""
-    st = Storage(uri)
+    st = env.open_storage(uri)
     if st.exists(layout.ROOT_MARKER):
         return st
     return st.child("ckpt")
@@ -165,7 +166,7 @@ def resolve_base(base_ck, spec: str) -> BaseRef:
 def pin_base(base: BaseRef, user: str) -> bool:
     """Pin the base step (PIN, created once) so retention never deletes objects a fine-tune
     references. Returns True when this call pinned it."""
-    st = Storage(base.ckpt_root)
+    st = env.open_storage(base.ckpt_root)
     doc = {"reason": f"base of fine-tune {user}", "pinned_at": time.time()}
     with contextlib.suppress(AlreadyExists):
         st.write(
