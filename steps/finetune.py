@@ -17,13 +17,12 @@ LoggedModel id and URI) and the pretraining run.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import finetune_loop as fl
 from ckptflow.steps.lib import lineage as lin
@@ -35,8 +34,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ckptflow import env
-from ckptflow.core import rootreader
-from ckptflow.core.layout import EVAL, step_dir
+from ckptflow.core import rootreader, runroot
 
 log = logging.getLogger("ckptflow.finetune")
 PARALLEL = ("fsdp", "ddp")
@@ -79,7 +77,7 @@ class FinetuneConfig:
 
     @property
     def ckpt_root(self) -> str:
-        return Storage(self.run_root).url("ckpt")
+        return runroot.ckpt_uri(self.run_root)
 
 
 def parse_args(argv=None) -> FinetuneConfig:
@@ -234,7 +232,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
             fl.fmt(base_metrics),
         )
     record = fl.Recorder(ck, cfg.task, lineage, base_metrics)
-    if resuming and start and not ck.storage.exists(f"{step_dir(start)}/{EVAL}"):
+    if resuming and start and not runroot.has_eval(ck.storage, start):
         metrics = evaluate()  # killed between the commit and its eval.json
         mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
         record(start, metrics, mid)
@@ -297,7 +295,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
         "base_stored_bytes": base.stored_bytes,
         "max_fraction_of_base": ratio,
     }
-    env.open_storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
+    runroot.write_finished(env.open_storage(cfg.run_root), doc)
     lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
     lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
     lineage.close("FINISHED")

@@ -20,7 +20,7 @@ import threading
 import time
 
 from ckptflow import env
-from ckptflow.core import layout, listing, rootreader
+from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
 from ckptflow.core.storage import StorageError
@@ -194,20 +194,17 @@ def _committed(st, step: int) -> None:
 def cmd_pin(args) -> int:
     st = _open(args.root)
     _committed(st, args.step)
-    doc = {"reason": args.reason, "pinned_at": time.time()}
-    st.write(f"{layout.step_dir(args.step)}/{layout.PIN}", json.dumps(doc).encode())
+    runroot.pin(st, args.step, args.reason)
     print(f"pinned step {args.step}" + (f" ({args.reason})" if args.reason else ""))
     return 0
 
 
 def cmd_unpin(args) -> int:
     st = _open(args.root)
-    rel = f"{layout.step_dir(args.step)}/{layout.PIN}"
-    if not st.exists(rel):
+    if not runroot.unpin(st, args.step):
         _committed(st, args.step)
         print(f"step {args.step} was not pinned")
         return 0
-    st.delete([rel])
     print(f"unpinned step {args.step}: retention policies may delete it now")
     return 0
 

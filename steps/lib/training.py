@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 from ckptflow import env
+from ckptflow.core.layout import step_dir
 
 log = logging.getLogger("ckptflow.training")
 
@@ -380,7 +381,7 @@ class CheckpointedLoop:
         raise SimulatedKill(step)
 
     def save(self, step: int) -> None:
-        uri = self.ck.storage.url(f"step-{step:08d}")
+        uri = self.ck.storage.url(step_dir(step))
         if step in self.skip:
             log.warning(
                 "not saving step %d: a corrupt checkpoint of that step exists (%s); "
