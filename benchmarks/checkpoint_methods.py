@@ -222,8 +222,9 @@ def _dcp_writer(uri: str, threads: int, zstd: bool):
 
     ext = [ZStandard()] if zstd else None
     if uri.startswith("s3://"):
-        from ckptflow.steps.lib import env
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        from ckptflow import env
 
         # os.fsync is meaningless on S3 (DCP would fall back to a global os.sync()).
         return FsspecWriter(
@@ -236,8 +237,9 @@ def _dcp_reader(uri: str):
     from torch.distributed.checkpoint import FileSystemReader
 
     if uri.startswith("s3://"):
-        from ckptflow.steps.lib import env
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        from ckptflow import env
 
         return FsspecReader(uri, **env.s3_storage_options())
     return FileSystemReader(uri)

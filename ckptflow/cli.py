@@ -2,7 +2,7 @@
 
 Each subcommand lives in the package that owns it and is imported only when used, so
 `ckptflow render`/`submit` need hera alone and never import torch, while `ckptflow ckpt`
-needs the step dependencies.
+needs only the format core's (fsspec, xxhash, zstandard, numpy), never torch.
 """
 
 from __future__ import annotations

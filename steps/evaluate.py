@@ -28,16 +28,19 @@ import warnings
 from dataclasses import asdict, dataclass
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.data import Corpus
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import evaluate
 
+from ckptflow import env
+from ckptflow.core import runroot
+from ckptflow.core.layout import step_dir
+from ckptflow.core.runroot import CLAIM
 from ckptflow.core.storage import AlreadyExists
 
 log = logging.getLogger("ckptflow.evaluate")
-EVAL, CLAIM = "eval.json", "eval.claim"
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,19 @@ class Evaluator:
 
     def __init__(self, cfg: EvaluateConfig, lineage: lin.Lineage):
         self.cfg, self.lineage = cfg, lineage
-        self.run = Storage(cfg.run_root)
-        self.ckpt = self.run.child("ckpt")
+        self.run = env.open_storage(cfg.run_root)
+        self.ckpt = runroot.ckpt_root(self.run)
         self.ck = Checkpointer(self.ckpt.uri, storage=self.ckpt)
         self.evaluated: list[int] = []
         self.failed: list[int] = []
 
     # -- claims --------------------------------------------------------------------------------
     def done(self, step: int) -> bool:
-        return self.ckpt.exists(f"step-{step:08d}/{EVAL}")
+        return runroot.has_eval(self.ckpt, step)
 
     def claim(self, step: int) -> bool:
         """Exclusively create this step's claim; take over a stale one under the next number."""
-        d = f"step-{step:08d}"
+        d = step_dir(step)
         gens = sorted(
             int(n.rsplit(".", 1)[1]) if n != CLAIM else 0
             for n in self.ckpt.listdir(d)
@@ -113,7 +116,7 @@ class Evaluator:
         return True
 
     # -- one step ------------------------------------------------------------------------------
-    def evaluate_step(self, step: int) -> dict:
+    def evaluate_step(self, step: int) -> runroot.EvalRecord:
         """Load the model from `step`, evaluate it, record the result; returns the record."""
         t0 = time.perf_counter()
         meta = self.ck.manifest(step).get("metadata", {})
@@ -133,23 +136,23 @@ class Evaluator:
             batch_size=self.cfg.eval_batch_size,
             n_exact=self.cfg.exact_match_n,
         )
-        uri = self.ckpt.url(f"step-{step:08d}")
+        uri = self.ckpt.url(step_dir(step))
         model_id = (meta.get("mlflow") or {}).get("model_id") or self.lineage.find_checkpoint_model(
             uri
         )
         self.lineage.log_metrics(metrics, step, model_id=model_id)
-        return {
-            "step": step,
-            "status": "ok",
-            "metrics": metrics,
-            "task": task,
-            "model_id": model_id,
-            "mlflow_run_id": self.lineage.run_id,
-            "uri": uri,
-            "evaluated_at": time.time(),
-            "seconds": time.perf_counter() - t0,
-            "evaluator": {"host": socket.gethostname(), "pid": os.getpid()},
-        }
+        return runroot.EvalRecord(
+            step=step,
+            status="ok",
+            metrics=metrics,
+            task=task,
+            model_id=model_id,
+            mlflow_run_id=self.lineage.run_id,
+            uri=uri,
+            evaluated_at=time.time(),
+            seconds=time.perf_counter() - t0,
+            evaluator={"host": socket.gethostname(), "pid": os.getpid()},
+        )
 
     def process(self, step: int) -> None:
         """Evaluate `step` unless it is done or claimed; a failure is recorded, not raised."""
@@ -158,18 +161,18 @@ class Evaluator:
         try:
             record = self.evaluate_step(step)
             log.info(
-                "step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in record["metrics"].items())
+                "step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in record.metrics.items())
             )
         except Exception as exc:  # noqa: BLE001 - record it and go on with the other steps
             log.error("step %d: evaluation failed: %s: %s", step, type(exc).__name__, exc)
-            record = {
-                "step": step,
-                "status": "failed",
-                "error": f"{type(exc).__name__}: {exc}"[:2000],
-                "evaluated_at": time.time(),
-            }
+            record = runroot.EvalRecord(
+                step=step,
+                status="failed",
+                error=f"{type(exc).__name__}: {exc}"[:2000],
+                evaluated_at=time.time(),
+            )
             self.failed.append(step)
-        self.ckpt.write(f"step-{step:08d}/{EVAL}", json.dumps(record, indent=1).encode())
+        runroot.write_eval(self.ckpt, record)
         self.evaluated.append(step)
 
     # -- the run -------------------------------------------------------------------------------
@@ -177,7 +180,7 @@ class Evaluator:
         """Poll until FINISHED and every committed step has a result; False at the timeout."""
         deadline = time.monotonic() + self.cfg.timeout_seconds
         while True:
-            finished = self.run.exists("FINISHED")  # read before listing: no step is missed
+            finished = runroot.finished(self.run)  # read before listing: no step is missed
             steps = self.ck.committed_steps()
             for step in steps:
                 self.process(step)
@@ -201,15 +204,12 @@ class Evaluator:
         Failures recorded by an earlier evaluator count too, so a restart still exits non-zero.
         """
         best, failed = None, []
-        for step in self.ck.committed_steps():
-            try:
-                rec = json.loads(self.ckpt.read(f"step-{step:08d}/{EVAL}"))
-            except (FileNotFoundError, ValueError):
-                continue
-            if rec.get("status") != "ok":
+        evals = runroot.read_evals(self.ckpt, self.ck.committed_steps())
+        for step, rec in evals.items():
+            if not rec.ok:
                 failed.append(step)
                 continue
-            value = rec.get("metrics", {}).get(metric)
+            value = rec.metric(metric)
             if value is not None and (best is None or value < best[0]):
                 best = (value, step)
         return (best[1] if best else None), failed

@@ -17,13 +17,12 @@ LoggedModel id and URI) and the pretraining run.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import finetune_loop as fl
 from ckptflow.steps.lib import lineage as lin
@@ -34,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from ckptflow.core import rootreader
-from ckptflow.core.layout import EVAL, step_dir
+from ckptflow import env
+from ckptflow.core import rootreader, runroot
 
 log = logging.getLogger("ckptflow.finetune")
 PARALLEL = ("fsdp", "ddp")
@@ -78,7 +77,7 @@ class FinetuneConfig:
 
     @property
     def ckpt_root(self) -> str:
-        return Storage(self.run_root).url("ckpt")
+        return runroot.ckpt_uri(self.run_root)
 
 
 def parse_args(argv=None) -> FinetuneConfig:
@@ -163,11 +162,11 @@ def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
-    parent = rootreader.read_parent(Storage(cfg.ckpt_root))
+    parent = rootreader.read_parent(env.open_storage(cfg.ckpt_root))
     if parent is None:
         st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
     else:
-        st, spec = Storage(parent["uri"]), str(parent["step"])
+        st, spec = env.open_storage(parent["uri"]), str(parent["step"])
         log.info("resuming a fine-tune of %s step %s (its root names that base)", st.uri, spec)
     base_ck = Checkpointer(st.uri, storage=st)
     return base_ck, fb.resolve_base(base_ck, spec)
@@ -233,7 +232,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
             fl.fmt(base_metrics),
         )
     record = fl.Recorder(ck, cfg.task, lineage, base_metrics)
-    if resuming and start and not ck.storage.exists(f"{step_dir(start)}/{EVAL}"):
+    if resuming and start and not runroot.has_eval(ck.storage, start):
         metrics = evaluate()  # killed between the commit and its eval.json
         mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
         record(start, metrics, mid)
@@ -296,7 +295,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
         "base_stored_bytes": base.stored_bytes,
         "max_fraction_of_base": ratio,
     }
-    Storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
+    runroot.write_finished(env.open_storage(cfg.run_root), doc)
     lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
     lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
     lineage.close("FINISHED")

@@ -12,16 +12,18 @@ MLflow LoggedModel, and finally writes `<run-root>/FINISHED` so the evaluator kn
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass
 
-from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
 from ckptflow.steps.lib.model import config_for, count_parameters
+
+from ckptflow import env
+from ckptflow.core import runroot
 
 log = logging.getLogger("ckptflow.pretrain")
 
@@ -56,7 +58,7 @@ class PretrainConfig:
 
     @property
     def ckpt_root(self) -> str:
-        return Storage(self.run_root).url("ckpt")
+        return runroot.ckpt_uri(self.run_root)
 
 
 def parse_args(argv=None) -> PretrainConfig:
@@ -69,10 +71,10 @@ def parse_args(argv=None) -> PretrainConfig:
 def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -> int:
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
     start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
-    run_storage = Storage(cfg.run_root)
-    if dinfo.is_main and start < cfg.max_steps and run_storage.exists("FINISHED"):
+    run_storage = env.open_storage(cfg.run_root)
+    if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
-        run_storage.delete(["FINISHED"])
+        runroot.clear_finished(run_storage)
     spec = tr.LoopSpec(
         max_steps=cfg.max_steps,
         ckpt_every=cfg.ckpt_every,
@@ -147,10 +149,10 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
         if lineage:
             lineage.close("FAILED")
         raise
-    run_storage = Storage(cfg.run_root)
+    run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main:
         finish = {"last_step": last, "finished_at": time.time(), "ckpt_root": cfg.ckpt_root}
-        run_storage.write("FINISHED", json.dumps(finish).encode())
+        runroot.write_finished(run_storage, finish)
         lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
         lineage.close("FINISHED")
         log.info("finished at step %d; FINISHED written under %s", last, cfg.run_root)

@@ -26,9 +26,10 @@ from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import registry
 from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
 
-from ckptflow.core import rootreader
+from ckptflow import env
+from ckptflow.core import rootreader, runroot
 from ckptflow.core.layout import step_dir
-from ckptflow.core.storage import Storage
+from ckptflow.core.storage import join_uri
 
 log = logging.getLogger("ckptflow.select")
 
@@ -81,7 +82,7 @@ class Candidate:
     ckpt_root: str  # its checkpoint root URI
     step: int  # best step
     value: float  # its metric
-    eval: dict  # its eval.json record
+    eval: runroot.EvalRecord  # its evaluation record
 
 
 def variant_name(uri: str) -> str:
@@ -90,19 +91,19 @@ def variant_name(uri: str) -> str:
 
 def assess(uri: str, cfg: SelectConfig) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
-    run = Storage(uri)
+    run = env.open_storage(uri)
     ckpt = fb.ckpt_storage(uri)
     if not rootreader.committed_steps(ckpt):
         raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
-    if cfg.require_finished and not run.exists("FINISHED"):
+    if cfg.require_finished and not runroot.finished(run):
         raise ValueError(f"no FINISHED marker under {run.url()}: the variant did not finish")
     evals = fb.read_evals(ckpt)
-    failed = sorted(s for s, r in evals.items() if r.get("status", "ok") != "ok")
+    failed = sorted(s for s, r in evals.items() if not r.ok)
     best = fb.best_step(evals, cfg.metric, cfg.mode)
     if best is None:
         why = f"no successful evaluation with metric {cfg.metric!r}"
         if failed:
-            why += f"; evaluation failed at steps {failed}: {evals[failed[-1]].get('error', '?')}"
+            why += f"; evaluation failed at steps {failed}: {evals[failed[-1]].error or '?'}"
         found = fb.known_metrics(evals)
         raise ValueError(f"{ckpt.url()}: {why} (metrics found: {', '.join(found) or 'none'})")
     step, value = best
@@ -138,7 +139,7 @@ def lineage_tags(cand: Candidate, meta: dict, manifest_hash: str, exported) -> d
         "ckptflow.source_checkpoint": f"{cand.ckpt_root}/{step_dir(cand.step)}",
         "ckptflow.source_step": cand.step,
         "ckptflow.source_variant": cand.name,
-        "ckptflow.source_model_id": mlf.get("model_id") or cand.eval.get("model_id") or "",
+        "ckptflow.source_model_id": mlf.get("model_id") or cand.eval.model_id or "",
         "ckptflow.source_run_id": mlf.get("run_id") or "",
         "ckptflow.manifest_hash": manifest_hash,
         "ckptflow.data": json.dumps(
@@ -177,7 +178,7 @@ def link_input(lineage: lin.Lineage, model_id: str | None) -> None:
 
 
 def export_dir(cfg: SelectConfig, cand: Candidate) -> str:
-    return Storage(cfg.export_uri).url(f"{cand.name}-{step_dir(cand.step)}-{cfg.dtype}")
+    return join_uri(cfg.export_uri, runroot.export_name(cand.name, cand.step, cfg.dtype))
 
 
 def open_lineage(cfg: SelectConfig) -> lin.Lineage:
@@ -213,7 +214,8 @@ def run(cfg: SelectConfig) -> int:
         len(failures),
     )
     tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
-    digest = rootreader.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
+    winner_root = env.open_storage(winner.ckpt_root)
+    digest = rootreader.read_commit(winner_root, winner.step)["manifest_xxh3"]
     exported = None
     if cfg.export_uri:
         info = {

@@ -12,8 +12,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from ckptflow.steps.lib import env
 from ckptflow.steps.lib import lineage as lin
+
+from ckptflow import env
 
 log = logging.getLogger("ckptflow.start_run")
 

@@ -17,7 +17,6 @@ opens the MLflow UI on it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import socket
@@ -28,6 +27,8 @@ from pathlib import Path
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
 from ckptflow.workflows.render import builder, manifests, to_yaml
 from ckptflow.workflows.runner import REFUSED_EXIT, SpecError, run_workflow
+
+from ckptflow.core import runroot
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
 S3_BUCKET = "ckptflow-local"
@@ -123,26 +124,26 @@ def _outputs(result, display: str) -> list[dict[str, str]]:
     return out
 
 
-def _checkpoints(root: str, storage_options: dict) -> list[tuple[int, dict]]:
-    """(step, eval metrics) of each committed checkpoint under `<root>/ckpt`."""
-    import fsspec
+def _storage_options(cfg: PipelineConfig, env: dict[str, str]):
+    """How the summary reaches the run's storage: the steps' S3 endpoint and keys (`env`)."""
+    from ckptflow.core.storage import StorageOptions  # the format core: fsspec, no torch
 
-    fs, path = fsspec.core.url_to_fs(f"{root}/ckpt", **storage_options)
-    found = []
-    try:
-        names = sorted(fs.ls(path, detail=False))
-    except FileNotFoundError:
-        return []
-    for entry in names:
-        base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if not base.startswith("step-") or not fs.exists(f"{entry}/COMMIT"):
-            continue
-        metrics: dict = {}
-        if fs.exists(f"{entry}/eval.json"):
-            with fs.open(f"{entry}/eval.json") as fh:
-                metrics = json.load(fh).get("metrics") or {}
-        found.append((int(base[5:]), metrics))
-    return found
+    if not cfg.platform.s3_endpoint:
+        return StorageOptions()
+    keys = (env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY"))
+    return StorageOptions(cfg.platform.s3_endpoint, credentials=keys if all(keys) else None)
+
+
+def _checkpoints(root: str, options, problems: list[str]) -> list[tuple[int, dict]]:
+    """(step, eval metrics) of each committed checkpoint under `<root>/ckpt`, read with the
+    format core; unreadable eval records go to `problems`."""
+    from ckptflow.core import rootreader
+    from ckptflow.core.storage import Storage
+
+    ckpt = runroot.ckpt_root(Storage(root, options=options))
+    steps = rootreader.committed_steps(ckpt)
+    evals = runroot.read_evals(ckpt, steps, problems)
+    return [(s, dict(evals[s].metrics) if s in evals else {}) for s in steps]
 
 
 def _fmt(metrics: dict) -> str:
@@ -154,13 +155,6 @@ def _fmt(metrics: dict) -> str:
 def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[str, str]) -> str:
     """What the run produced, and how to look at it (`env`: the steps' S3 settings)."""
     s3_endpoint = cfg.platform.s3_endpoint
-    storage_options = {}
-    if s3_endpoint:
-        storage_options = {
-            "key": env.get("AWS_ACCESS_KEY_ID"),
-            "secret": env.get("AWS_SECRET_ACCESS_KEY"),
-            "client_kwargs": {"endpoint_url": s3_endpoint},
-        }
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
     from ckptflow.workflows.finetune import variants
 
@@ -172,13 +166,15 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
         ]
     lines = [f"\nproduced under {run_root}:"]
     for label, root in roots:
+        problems: list[str] = []
         try:
-            ckpts = _checkpoints(root, storage_options)
+            ckpts = _checkpoints(root, _storage_options(cfg, env), problems)
         except Exception as exc:  # a summary must not hide the run's own result
             lines.append(f"  {label}: cannot list checkpoints ({exc})")
             continue
-        lines.append(f"  {label}: {len(ckpts)} committed checkpoints  ({root}/ckpt)")
+        lines.append(f"  {label}: {len(ckpts)} committed checkpoints  ({root}/{runroot.CKPT})")
         lines += [f"    step {step:>6}  {_fmt(m)}" for step, m in ckpts]
+        lines += [f"    unreadable evaluation: {p}" for p in problems]
     for chosen in _outputs(result, "select"):
         lines.append(
             f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
@@ -192,7 +188,7 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
     if s3_endpoint:
         lines.append("(the in-process S3 server, and the objects above, end with this command)")
     else:
-        lines.append(f"checkpoints:  ckptflow ckpt ls {run_root}/pretrain/ckpt")
+        lines.append(f"checkpoints:  ckptflow ckpt ls {run_root}/pretrain/{runroot.CKPT}")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, gc, layout, listing, rootreader
+from ckptflow.core import codec, gc, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import select_for_archive
 from ckptflow.core.storage import AlreadyExists, Storage
@@ -125,7 +125,7 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     manifest_rel = f"{sd}/{layout.manifest_name(json.loads(commit_blob)['save_id'])}"
     dst.write(manifest_rel, src.read(manifest_rel))
     with contextlib.suppress(FileNotFoundError):
-        dst.write(f"{sd}/{layout.EVAL}", src.read(f"{sd}/{layout.EVAL}"))
+        dst.write(runroot.eval_path(step), src.read(runroot.eval_path(step)))
     try:
         dst.write(layout.commit_path(step), commit_blob, exclusive=True)
     except AlreadyExists:
@@ -155,7 +155,7 @@ def archive(
     """Archive hot steps older than `older_than_s` to `to_uri` (dry run unless `apply`)."""
     now = time.time() if now is None else now
     st = listing.open_root(root_uri, storage)
-    dst = dest or Storage(to_uri)
+    dst = dest or st.peer(to_uri)
     if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
         raise CheckpointError(
             f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"

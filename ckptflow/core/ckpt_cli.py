@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 
-from ckptflow.core import layout, listing, rootreader
+from ckptflow import env
+from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
 from ckptflow.core.storage import StorageError
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _open(uri: str):
+    """The checkpoint root at `uri`, reached the way this deployment is wired (ckptflow.env)."""
+    return listing.open_root(uri, env.open_storage(uri))
+
+
 # -- ls --------------------------------------------------------------------------------------------
 def _metrics_text(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "-"
@@ -111,7 +117,7 @@ def _table(rows: list[listing.StepRow]) -> list[str]:
 
 
 def cmd_ls(args) -> int:
-    st = listing.open_root(args.root)
+    st = _open(args.root)
     rows = listing.build_rows(st, now=time.time(), check=True, deep=args.verify)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1, sort_keys=True))
@@ -147,7 +153,7 @@ class _Progress:
 
 
 def cmd_verify(args) -> int:
-    st = listing.open_root(args.root)
+    st = _open(args.root)
     steps = rootreader.committed_steps(st)
     if args.step is not None:
         if args.step not in steps:
@@ -186,22 +192,19 @@ def _committed(st, step: int) -> None:
 
 
 def cmd_pin(args) -> int:
-    st = listing.open_root(args.root)
+    st = _open(args.root)
     _committed(st, args.step)
-    doc = {"reason": args.reason, "pinned_at": time.time()}
-    st.write(f"{layout.step_dir(args.step)}/{layout.PIN}", json.dumps(doc).encode())
+    runroot.pin(st, args.step, args.reason)
     print(f"pinned step {args.step}" + (f" ({args.reason})" if args.reason else ""))
     return 0
 
 
 def cmd_unpin(args) -> int:
-    st = listing.open_root(args.root)
-    rel = f"{layout.step_dir(args.step)}/{layout.PIN}"
-    if not st.exists(rel):
+    st = _open(args.root)
+    if not runroot.unpin(st, args.step):
         _committed(st, args.step)
         print(f"step {args.step} was not pinned")
         return 0
-    st.delete([rel])
     print(f"unpinned step {args.step}: retention policies may delete it now")
     return 0
 
@@ -210,7 +213,13 @@ def cmd_unpin(args) -> int:
 def cmd_gc(args) -> int:
     from ckptflow.core.gc import gc
 
-    report = gc(args.root, args.policy, apply=args.yes, grace_s=args.grace)
+    report = gc(
+        args.root,
+        args.policy,
+        apply=args.yes,
+        grace_s=args.grace,
+        storage=env.open_storage(args.root),
+    )
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0
 
@@ -225,6 +234,8 @@ def cmd_archive(args) -> int:
         apply=args.yes,
         grace_s=args.grace,
         progress=sys.stderr.isatty(),
+        storage=env.open_storage(args.root),
+        dest=env.open_storage(args.to),
     )
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0

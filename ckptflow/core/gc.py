@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import layout, listing, rootreader
+from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.retention import Policy, plan_retention
 from ckptflow.core.storage import Storage
@@ -117,7 +117,7 @@ def gc(
     report.bytes_freed += sum(e.size for e in orphans)
     if apply:
         for step, files in doomed:
-            if step in report.delete_steps and st.exists(f"{layout.step_dir(step)}/{layout.PIN}"):
+            if step in report.delete_steps and runroot.pinned(st, step):
                 report.delete_steps.remove(step)  # pinned while this gc ran: pins always win
                 report.bytes_freed -= sum(e.size for e in files)
                 report.warnings.append(f"step {step} was pinned during gc; kept")

@@ -5,9 +5,10 @@
 <root>/step-<8 digits>/saving-<id>.json   written when a save starts (GC leaves it alone)
 <root>/step-<8 digits>/manifest-<id>.json JSON manifest of that save
 <root>/step-<8 digits>/COMMIT        commit marker, written last, exclusively
-<root>/step-<8 digits>/PIN           pinned: never deleted by a policy
 <root>/step-<8 digits>/ARCHIVED      the step lives in an archive root (JSON: its URI)
-<root>/step-<8 digits>/eval.json     evaluation results
+
+A step folder also holds the files the run adds (PIN, eval.json, evaluator claims): their
+names and readers are in ckptflow.core.runroot.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ ROOT_FORMAT = "ckptflow-checkpoint-root"
 MANIFEST_FORMAT = "ckptflow-manifest"
 OBJECTS = "objects"
 COMMIT = "COMMIT"
-PIN = "PIN"
 ARCHIVED = "ARCHIVED"
-EVAL = "eval.json"
 
 STEP_RE = re.compile(r"^step-(\d{8,})$")
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")

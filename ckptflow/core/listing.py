@@ -11,12 +11,11 @@ byte. Rows become `retention.CatalogEntry` values for the policies.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, layout, rootreader
+from ckptflow.core import codec, layout, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import CatalogEntry
 from ckptflow.core.storage import Entry, Storage, StorageError
@@ -39,7 +38,7 @@ class StepRow:
     pin_reason: str | None = None  # why it was pinned
     tier: str = "hot"  # "hot", or "archive" when an ARCHIVED marker names its archive root
     archive_uri: str | None = None  # the archive root (tier "archive")
-    metrics: dict[str, float] = field(default_factory=dict)  # from eval.json
+    metrics: dict[str, float] = field(default_factory=dict)  # from its eval record
     committed_at: float | None = None  # commit time (epoch seconds)
     save_id: str | None = None  # the save the commit marker names
     age_s: float | None = None  # since commit; uncommitted: since its newest file changed
@@ -85,24 +84,14 @@ def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = Tr
     return st
 
 
-def _json(storage: Storage, rel: str) -> dict | None:
+def _metrics(storage: Storage, step: int) -> dict[str, float]:
+    """A step's evaluation metrics for its row (NaN left out). A damaged eval.json shows none:
+    the checkpoint itself is sound, and the record's reader names the file to whoever uses it."""
     try:
-        doc = json.loads(storage.read(rel))
-    except FileNotFoundError:
-        return None
-    except (ValueError, UnicodeDecodeError):
+        rec = runroot.read_eval(storage, step)
+    except runroot.RecordError:
         return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _metrics(doc: dict | None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    raw = (doc or {}).get("metrics")
-    for name, val in (raw if isinstance(raw, dict) else {}).items():
-        with contextlib.suppress(TypeError, ValueError):
-            if not isinstance(val, bool) and not math.isnan(float(val)):
-                out[str(name)] = float(val)
-    return out
+    return {k: v for k, v in (rec.metrics if rec else {}).items() if not math.isnan(v)}
 
 
 def step_files(storage: Storage, step: int) -> list[Entry]:
@@ -117,12 +106,10 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
     row = StepRow(step=step, state="uncommitted")
     if files:
         row.age_s = max(0.0, now - max(e.mtime for e in files))
-    sd = layout.step_dir(step)
-    if layout.PIN in names:
-        pin = _json(storage, f"{sd}/{layout.PIN}")
-        row.pinned, row.pin_reason = True, (pin or {}).get("reason")
-    if layout.EVAL in names:
-        row.metrics = _metrics(_json(storage, f"{sd}/{layout.EVAL}"))
+    if runroot.PIN in names:
+        row.pinned, row.pin_reason = True, runroot.pin_reason(storage, step)
+    if runroot.EVAL in names:
+        row.metrics = _metrics(storage, step)
     if layout.COMMIT not in names:
         return row
     try:
@@ -245,7 +232,7 @@ def build_rows(
             if bad:
                 row.state, row.problems = "corrupt", bad
             continue
-        located = Storage(row.archive_uri) if row.archive_uri else storage
+        located = storage.peer(row.archive_uri) if row.archive_uri else storage
         if located.uri not in listings:
             try:
                 listings[located.uri] = list_objects(located)

@@ -1,24 +1,15 @@
-"""The JSON manifest: building DCP metadata from it, and validating it strictly.
+"""The JSON manifest: its schema, and validating it strictly (torch-free).
 
 A manifest is untrusted input (it may be corrupt, foreign or crafted). `validate` checks every
 field's type and range before anything uses it, so a hostile manifest is rejected before any
-read outside the root, any large allocation or any code execution.
+read outside the root, any large allocation or any code execution. Converting to and from DCP's
+`Metadata` (torch) lives beside the writer and reader: ckptflow.steps.checkpoint.dcp_metadata.
 """
 
 from __future__ import annotations
 
 import json
 import math
-
-import torch
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
 
 from ckptflow.core import layout
 
@@ -28,35 +19,27 @@ MAX_DIMS = 16
 MAX_CHUNKS = 1 << 20
 MAX_VALUE = 256 * 1024 * 1024  # as safe_value.MAX_BLOB: the largest non-tensor value
 
-DTYPES = {
-    name: getattr(torch, name)
-    for name in (
-        "float64",
-        "float32",
-        "float16",
-        "bfloat16",
-        "int64",
-        "int32",
-        "int16",
-        "int8",
-        "uint8",
-        "bool",
-        "complex64",
-        "float8_e4m3fn",
-        "float8_e5m2",
-    )
+# Bytes per element of each dtype a manifest may name, without torch (bfloat16 and the float8
+# types have no numpy dtype): the validator checks stored sizes against shapes with it.
+ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 
 class ManifestError(ValueError):
     """The manifest is malformed, of an unknown version, or unsafe."""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ManifestError(f"dtype {dtype} is not supported")
-    return name
 
 
 def item_key(fqn: str, offset) -> str:
@@ -173,7 +156,7 @@ def _validate_entries(m: dict) -> None:
         # (a list or dict as dtype is unhashable: test the type before the table lookup)
         if not isinstance(t, dict) or not isinstance(t.get("dtype"), str):
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
-        if t["dtype"] not in DTYPES:
+        if t["dtype"] not in ITEMSIZE:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
         _chunks(t, f"tensors.{fqn:.80}", items, fqn)
     for fqn in values:
@@ -198,8 +181,7 @@ def _validate_entries(m: dict) -> None:
         # Readers look items up by (fqn, offset): the key must say the same.
         if key != item_key(fqn, _ints(it.get("offset"), f"items.{key:.80}.offset")):
             _fail(f"items.{key:.80}", "key does not match the item's fqn and offset")
-        itemsize = torch.empty(0, dtype=DTYPES[tensors[fqn]["dtype"]]).element_size()
-        if raw != math.prod(sizes) * itemsize:
+        if raw != math.prod(sizes) * ITEMSIZE[tensors[fqn]["dtype"]]:
             _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
 
 
@@ -252,41 +234,6 @@ def parse(blob: bytes) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"manifest is not JSON ({exc.__class__.__name__})") from exc
     return validate(doc)
-
-
-# -- DCP metadata --------------------------------------------------------------------------------
-def metadata_to_json(md: Metadata) -> tuple[dict, list]:
-    """DCP Metadata -> (tensors, values) JSON tables."""
-    tensors, values = {}, []
-    for fqn, sm in md.state_dict_metadata.items():
-        if isinstance(sm, TensorStorageMetadata):
-            tensors[fqn] = {
-                "dtype": dtype_name(sm.properties.dtype),
-                "size": list(sm.size),
-                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in sm.chunks],
-            }
-        else:
-            values.append(fqn)
-    return tensors, sorted(values)
-
-
-def metadata_from_manifest(m: dict) -> Metadata:
-    """Rebuild DCP Metadata (with our item records as storage_data) from a validated manifest."""
-    sdm: dict = {}
-    for fqn, t in m["tensors"].items():
-        chunks = [
-            ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"]))
-            for c in t["chunks"]
-        ]
-        props = TensorProperties(dtype=DTYPES[t["dtype"]])
-        sdm[fqn] = TensorStorageMetadata(
-            properties=props, size=torch.Size(t["size"]), chunks=chunks
-        )
-    for fqn in m["values"]:
-        sdm[fqn] = BytesStorageMetadata()
-    storage = {MetadataIndex(it["fqn"], it.get("offset")): it for it in m["items"].values()}
-    planner = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
-    return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)
 
 
 def referenced_objects(m: dict) -> set[str]:

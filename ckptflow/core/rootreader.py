@@ -152,9 +152,9 @@ def parent_stores(storage: Storage, depth: int = 8) -> list[Storage]:
     """Where objects this root borrows live: its parent step's storage (its archive root when
     that step was archived), then the parent's own parents. [] for an ordinary root."""
     out: list[Storage] = []
-    parent = read_parent(storage)
+    parent, st = read_parent(storage), storage
     while parent is not None and len(out) < depth:
-        st = Storage(parent["uri"])
+        st = st.peer(parent["uri"])
         step = parent.get("step")
         out.append(locate(st, step) if isinstance(step, int) else st)
         parent = read_parent(st)
@@ -208,4 +208,4 @@ def locate(storage: Storage, step: int) -> Storage:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         url = storage.url(rel)
         raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url]) from exc
-    return Storage(uri)
+    return storage.peer(uri)

@@ -4,6 +4,8 @@ Every path argument is relative to the root. Writes are direct (never a rename: 
 is a copy plus a delete); `exclusive=True` creates a file only if it does not exist yet (O_EXCL
 locally, `If-None-Match: *` on S3), which is how a commit marker is claimed by one writer only.
 Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
+How to reach S3 (endpoint, region) is given as `StorageOptions` by the caller; this module reads
+no environment (ckptflow.env does, for the entry points).
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ import os
 import posixpath
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
-
-from ckptflow.steps.lib import env
 
 MULTIPART_CHUNK = 8 << 20
 # Temporary files of atomic exclusive creates on local disk (see Storage._write_local).
@@ -40,6 +40,27 @@ class Entry:
     mtime: float
 
 
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach S3: deployment wiring the caller passes in (ckptflow.env reads it). Without
+    `credentials`, botocore's own chain finds them (environment, profile, instance role)."""
+
+    endpoint_url: str | None = None  # S3 endpoint (MinIO, moto, ...); None: AWS itself
+    region: str | None = None  # S3 region; None: botocore's default
+    # (key id, secret) for a private server whose keys are not in this process's environment
+    credentials: tuple[str, str] | None = field(default=None, repr=False)
+
+    def s3_kwargs(self) -> dict:
+        """The fsspec/s3fs options these stand for."""
+        opts: dict = {}
+        client = {"endpoint_url": self.endpoint_url, "region_name": self.region}
+        if any(client.values()):
+            opts["client_kwargs"] = {k: v for k, v in client.items() if v}
+        if self.credentials:
+            opts["key"], opts["secret"] = self.credentials
+        return opts
+
+
 def _split_uri(uri: str) -> tuple[str, str]:
     if "://" in uri:
         protocol, rest = uri.split("://", 1)
@@ -47,11 +68,28 @@ def _split_uri(uri: str) -> tuple[str, str]:
     return "file", os.path.abspath(os.path.expanduser(uri))
 
 
-def filesystem_for(uri: str) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem for a URI, configured from the deployment environment."""
+def _join(base: str, rel: str, uri: str) -> str:
+    """The filesystem path of `rel` below `base` (rejecting anything that escapes the root)."""
+    rel = rel.strip("/")
+    norm = posixpath.normpath(rel) if rel else ""
+    if norm.startswith("..") or posixpath.isabs(rel):
+        raise StorageError(f"path {rel!r} escapes the root {uri}")
+    return f"{base}/{norm}" if norm and norm != "." else base
+
+
+def join_uri(uri: str, rel: str) -> str:
+    """The full URI of `rel` below `uri`, as `Storage(uri).url(rel)` gives it, without opening
+    a filesystem (names of a run root's parts, computed before anything is read)."""
+    protocol, base = _split_uri(uri)
+    path = _join(base, rel, uri if "://" in uri else base)
+    return path if protocol == "file" else f"{protocol}://{path}"
+
+
+def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
+    """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
     protocol, _ = _split_uri(uri)
     if protocol == "s3":
-        return fsspec.filesystem("s3", **env.s3_storage_options())
+        return fsspec.filesystem("s3", **(options or StorageOptions()).s3_kwargs())
     if protocol in ("file", "local", "memory"):
         return fsspec.filesystem(protocol)
     raise StorageError(
@@ -88,19 +126,21 @@ def _translate(exc: BaseException, uri: str) -> BaseException:
 class Storage:
     """A checkpoint root (or any prefix) and the filesystem that holds it."""
 
-    def __init__(self, uri: str, fs: fsspec.AbstractFileSystem | None = None):
+    def __init__(
+        self,
+        uri: str,
+        fs: fsspec.AbstractFileSystem | None = None,
+        options: StorageOptions | None = None,
+    ):
         self.protocol, self._base = _split_uri(uri)
         self.uri = uri if "://" in uri else self._base
-        self.fs = fs if fs is not None else filesystem_for(uri)
+        self.options = options or StorageOptions()
+        self.fs = fs if fs is not None else filesystem_for(uri, self.options)
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, rel: str = "") -> str:
         """The filesystem path of `rel` (rejecting anything that escapes the root)."""
-        rel = rel.strip("/")
-        norm = posixpath.normpath(rel) if rel else ""
-        if norm.startswith("..") or posixpath.isabs(rel):
-            raise StorageError(f"path {rel!r} escapes the root {self.uri}")
-        return f"{self._base}/{norm}" if norm and norm != "." else self._base
+        return _join(self._base, rel, self.uri)
 
     def url(self, rel: str = "") -> str:
         """The full URI of `rel`, as a user would type it."""
@@ -109,12 +149,20 @@ class Storage:
 
     def child(self, rel: str) -> Storage:
         """A Storage rooted at `rel` below this one, sharing the filesystem."""
-        return Storage(self.url(rel), fs=self.fs)
+        return Storage(self.url(rel), fs=self.fs, options=self.options)
+
+    def peer(self, uri: str) -> Storage:
+        """A Storage for another root (an archive or a parent root), reached with this one's
+        options: a root found through this one is read the way this one is."""
+        return Storage(uri, options=self.options)
 
     # -- reads ---------------------------------------------------------------------------------
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, limit: int | None = None) -> bytes:
+        """A whole file, or its first `limit` bytes: a reader of a small untrusted file asks
+        for one byte more than it accepts, so a huge file costs no more than that."""
+        span = {} if limit is None else {"start": 0, "end": limit}
         try:
-            return self.fs.cat_file(self.path(rel))
+            return self.fs.cat_file(self.path(rel), **span)
         except FileNotFoundError:
             raise
         except Exception as exc:

@@ -25,6 +25,7 @@ from ckptflow.steps.checkpoint.staging import Stager
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ckptflow import env
 from ckptflow.core import rootreader
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import Storage
@@ -129,7 +130,8 @@ class Checkpointer:
     ):
         if full_every < 1:
             raise ValueError("full_every must be >= 1 (1 means every save is a full checkpoint)")
-        self.storage = storage or Storage(root)
+        # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
+        self.storage = storage or env.open_storage(root)
         self.root = self.storage.uri
         self.full_every = full_every
         self.level, self.compress = compression_level, compress

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from ckptflow.steps.checkpoint import dcp_metadata
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value
 from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING  # noqa: F401  (type only)
 from torch.distributed.checkpoint._traverse import set_element
@@ -25,7 +26,6 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ckptflow.core import codec, layout, rootreader
-from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.storage import Storage
 
@@ -127,7 +127,7 @@ class CkptStorageReader(StorageReader):
         return True
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
-        return mf.metadata_from_manifest(self.manifest)
+        return dcp_metadata.metadata_from_manifest(self.manifest)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args, **kwargs
@@ -184,7 +184,7 @@ class CkptStorageReader(StorageReader):
                         f"value {rec['fqn']!r} in {self.storage.uri}: {exc}"
                     ) from exc
                 continue
-            dtype = mf.DTYPES[self.manifest["tensors"][rec["fqn"]]["dtype"]]
+            dtype = dcp_metadata.DTYPES[self.manifest["tensors"][rec["fqn"]]["dtype"]]
             src = _narrow(_item_tensor(raw, dtype, rec["sizes"]), ri.storage_offsets, ri.lengths)
             dst = planner.resolve_tensor(ri).detach()
             dst.copy_(src)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from ckptflow.steps.checkpoint import dcp_metadata
 from ckptflow.steps.checkpoint.safe_value import encode_value
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -291,7 +292,7 @@ class CkptStorageWriter(StorageWriter):
 
 def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult]) -> dict:
     """The JSON manifest of a save from DCP's metadata and every rank's write results."""
-    tensors, values = mf.metadata_to_json(metadata)
+    tensors, values = dcp_metadata.metadata_to_json(metadata)
     items, objects = {}, {}
     raw_total = new_total = 0
     for wr in results:

@@ -21,7 +21,7 @@ from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from safetensors.torch import save as st_save
 
-from ckptflow.core.storage import Storage
+from ckptflow import env
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -77,7 +77,7 @@ def export_weights(
         **{k: v if isinstance(v, str) else json.dumps(v) for k, v in (info or {}).items()},
     }
     blob = st_save(cast, metadata=meta)
-    dest = Storage(dest_uri)
+    dest = env.open_storage(dest_uri)
     dest.write(WEIGHTS, blob)
     config = {"model_type": "ckptflow-gpt", **model_config, "dtype": dtype, **(info or {})}
     dest.write(CONFIG, json.dumps(config, indent=1, sort_keys=True, default=str).encode())

@@ -9,22 +9,23 @@ committed step and the lineage of that checkpoint (its MLflow LoggedModel and ru
 
 from __future__ import annotations
 
-import contextlib
-import json
-import time
+import logging
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import layout, rootreader
+from ckptflow import env
+from ckptflow.core import layout, rootreader, runroot
 from ckptflow.core.errors import CheckpointError
-from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.storage import Storage
+
+log = logging.getLogger("ckptflow.finetune_base")
 
 
 def ckpt_storage(uri: str) -> Storage:
     """The checkpoint root of `uri`: a run root (its `ckpt/`) or a checkpoint root itself."""
-    st = Storage(uri)
+    st = env.open_storage(uri)
     if st.exists(layout.ROOT_MARKER):
         return st
-    return st.child("ckpt")
+    return runroot.ckpt_root(st)
 
 
 def direction(metric: str, mode: str = "") -> str:
@@ -41,39 +42,30 @@ def better(a: float, b: float, mode: str) -> bool:
     return a < b if mode == "min" else a > b
 
 
-def read_evals(ckpt: Storage) -> dict[int, dict]:
-    """step -> eval.json record, for every committed step that has one (unreadable ones skipped)."""
-    out = {}
-    for step in rootreader.committed_steps(ckpt):
-        try:
-            rec = json.loads(ckpt.read(f"{layout.step_dir(step)}/{layout.EVAL}"))
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):
-            continue
-        if isinstance(rec, dict):
-            out[step] = rec
-    return out
+def read_evals(ckpt: Storage) -> dict[int, runroot.EvalRecord]:
+    """step -> eval record, for every committed step that has one (unreadable ones skipped,
+    with a warning naming the file)."""
+    problems: list[str] = []
+    evals = runroot.read_evals(ckpt, rootreader.committed_steps(ckpt), problems)
+    for p in problems:
+        log.warning("skipping an evaluation record: %s", p)
+    return evals
 
 
-def metric_of(rec: dict, metric: str) -> float | None:
-    """The metric of an ok eval record (None for a failed evaluation or a missing metric)."""
-    if rec.get("status", "ok") != "ok":
-        return None
-    value = (rec.get("metrics") or {}).get(metric)
-    return float(value) if isinstance(value, int | float) else None
-
-
-def best_step(evals: dict[int, dict], metric: str, mode: str) -> tuple[int, float] | None:
+def best_step(
+    evals: dict[int, runroot.EvalRecord], metric: str, mode: str
+) -> tuple[int, float] | None:
     """(step, value) of the best evaluated step; the earliest step wins a tie."""
     best = None
     for step in sorted(evals):
-        value = metric_of(evals[step], metric)
+        value = evals[step].metric(metric)
         if value is not None and (best is None or better(value, best[1], mode)):
             best = (step, value)
     return best
 
 
-def known_metrics(evals: dict[int, dict]) -> list[str]:
-    return sorted({k for r in evals.values() for k in (r.get("metrics") or {})})
+def known_metrics(evals: dict[int, runroot.EvalRecord]) -> list[str]:
+    return sorted({k for r in evals.values() for k in r.metrics})
 
 
 @dataclass(frozen=True)
@@ -144,32 +136,26 @@ def resolve_base(base_ck, spec: str) -> BaseRef:
             f"step {step} under {ckpt.uri} has no model_config in its metadata: "
             "fine-tune a checkpoint written by ckptflow.steps.pretrain"
         )
-    evals = read_evals(ckpt).get(step, {})
+    rec = read_evals(ckpt).get(step) or runroot.EvalRecord(step)
     mlf = meta.get("mlflow") or {}
     return BaseRef(
         ckpt_root=ckpt.url(),
         step=step,
         uri=ckpt.url(layout.step_dir(step)),
         selected_by=how,
-        model_id=mlf.get("model_id") or evals.get("model_id"),
+        model_id=mlf.get("model_id") or rec.model_id,
         run_id=mlf.get("run_id"),
         model_config=dict(meta["model_config"]),
         task=str(meta.get("task", "")),
         seed=int((meta.get("config") or {}).get("seed", 0)),
         world_size=int(m["world_size"]),
         stored_bytes=int(m["stats"]["stored_bytes"]),
-        metrics=dict(evals.get("metrics") or {}) if evals.get("status", "ok") == "ok" else {},
+        metrics=dict(rec.metrics) if rec.ok else {},
     )
 
 
 def pin_base(base: BaseRef, user: str) -> bool:
     """Pin the base step (PIN, created once) so retention never deletes objects a fine-tune
     references. Returns True when this call pinned it."""
-    st = Storage(base.ckpt_root)
-    doc = {"reason": f"base of fine-tune {user}", "pinned_at": time.time()}
-    with contextlib.suppress(AlreadyExists):
-        st.write(
-            f"{layout.step_dir(base.step)}/{layout.PIN}", json.dumps(doc).encode(), exclusive=True
-        )
-        return True
-    return False
+    st = env.open_storage(base.ckpt_root)
+    return runroot.pin(st, base.step, f"base of fine-tune {user}", exclusive=True)

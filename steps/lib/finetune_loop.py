@@ -8,14 +8,14 @@ links the metrics to the checkpoint's MLflow LoggedModel, which also gets the ba
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import training as tr
 
-from ckptflow.core.layout import EVAL, step_dir
+from ckptflow.core import runroot
+from ckptflow.core.layout import step_dir
 
 log = logging.getLogger("ckptflow.finetune")
 
@@ -45,19 +45,19 @@ class Recorder:
             return
         if model_id:
             self.lineage.log_metrics(metrics, step, model_id=model_id)
-        record = {
-            "step": step,
-            "status": "ok",
-            "metrics": metrics,
-            "task": self.task,
-            "base_metrics": self.base_metrics,
-            "model_id": model_id,
-            "mlflow_run_id": self.lineage.run_id,
-            "uri": self.ck.storage.url(step_dir(step)),
-            "evaluated_at": time.time(),
-            "evaluator": "ckptflow.steps.finetune",
-        }
-        self.ck.storage.write(f"{step_dir(step)}/{EVAL}", json.dumps(record, indent=1).encode())
+        record = runroot.EvalRecord(
+            step=step,
+            status="ok",
+            metrics=metrics,
+            task=self.task,
+            base_metrics=self.base_metrics,
+            model_id=model_id,
+            mlflow_run_id=self.lineage.run_id,
+            uri=self.ck.storage.url(step_dir(step)),
+            evaluated_at=time.time(),
+            evaluator="ckptflow.steps.finetune",
+        )
+        runroot.write_eval(self.ck.storage, record)
         log.info("step %d on %s: %s", step, self.task, fmt(metrics))
 
 

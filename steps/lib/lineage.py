@@ -25,7 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 
-from ckptflow.steps.lib import env
+from ckptflow import env
+from ckptflow.core.layout import step_dir
 
 log = logging.getLogger("ckptflow.lineage")
 
@@ -328,7 +329,7 @@ class Lineage:
         def create():
             m = self.client.create_logged_model(
                 experiment_id=eid,
-                name=f"{self.run_name or 'ckpt'}-step-{step:08d}",
+                name=f"{self.run_name or 'ckpt'}-{step_dir(step)}",
                 source_run_id=rid,
                 tags=scrub({TAG_EXTERNAL: "true", TAG_CKPT_URI: uri, "ckptflow.step_number": step}),
                 model_type=MODEL_TYPE,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-from ckptflow.steps.lib import env
 from ckptflow.steps.lib.data import Corpus, ShardedLoader, decode, encode
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from torch.distributed.checkpoint.state_dict import (
@@ -30,6 +29,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
+
+from ckptflow import env
+from ckptflow.core.layout import step_dir
 
 log = logging.getLogger("ckptflow.training")
 
@@ -379,7 +381,7 @@ class CheckpointedLoop:
         raise SimulatedKill(step)
 
     def save(self, step: int) -> None:
-        uri = self.ck.storage.url(f"step-{step:08d}")
+        uri = self.ck.storage.url(step_dir(step))
         if step in self.skip:
             log.warning(
                 "not saving step %d: a corrupt checkpoint of that step exists (%s); "

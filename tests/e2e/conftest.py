@@ -93,7 +93,7 @@ def s3_from_host(cluster) -> dict:
 
 @pytest.fixture
 def host_s3_env(s3_from_host, monkeypatch):
-    """Point this process's storage (ckptflow.steps.lib.env reads the AWS variables) at MinIO."""
+    """Point this process's storage (ckptflow.env reads the AWS variables) at MinIO."""
     for key, value in s3_from_host.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)

@@ -31,7 +31,7 @@ def test_workflow_succeeded(pipeline):
 def test_committed_checkpoints_are_in_minio_and_every_one_was_evaluated(pipeline, host_s3_env):
     from ckptflow.steps.checkpoint import Checkpointer
 
-    from ckptflow.core.layout import EVAL, step_dir
+    from ckptflow.core.runroot import eval_path
     from ckptflow.core.storage import Storage
 
     _, _, wf = pipeline
@@ -55,7 +55,7 @@ def test_committed_checkpoints_are_in_minio_and_every_one_was_evaluated(pipeline
         assert matching, f"evaluated {steps} is not every checkpoint of a root: {committed}"
         store = Storage(matching[0])
         for step in steps:
-            assert store.exists(f"{step_dir(step)}/{EVAL}"), f"{matching[0]}: step {step}"
+            assert store.exists(eval_path(step)), f"{matching[0]}: step {step}"
 
 
 def _descendants(client, experiment_id: str, run_id: str) -> list:

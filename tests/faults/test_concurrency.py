@@ -229,12 +229,14 @@ def _evaluator_proc(run_root: str, name: str) -> None:
     by a record of who evaluated what: the claim protocol is what is under test."""
     from ckptflow.steps.evaluate import EvaluateConfig, Evaluator
 
+    from ckptflow.core.runroot import EvalRecord
+
     class Recording(Evaluator):
-        def evaluate_step(self, step: int) -> dict:
+        def evaluate_step(self, step: int) -> EvalRecord:
             time.sleep(0.02)  # widen the window in which a second evaluator could also start
             with open(os.path.join(run_root, "evaluations.log"), "a") as f:
                 f.write(f"{name} {step}\n")
-            return {"step": step, "status": "ok", "metrics": {"val_loss": 1.0 / (step + 1)}}
+            return EvalRecord(step, status="ok", metrics={"val_loss": 1.0 / (step + 1)})
 
     cfg = EvaluateConfig(
         run_root=run_root, until_finished=True, poll_seconds=0.02, timeout_seconds=120

@@ -24,7 +24,7 @@ import tracemalloc
 
 import pytest
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
+from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, dcp_metadata
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
@@ -153,7 +153,9 @@ def _check_one(blob: bytes) -> str:
         m = mf.parse(blob)
     except mf.ManifestError:
         return "rejected"
-    mf.metadata_from_manifest(m)  # what a load builds first: must not raise once validated
+    dcp_metadata.metadata_from_manifest(
+        m
+    )  # what a load builds first: must not raise once validated
     _, _, root = _seed()
     st = Storage(root)
     save_id, step = "0123456789abcdef", m["step"]

@@ -251,3 +251,14 @@ def test_numpy_and_nested_values_round_trip(tmp_path):
     ck.load(target)
     assert target["gen"] == state["gen"]
     assert target["np_rng"][0] == "MT19937" and np.array_equal(target["np_rng"][1], legacy[1])
+
+
+def test_torch_free_itemsize_table_matches_torch():
+    # the validator's table (no torch) and the loader's dtypes must name the same sizes
+    from ckptflow.steps.checkpoint import dcp_metadata
+
+    from ckptflow.core import manifest as mf
+
+    assert set(mf.ITEMSIZE) == set(dcp_metadata.DTYPES)
+    for name, dtype in dcp_metadata.DTYPES.items():
+        assert mf.ITEMSIZE[name] == torch.empty(0, dtype=dtype).element_size(), name

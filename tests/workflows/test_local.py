@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
+from types import SimpleNamespace
 
 import pytest
-from ckptflow.workflows.local import local_config, main
+from ckptflow.workflows.local import S3_BUCKET, local_config, main, summary
 from ckptflow.workflows.render import manifests
 from ckptflow.workflows.runner.spec import validate
 
@@ -31,6 +33,67 @@ def test_local_manifest_is_runnable_by_the_local_runner(tmp_path, s3):
 def test_run_without_local_points_at_submit(capsys):
     assert main(["pipeline"]) == 2
     assert "--local" in capsys.readouterr().err
+
+
+def _small_run(ckpt_storage) -> None:
+    """Two committed steps under a pretraining checkpoint root, one evaluated, one with a
+    damaged eval.json, and an uncommitted leftover."""
+    import torch
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    from ckptflow.core import runroot
+
+    ck = Checkpointer(ckpt_storage.uri, storage=ckpt_storage)
+    for step in (10, 20):
+        ck.save(step, {"w": torch.full((4,), float(step))})
+    runroot.write_eval(ck.storage, runroot.EvalRecord(10, metrics={"val_loss": 1.5}))
+    ck.storage.write(runroot.eval_path(20), b"[" * 10_000)
+    ck.storage.write("step-00000030/saving-0123456789abcdef.json", b"{}")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_summary_reads_the_run_with_the_format_core(tmp_path):
+    from ckptflow.core.storage import Storage
+
+    cfg = local_config(tmp_path, s3_endpoint=None, overrides=[])
+    _small_run(Storage(f"{tmp_path}/run1/pretrain/ckpt"))
+    text = summary(cfg, "run1", SimpleNamespace(nodes={}), tmp_path, {})
+    assert f"pretrain: 2 committed checkpoints  ({tmp_path}/run1/pretrain/ckpt)" in text
+    assert "    step     10  val_loss=1.5" in text.splitlines()
+    assert "    step     20  " in text.splitlines()  # no metrics: its record is damaged
+    assert f"unreadable evaluation: {tmp_path}/run1/pretrain/ckpt/step-00000020/eval.json" in text
+    assert f"ckptflow ckpt ls {tmp_path}/run1/pretrain/ckpt" in text
+
+
+@pytest.mark.s3
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_summary_reaches_the_in_process_s3_with_the_steps_keys(tmp_path, moto_server, monkeypatch):
+    """The keys of the in-process S3 are only in the steps' environment, not this process's."""
+    import boto3
+
+    from ckptflow.core.storage import Storage, StorageOptions
+
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    keys = {"AWS_ACCESS_KEY_ID": "ckptflow-local", "AWS_SECRET_ACCESS_KEY": "local-secret"}
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_server,
+        region_name="us-east-1",
+        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+    )
+    if S3_BUCKET not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+        s3.create_bucket(Bucket=S3_BUCKET)
+    cfg = local_config(tmp_path, s3_endpoint=moto_server, overrides=[])
+    name = f"run-{uuid.uuid4().hex[:8]}"
+    creds = (keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"])
+    opts = StorageOptions(moto_server, credentials=creds)
+    _small_run(Storage(f"{cfg.platform.storage_root}/{name}/pretrain/ckpt", options=opts))
+    text = summary(cfg, name, SimpleNamespace(nodes={}), tmp_path, keys)
+    assert "pretrain: 2 committed checkpoints" in text, text
+    assert "step     10  val_loss=1.5" in text
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The one place that reads deployment wiring from the environment.
 
 Only deployment settings live here: the S3 endpoint and credentials (the standard AWS
-variables, which botocore also understands) and the MLflow tracking URI. Nothing read here
+variables, which botocore also understands) and the MLflow tracking URI. The storage module
+reads none of it: entry points pass `storage_options()` (or use `open_storage`). Nothing read here
 is ever written into a manifest, a log line or MLflow.
 """
 
@@ -18,16 +19,30 @@ def s3_endpoint_url() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
+def s3_region() -> str | None:
+    """The S3 region, or None for botocore's default."""
+    return os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or None
+
+
+def storage_options():
+    """The `StorageOptions` of this deployment (endpoint, region); credentials stay in
+    botocore's own chain. What every entry point gives the storage it opens."""
+    # imported here: this module needs nothing but os, so any layer can read its wiring
+    from ckptflow.core.storage import StorageOptions
+
+    return StorageOptions(endpoint_url=s3_endpoint_url(), region=s3_region())
+
+
+def open_storage(uri: str):
+    """A `Storage` for `uri`, reached the way this deployment is wired (`storage_options`)."""
+    from ckptflow.core.storage import Storage
+
+    return Storage(uri, options=storage_options())
+
+
 def s3_storage_options() -> dict:
     """fsspec/s3fs options for the S3 endpoint; credentials come from botocore's own chain."""
-    opts: dict = {}
-    endpoint = s3_endpoint_url()
-    if endpoint:
-        opts["client_kwargs"] = {"endpoint_url": endpoint}
-    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
-    if region:
-        opts.setdefault("client_kwargs", {})["region_name"] = region
-    return opts
+    return storage_options().s3_kwargs()
 
 
 def mlflow_tracking_uri(default: str | None = None) -> str | None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
 
-from ckptflow.core import layout, rootreader
+from ckptflow.core import layout, rootreader, runroot
 from ckptflow.core.ckpt_cli import main
 from ckptflow.core.storage import Storage
 
@@ -56,7 +56,7 @@ def write_eval(st: Storage, step: int, metrics: dict) -> None:
         "evaluated_at": 1.0,
         "evaluator": "ckptflow.steps.evaluate",
     }
-    st.write(f"{layout.step_dir(step)}/{layout.EVAL}", json.dumps(doc).encode())
+    st.write(runroot.eval_path(step), json.dumps(doc).encode())
 
 
 def unique_object(root: str, step: int, others) -> str:
@@ -98,6 +98,27 @@ def test_ls_shows_kind_sizes_state_pin_tier_and_metrics(tmp_path, capsys):
     assert "uncommitted" in by_step["9"]
 
 
+def test_damaged_eval_and_pin_files_cost_only_their_metrics_and_reason(tmp_path, capsys):
+    """A hostile eval.json or PIN never breaks the listing: the step stays committed, the
+    metrics and pin reason are left out, the other steps' records are shown."""
+    root = str(tmp_path / "ckpt")
+    build_root(root)
+    st = Storage(root)
+    write_eval(st, 1, {"val_loss": 2.5})
+    st.write(
+        runroot.eval_path(2), b'{"step": 2, "metrics": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    )
+    st.write(runroot.eval_path(5), b'{"step": 5, "metrics": {"val_loss": "low"}}')
+    st.write(runroot.pin_path(6), b'{"reason": {"nested": ["x"]}}')
+    rc, out, err = run(capsys, "ls", root, "--json")
+    rows = {r["step"]: r for r in json.loads(out)}
+    assert rc == 0 and err == ""
+    assert rows[1]["metrics"] == {"val_loss": 2.5}
+    assert rows[2]["metrics"] == rows[5]["metrics"] == {}
+    assert rows[6]["pinned"] and rows[6]["pin_reason"] is None
+    assert all(rows[s]["state"] == "committed" for s in (1, 2, 5, 6))
+
+
 def test_corrupt_object_is_named_by_verify_and_ls(tmp_path, capsys):
     root = str(tmp_path / "ckpt")
     build_root(root)
@@ -137,7 +158,7 @@ def test_pin_unpin_round_trip(tmp_path, capsys):
     build_root(root)
     rc, out, _ = run(capsys, "pin", root, 2, "--reason", "release candidate")
     assert rc == 0 and "pinned step 2 (release candidate)" in out
-    pin = json.loads(Storage(root).read(f"{layout.step_dir(2)}/{layout.PIN}"))
+    pin = json.loads(Storage(root).read(runroot.pin_path(2)))
     assert pin["reason"] == "release candidate" and pin["pinned_at"] > 0
     rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "0", "--yes")
     assert rc == 0 and rootreader.committed_steps(Storage(root)) == [1, 2, 6]

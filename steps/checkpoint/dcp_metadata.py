@@ -1,0 +1,81 @@
+"""DCP `Metadata` <-> the manifest's JSON tables (torch side of ckptflow.core.manifest).
+
+The manifest's schema and validation are torch-free (ckptflow.core.manifest); building DCP's
+torch objects from a validated manifest, and the tables from DCP's metadata at save time, live
+here beside the writer and reader that use them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from ckptflow.core.manifest import ManifestError
+
+DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "int16",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "float8_e4m3fn",
+        "float8_e5m2",
+    )
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ManifestError(f"dtype {dtype} is not supported")
+    return name
+
+
+# -- DCP metadata --------------------------------------------------------------------------------
+def metadata_to_json(md: Metadata) -> tuple[dict, list]:
+    """DCP Metadata -> (tensors, values) JSON tables."""
+    tensors, values = {}, []
+    for fqn, sm in md.state_dict_metadata.items():
+        if isinstance(sm, TensorStorageMetadata):
+            tensors[fqn] = {
+                "dtype": dtype_name(sm.properties.dtype),
+                "size": list(sm.size),
+                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in sm.chunks],
+            }
+        else:
+            values.append(fqn)
+    return tensors, sorted(values)
+
+
+def metadata_from_manifest(m: dict) -> Metadata:
+    """Rebuild DCP Metadata (with our item records as storage_data) from a validated manifest."""
+    sdm: dict = {}
+    for fqn, t in m["tensors"].items():
+        chunks = [
+            ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"]))
+            for c in t["chunks"]
+        ]
+        props = TensorProperties(dtype=DTYPES[t["dtype"]])
+        sdm[fqn] = TensorStorageMetadata(
+            properties=props, size=torch.Size(t["size"]), chunks=chunks
+        )
+    for fqn in m["values"]:
+        sdm[fqn] = BytesStorageMetadata()
+    storage = {MetadataIndex(it["fqn"], it.get("offset")): it for it in m["items"].values()}
+    planner = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
+    return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)

@@ -1,0 +1,31 @@
+"""`ckptflow.env`: the one reader of deployment wiring, and the storage options it gives."""
+
+from __future__ import annotations
+
+from ckptflow import env
+from ckptflow.core.storage import StorageOptions
+
+S3_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
+
+
+def test_storage_options_from_the_environment(monkeypatch):
+    for var in S3_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert env.storage_options() == StorageOptions()
+    assert env.s3_storage_options() == {}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic:9000")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert env.storage_options() == StorageOptions("http://generic:9000", "eu-west-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3-only:9000")  # the S3-specific one wins
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert env.storage_options() == StorageOptions("http://s3-only:9000", "us-east-1")
+    assert env.s3_storage_options() == {
+        "client_kwargs": {"endpoint_url": "http://s3-only:9000", "region_name": "us-east-1"}
+    }
+
+
+def test_open_storage_passes_the_options(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3-only:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    st = env.open_storage("memory://env-open/run")
+    assert st.options == StorageOptions("http://s3-only:9000", "us-east-1")
