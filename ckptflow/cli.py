@@ -13,7 +13,7 @@ import sys
 # subcommand -> ("module", "function taking argv and returning an exit code", "help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "ckpt": (
-        "ckptflow.core.ckpt_cli",
+        "ckptflow.ckpt_cli",
         "main",
         "inspect, verify, pin, archive and gc checkpoints",
     ),
@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "run a rendered Argo Workflow manifest locally",
     ),
     "plan": (
-        "ckptflow.core.plan_cli",
+        "ckptflow.plan_cli",
         "main",
         "checkpoint size, stall, interval, storage cost",
     ),

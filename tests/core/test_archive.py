@@ -10,9 +10,9 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
 
+from ckptflow.ckpt_cli import main
 from ckptflow.core import layout, listing, rootreader
 from ckptflow.core.archive import archive
-from ckptflow.core.ckpt_cli import main
 from ckptflow.core.gc import gc
 from ckptflow.core.storage import Storage
 

@@ -153,7 +153,7 @@ def test_kept_delta_keeps_its_base_and_deleted_delta_objects_are_freed(tmp_path)
 
 
 def test_pinned_step_and_its_base_survive_until_unpinned(tmp_path):
-    from ckptflow.core.ckpt_cli import main
+    from ckptflow.ckpt_cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5))
@@ -337,7 +337,7 @@ def test_fine_tune_root_borrowing_objects_from_its_parent_is_valid(tmp_path):
 
 
 def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
-    from ckptflow.core.ckpt_cli import main
+    from ckptflow.ckpt_cli import main
 
     root = str(tmp_path / "ckpt")
     states = save_steps(root, range(1, 5), full_every=1)

@@ -14,7 +14,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "ckptflow" / "core"
 # the bottom layer: the core, and the one reader of deployment wiring the core's CLI uses
-BOTTOM = sorted(CORE.glob("*.py")) + [REPO / "ckptflow" / "env.py"]
+# the core, the one env reader, and the two CLIs over them (ckpt, plan)
+BOTTOM = sorted(CORE.glob("*.py")) + [
+    REPO / "ckptflow" / f for f in ("env.py", "ckpt_cli.py", "plan_cli.py")
+]
 FORBIDDEN = ("torch", "hera", "ckptflow.steps", "ckptflow.workflows")
 
 
@@ -36,7 +39,14 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_core_checks_every_module():
-    assert {p.stem for p in CORE.glob("*.py")} >= {"manifest", "storage", "runroot", "ckpt_cli"}
+    assert {p.stem for p in CORE.glob("*.py")} >= {
+        "manifest",
+        "storage",
+        "runroot",
+        "rootreader",
+        "listing",
+        "gc",
+    }
 
 
 @pytest.mark.parametrize("path", BOTTOM, ids=lambda p: p.relative_to(REPO).as_posix())

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from ckptflow import cli
-from ckptflow.core import plan_cli
+from ckptflow import cli, plan_cli
 from ckptflow.core.planner import (
     PlanInputs,
     daly_interval,

@@ -20,7 +20,8 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 
-from ckptflow.core import ckpt_cli, layout
+from ckptflow import ckpt_cli
+from ckptflow.core import layout
 from ckptflow.core.storage import Storage
 from tests.steps import ckpt_helpers as h
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
 
+from ckptflow.ckpt_cli import main
 from ckptflow.core import layout, rootreader, runroot
-from ckptflow.core.ckpt_cli import main
 from ckptflow.core.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
