@@ -1,0 +1,22 @@
+"""Pods on this machine: each task in its own network, UTS and mount namespaces and cgroups.
+
+The sandbox library behind `ckptflow run FILE --isolate` (see docs/pods.md). It imports only
+the standard library; the plumbing is iproute2 (`ip`), util-linux (`unshare`, `nsenter`) and
+cgroup v1, and it needs root.
+
+    why = available()            # None, or the one missing privilege/tool
+    with Node() as node:         # a bridge with the node address, a subnet, cgroups
+        pod = node.start_pod("a", argv, env, cwd, log_path=..., memory_limit="64Mi")
+        pod.poll(); pod.ip; pod.finish(); pod.release()
+"""
+
+from ckptflow.workflows.runner.pods.naming import PREFIX
+from ckptflow.workflows.runner.pods.spec import (
+    Volume,
+    check_hostname,
+    downward_env,
+    parse_cpu,
+    parse_quantity,
+)
+
+__all__ = ["PREFIX", "Volume", "check_hostname", "downward_env", "parse_cpu", "parse_quantity"]
