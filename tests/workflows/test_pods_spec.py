@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from ckptflow.workflows.runner.pods import naming
+from ckptflow.workflows.runner.pods import check, naming
 from ckptflow.workflows.runner.pods.spec import (
     Volume,
     check_hostname,
@@ -132,3 +132,17 @@ def test_tags_fit_interface_names_and_name_their_owner():
     assert not naming.owner_alive(os.getpid(), "0")  # same pid, other start: a reused pid
     with pytest.raises(ValueError):
         naming.pod_suffix(naming.MAX_POD_INDEX + 1)
+
+
+def test_available_names_root_when_not_root(monkeypatch):
+    monkeypatch.setattr(check.os, "geteuid", lambda: 1000)
+    why = check.available.__wrapped__()
+    assert why is not None and "root" in why
+
+
+def test_available_names_a_missing_tool(monkeypatch):
+    monkeypatch.setattr(check.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(
+        check.shutil, "which", lambda name, path=None: None if name == "ip" else "/x"
+    )
+    assert "`ip`" in check.available.__wrapped__()

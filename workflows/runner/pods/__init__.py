@@ -10,7 +10,9 @@ cgroup v1, and it needs root.
         pod.poll(); pod.ip; pod.finish(); pod.release()
 """
 
+from ckptflow.workflows.runner.pods.check import available
 from ckptflow.workflows.runner.pods.naming import PREFIX
+from ckptflow.workflows.runner.pods.net import POD_CIDR, NetError
 from ckptflow.workflows.runner.pods.spec import (
     Volume,
     check_hostname,
@@ -19,4 +21,14 @@ from ckptflow.workflows.runner.pods.spec import (
     parse_quantity,
 )
 
-__all__ = ["PREFIX", "Volume", "check_hostname", "downward_env", "parse_cpu", "parse_quantity"]
+__all__ = [
+    "POD_CIDR",
+    "PREFIX",
+    "NetError",
+    "Volume",
+    "available",
+    "check_hostname",
+    "downward_env",
+    "parse_cpu",
+    "parse_quantity",
+]
