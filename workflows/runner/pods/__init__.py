@@ -13,6 +13,8 @@ cgroup v1, and it needs root.
 from ckptflow.workflows.runner.pods.check import available
 from ckptflow.workflows.runner.pods.naming import PREFIX
 from ckptflow.workflows.runner.pods.net import POD_CIDR, NetError
+from ckptflow.workflows.runner.pods.node import Node
+from ckptflow.workflows.runner.pods.pod import Pod, PodError
 from ckptflow.workflows.runner.pods.spec import (
     Volume,
     check_hostname,
@@ -20,15 +22,22 @@ from ckptflow.workflows.runner.pods.spec import (
     parse_cpu,
     parse_quantity,
 )
+from ckptflow.workflows.runner.pods.sweep import STATE_ROOT, leftovers, sweep
 
 __all__ = [
     "POD_CIDR",
     "PREFIX",
+    "STATE_ROOT",
     "NetError",
+    "Node",
+    "Pod",
+    "PodError",
     "Volume",
     "available",
     "check_hostname",
     "downward_env",
+    "leftovers",
     "parse_cpu",
     "parse_quantity",
+    "sweep",
 ]
