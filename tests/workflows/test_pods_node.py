@@ -219,6 +219,16 @@ def test_volumes_exist_in_the_pod_only(node, tmp_path):
     assert "ro Read-only file system" in out
     assert "same path by the pod" in out
     assert read(pod.path("/data/f")) == "/data"
+    assert pod.path("/elsewhere/f") is None
+    pod.release()
+
+
+@pods_only
+def test_a_link_out_of_a_volume_is_not_followed_by_the_node(node, tmp_path):
+    pod = start(node, tmp_path, "linker", "import os; os.symlink('/etc/hostname', '/tmp/out')")
+    assert wait(pod)[0] == 0
+    with pytest.raises(PodError, match="links out of its volume"):
+        pod.path("/tmp/out")
     pod.release()
 
 
@@ -229,7 +239,7 @@ def test_memory_emptydir_has_its_size_limit(node, tmp_path):
         tmp_path,
         "small-cache",
         """
-        import errno
+        import errno, os
         try:
             with open("/cache/big", "wb") as f:
                 f.write(b"x" * (2 << 20))
@@ -237,11 +247,57 @@ def test_memory_emptydir_has_its_size_limit(node, tmp_path):
             print("wrote it")
         except OSError as exc:
             print(errno.errorcode[exc.errno])
+        st = os.statvfs("/dev/shm")
+        print(st.f_blocks * st.f_frsize)
         """,
-        volumes=[Volume("/cache", memory=True, size_limit=1 << 20, name="cache")],
+        volumes=[
+            Volume("/cache", memory=True, size_limit=1 << 20, name="cache"),
+            Volume("/dev/shm", memory=True, size_limit=4 << 20, name="dshm"),
+        ],
     )
     rc, out = wait(pod)
-    assert (rc, out.strip()) == (0, "ENOSPC")
+    assert (rc, out.split()) == (0, ["ENOSPC", str(4 << 20)])
+    pod.release()
+
+
+@pods_only
+def test_pods_started_at_once_get_their_own_ips(node, tmp_path):
+    got, errors = [], []
+
+    def one(i):
+        try:
+            pod = start(node, tmp_path, f"many-{i}", "import socket; print(socket.gethostname())")
+            got.append((pod, wait(pod)))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(out for _, (_, out) in got) == [f"many-{i}\n" for i in range(6)]
+    assert len({pod.ip for pod, _ in got}) == 6
+    for pod, _ in got:
+        pod.release()
+
+
+@pods_only
+def test_a_mount_path_through_a_symlink_lands_where_the_pod_looks(node, tmp_path):
+    # /var/run is a symlink to /run on most systems: the mount must be where the pod
+    # resolves it, not on the host's /run.
+    name = f"ckp-test-{uuid.uuid4().hex[:8]}"
+    pod = start(
+        node,
+        tmp_path,
+        "linked",
+        f"import os; print(os.path.ismount('/var/run/{name}'), os.path.isdir('/run/{name}'))",
+        volumes=[Volume(f"/var/run/{name}", name="v")],
+    )
+    rc, out = wait(pod)
+    assert (rc, out.strip()) == (0, "True True")
+    assert not os.path.exists(f"/run/{name}")
     pod.release()
 
 
@@ -374,6 +430,10 @@ def test_start_errors_are_one_line(node, tmp_path):
         node.start_pod("bad", ["true"], dict(ENV), "/nowhere", log_path=log)
     with pytest.raises(ValueError, match="1-63 letters"):
         node.start_pod("bad_name", ["true"], dict(ENV), "/", log_path=log)
+    with pytest.raises(PodError, match="share a mountPath"):
+        node.start_pod(
+            "bad", ["true"], dict(ENV), "/", log_path=log, volumes=[Volume("/a"), Volume("/a/")]
+        )
     with pytest.raises(ValueError, match="memory limit"):
         node.start_pod("bad", ["true"], dict(ENV), "/", log_path=log, memory_limit="lots")
     assert node.pods() == []  # nothing left of the failed starts

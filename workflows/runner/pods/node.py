@@ -152,7 +152,10 @@ class Node:
             self._starting += 1
         try:
             suffix = pod_suffix(index)
-            pod = Pod(name, address, hostname, self.dir + "/" + suffix, log_path)
+            try:
+                pod = Pod(name, address, hostname, self.dir + "/" + suffix, log_path)
+            except OSError as exc:  # the log file
+                raise PodError(f"pod {name}: {exc}") from exc
             pod.on_release = self._forget
             with self._lock:
                 self._pods.add(pod)  # from now on close() stops it, wherever the start is

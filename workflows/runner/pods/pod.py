@@ -121,11 +121,17 @@ class Pod:
     # --- pod extras -----------------------------------------------------------------------
     def path(self, pod_path: str) -> str | None:
         """Where a path of the pod's /tmp, /dev/shm or a volume lies on the node (readable
-        after the pod ended, until release()); None for a path outside them."""
+        after the pod ended, until release()); None for a path outside them. PodError for a
+        path that a symlink the pod made leads out of its volume (say, to the node's files)."""
         pod_path = os.path.normpath(pod_path)
         for target in sorted(self.paths, key=len, reverse=True):
             if pod_path == target or pod_path.startswith(target.rstrip("/") + "/"):
-                return self.paths[target] + pod_path[len(target.rstrip("/")) :]
+                storage = self.paths[target]
+                found = storage + pod_path[len(target.rstrip("/")) :]
+                real, top = os.path.realpath(found), os.path.realpath(storage)
+                if real != top and not real.startswith(top.rstrip("/") + "/"):
+                    raise PodError(f"pod {self.name}: {pod_path} links out of its volume")
+                return found
         return None
 
     def enter_argv(self, argv: list[str]) -> list[str]:
@@ -177,6 +183,8 @@ class Pod:
         """Create the pod's storage on the node; return the mounts for podinit (in order)."""
         os.makedirs(os.path.join(self.dir, "root"))
         targets = {v.target for v in volumes}
+        if len(targets) < len(volumes):
+            raise PodError(f"pod {self.name}: two volumes share a mountPath")
         mounts = []
         defaults = [Volume("/tmp", memory=True, name="tmp")]
         defaults.append(Volume("/dev/shm", memory=True, name="shm"))
@@ -186,6 +194,7 @@ class Pod:
             source = vol.host_path or os.path.join(self.dir, "vol", str(i))
             if vol.host_path is None:
                 os.makedirs(source)
+                os.chmod(source, 0o777)  # as Kubernetes makes an emptyDir
                 if vol.memory:
                     podinit.tmpfs(source, vol.size_limit)
                     self.host_mounts.append(source)
