@@ -92,12 +92,14 @@ def _check(cls: type, s: Spec) -> None:
 
 @functools.cache
 def specs(cls: type) -> tuple[Spec, ...]:
-    """The command-line view of each field of the arguments dataclass `cls`, in field order."""
+    """The command-line view of each field of the arguments dataclass `cls`: its own fields in
+    order, then those it inherits (a shared group such as the training loop's)."""
     if not is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a step arguments dataclass")
     hints = typing.get_type_hints(cls)
+    own = cls.__dict__.get("__annotations__", {})
     out = []
-    for f in fields(cls):
+    for f in sorted(fields(cls), key=lambda f: f.name not in own):
         base, optional, many = _shape(hints[f.name])
         meta = f.metadata
         s = Spec(

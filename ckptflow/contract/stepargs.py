@@ -21,12 +21,6 @@ EXPERIMENT_DOC = "MLflow experiment when there is no parent run"
 PARALLEL = ("fsdp", "ddp")  # how finetune wraps its model
 
 
-def _ckpt_root(run_root: str) -> str:
-    from ckptflow.core.storage import Storage  # fsspec: only the steps call this
-
-    return Storage(run_root).url("ckpt")
-
-
 @dataclass(frozen=True)
 class StartRunArgs:
     """The parent run's identity and the pipeline configuration it records."""
@@ -47,34 +41,23 @@ class StartRunArgs:
     output_dir: str = arg("", "where Argo output parameters are written (run_id)")
 
 
-@dataclass(frozen=True)
-class PretrainArgs:
-    """Everything that decides a pretraining run (logged as MLflow params, saved in metadata)."""
+@dataclass(frozen=True, kw_only=True)
+class LoopArgs:
+    """The checkpointed training loop's arguments, shared by pretrain and finetune."""
 
-    STEP: ClassVar[str] = "pretrain"
-    RUNS_AS: ClassVar[str] = "torchrun (N ranks)"
-    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step")
-
-    run_root: str = arg(doc="run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db")
-    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)")
     max_steps: int = arg(40, "optimizer steps to train in total (across resumes)", at_least=1)
     batch_size: int = arg(8, "global sequences per optimizer step (all ranks and micro-steps)")
-    seq_len: int = arg(64, "tokens per sequence")
-    lr: float = arg(3e-3, "peak learning rate")
     warmup_steps: int = arg(5, "linear warm-up steps before cosine decay")
     min_lr_ratio: float = arg(0.1, "final learning rate as a fraction of the peak")
-    weight_decay: float = arg(0.1, "AdamW weight decay on matrices")
     grad_clip: float = arg(1.0, "gradient-norm clip (0 disables)")
     grad_accum: int = arg(1, "micro-steps per optimizer step")
-    dropout: float = arg(0.0, "dropout probability in the model")
-    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)")
-    ckpt_every: int = arg(10, "save every K steps (and always at the last step)", at_least=1)
+    ckpt_every: int = arg(10, "save every K steps, and at the last step", at_least=1)
     full_every: int = arg(
         1, "every F-th save is full, the others are deltas against it", at_least=1
     )
     async_save: bool = arg(True, "save in the background; training stalls only for the snapshot")
     compression_level: int = arg(1, "zstd level of the checkpoint engine")
-    seed: int = arg(0, "seeds the model init, the corpus and every RNG")
+    seed: int = arg(0, "seeds the model init, the data and every RNG")
     log_every: int = arg(1, "log training metrics to MLflow every N steps")
     experiment: str = arg(EXPERIMENT, EXPERIMENT_DOC)
     mlflow_parent_run_id: str = arg("", PARENT_DOC)
@@ -83,8 +66,27 @@ class PretrainArgs:
 
     @property
     def ckpt_root(self) -> str:
-        """The checkpoint root under the run root."""
-        return _ckpt_root(self.run_root)
+        """The checkpoint root under the run root (each step declares its own run_root)."""
+        from ckptflow.core.storage import Storage  # fsspec: only the steps call this
+
+        return Storage(self.run_root).url("ckpt")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainArgs(LoopArgs):
+    """Everything that decides a pretraining run (logged as MLflow params, saved in metadata)."""
+
+    STEP: ClassVar[str] = "pretrain"
+    RUNS_AS: ClassVar[str] = "torchrun (N ranks)"
+    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step")
+
+    run_root: str = arg(doc="run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db")
+    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)")
+    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)")
+    seq_len: int = arg(64, "tokens per sequence")
+    lr: float = arg(3e-3, "peak learning rate")
+    weight_decay: float = arg(0.1, "AdamW weight decay on matrices")
+    dropout: float = arg(0.0, "dropout probability in the model")
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,12 @@ class EvaluateArgs:
     output_dir: str = arg("", "where Argo output parameters are written (evaluated, best_step)")
 
 
-@dataclass(frozen=True)
-class FinetuneArgs:
-    """Everything that decides a fine-tune variant (logged as MLflow params, saved in metadata)."""
+@dataclass(frozen=True, kw_only=True)
+class FinetuneArgs(LoopArgs):
+    """Everything that decides a fine-tune variant (logged as MLflow params, saved in metadata).
+
+    Each save is evaluated on the fine-tune task (eval.json beside it).
+    """
 
     STEP: ClassVar[str] = "finetune"
     RUNS_AS: ClassVar[str] = "torchrun (M ranks)"
@@ -124,41 +129,19 @@ class FinetuneArgs:
     run_root: str = arg(doc="this variant's run root: ckpt/, FINISHED, default mlflow.db")
     base_step: str = arg("latest", "latest | best:METRIC[:min|max] | a step number")
     task: str = arg("rev", "fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike pretraining's")
+    seq_len: int = arg(0, "tokens per sequence (0: the base model's seq_len)")
     lr: float = arg(1e-3, "peak learning rate")
+    warmup_steps: int = arg(2, "linear warm-up steps before cosine decay")
+    weight_decay: float = arg(0.0, "AdamW weight decay on trainable matrices")
     freeze_blocks: int = arg(
         1, "leading blocks kept frozen (embeddings always; ln_f and head train)", at_least=0
     )
-    max_steps: int = arg(40, "optimizer steps in total (across resumes)", at_least=1)
-    batch_size: int = arg(8, "global sequences per optimizer step")
-    seq_len: int = arg(0, "tokens per sequence (0: the base model's seq_len)")
-    warmup_steps: int = arg(2, "linear warm-up steps before cosine decay")
-    min_lr_ratio: float = arg(0.1, "final learning rate as a fraction of the peak")
-    weight_decay: float = arg(0.0, "AdamW weight decay on trainable matrices")
-    grad_clip: float = arg(1.0, "gradient-norm clip (0 disables)")
-    grad_accum: int = arg(1, "micro-steps per optimizer step")
-    ckpt_every: int = arg(10, "save (and evaluate) every K steps, and at the last step", at_least=1)
-    full_every: int = arg(
-        1, "every F-th save is full, the others are deltas against it", at_least=1
-    )
-    async_save: bool = arg(True, "save in the background; training stalls only for the snapshot")
     parallel: str = arg(
         "fsdp", "fsdp (FSDP2 shards) | ddp (replicated model, cooperative load)", choices=PARALLEL
     )
-    compression_level: int = arg(1, "zstd level of the checkpoint engine")
-    seed: int = arg(0, "seeds the data and every RNG")
     eval_batches: int = arg(4, "validation batches for the loss")
     eval_batch_size: int = arg(16, "sequences per validation batch")
     exact_match_n: int = arg(64, "validation prompts for exact match")
-    log_every: int = arg(1, "log training metrics to MLflow every N steps")
-    experiment: str = arg(EXPERIMENT, EXPERIMENT_DOC)
-    mlflow_parent_run_id: str = arg("", PARENT_DOC)
-    output_dir: str = arg("", "where Argo output parameters are written (ckpt_root, last_step)")
-    fail_at_step: int = arg(0, "testing: exit without cleanup right after this step (0: never)")
-
-    @property
-    def ckpt_root(self) -> str:
-        """The checkpoint root under the run root."""
-        return _ckpt_root(self.run_root)
 
 
 @dataclass(frozen=True)
