@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
@@ -35,6 +35,7 @@ from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import evaluate
 
 from ckptflow import env
+from ckptflow.contract import EvaluateArgs, parse
 from ckptflow.core import runroot
 from ckptflow.core.layout import step_dir
 from ckptflow.core.runroot import CLAIM
@@ -43,34 +44,14 @@ from ckptflow.core.storage import AlreadyExists
 log = logging.getLogger("ckptflow.evaluate")
 
 
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """What to evaluate and how long to follow the run."""
-
-    run_root: str  # run root URI (checkpoints under ckpt/, FINISHED marker)
-    step: int = -1  # evaluate only this step (-1: every committed step)
-    until_finished: bool = False  # keep polling until FINISHED appears and all steps are done
-    poll_seconds: float = 10.0  # pause between polls of the checkpoint root
-    timeout_seconds: float = 6 * 3600.0  # give up following the run after this long
-    claim_ttl_seconds: float = 3600.0  # a claim older than this without eval.json is taken over
-    task: str = ""  # task to evaluate on ("": the task the checkpoint was trained on)
-    eval_batches: int = 4  # validation batches for the loss
-    eval_batch_size: int = 16  # sequences per validation batch
-    exact_match_n: int = 64  # validation prompts for exact match
-    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
-    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
-    output_dir: str = ""  # where Argo output parameters are written (evaluated, best_step)
-
-
-def parse_args(argv=None) -> EvaluateConfig:
-    p = lin.arg_parser(EvaluateConfig, "python -m ckptflow.steps.evaluate", __doc__.split("\n")[0])
-    return EvaluateConfig(**vars(p.parse_args(argv)))
+def parse_args(argv=None) -> EvaluateArgs:
+    return parse(EvaluateArgs, argv, description=__doc__.split("\n")[0])
 
 
 class Evaluator:
     """Claims, evaluates and records steps of one checkpoint root."""
 
-    def __init__(self, cfg: EvaluateConfig, lineage: lin.Lineage):
+    def __init__(self, cfg: EvaluateArgs, lineage: lin.Lineage):
         self.cfg, self.lineage = cfg, lineage
         self.run = env.open_storage(cfg.run_root)
         self.ckpt = runroot.ckpt_root(self.run)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
@@ -34,65 +34,18 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ckptflow import env
+from ckptflow.contract import FinetuneArgs, parse
 from ckptflow.core import rootreader, runroot
 
 log = logging.getLogger("ckptflow.finetune")
-PARALLEL = ("fsdp", "ddp")
 
 
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """Everything that decides a fine-tune variant (logged as MLflow params, saved in metadata)."""
-
-    base_root: str  # pretraining run root (or its checkpoint root)
-    run_root: str  # this variant's run root: ckpt/, FINISHED, default mlflow.db
-    base_step: str = "latest"  # latest | best:METRIC[:min|max] | a step number
-    task: str = (
-        "rev"  # fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike the pretraining one
-    )
-    lr: float = 1e-3  # peak learning rate
-    freeze_blocks: int = 1  # leading blocks kept frozen (embeddings always; ln_f and head train)
-    max_steps: int = 40  # optimizer steps in total (across resumes)
-    batch_size: int = 8  # global sequences per optimizer step
-    seq_len: int = 0  # tokens per sequence (0: the base model's seq_len)
-    warmup_steps: int = 2  # linear warm-up steps before cosine decay
-    min_lr_ratio: float = 0.1  # final learning rate as a fraction of the peak
-    weight_decay: float = 0.0  # AdamW weight decay on trainable matrices
-    grad_clip: float = 1.0  # gradient-norm clip (0 disables)
-    grad_accum: int = 1  # micro-steps per optimizer step
-    ckpt_every: int = 10  # save (and evaluate) every K steps, and at the last step
-    full_every: int = 1  # every F-th save is full, the others are deltas against it
-    async_save: bool = True  # save in the background; training stalls only for the snapshot
-    parallel: str = "fsdp"  # fsdp (FSDP2 shards) | ddp (replicated model, cooperative load)
-    compression_level: int = 1  # zstd level of the checkpoint engine
-    seed: int = 0  # seeds the data and every RNG
-    eval_batches: int = 4  # validation batches for the loss
-    eval_batch_size: int = 16  # sequences per validation batch
-    exact_match_n: int = 64  # validation prompts for exact match
-    log_every: int = 1  # log training metrics to MLflow every N steps
-    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
-    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
-    output_dir: str = ""  # where Argo output parameters are written (ckpt_root, last_step)
-    fail_at_step: int = 0  # testing: exit without cleanup right after this step (0: never)
-
-    @property
-    def ckpt_root(self) -> str:
-        return runroot.ckpt_uri(self.run_root)
-
-
-def parse_args(argv=None) -> FinetuneConfig:
-    p = lin.arg_parser(FinetuneConfig, "python -m ckptflow.steps.finetune", __doc__.split("\n")[0])
-    cfg = FinetuneConfig(**vars(p.parse_args(argv)))
-    tr.check_loop_args(p, cfg)
-    if cfg.freeze_blocks < 0:
-        p.error("--freeze-blocks must be >= 0")
-    if cfg.parallel not in PARALLEL:
-        p.error(f"--parallel must be one of {', '.join(PARALLEL)}")
-    return cfg
+def parse_args(argv=None) -> FinetuneArgs:
+    return parse(FinetuneArgs, argv, description=__doc__.split("\n")[0], check=tr.check_loop_args)
 
 
 # -- model ---------------------------------------------------------------------------------------
-def build_model(mcfg: ModelConfig, cfg: FinetuneConfig, dinfo: tr.DistInfo):
+def build_model(mcfg: ModelConfig, cfg: FinetuneArgs, dinfo: tr.DistInfo):
     """The decoder with its leading blocks frozen (before sharding, so FSDP2 sees it), wrapped
     for this job. Returns (wrapped model, plain module, trainable parameter names)."""
     if cfg.freeze_blocks > mcfg.n_layer:
@@ -130,7 +83,7 @@ def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
 
 
 # -- lineage -------------------------------------------------------------------------------------
-def start_lineage(cfg: FinetuneConfig, base: fb.BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
+def start_lineage(cfg: FinetuneArgs, base: fb.BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
     lineage = lin.Lineage.for_run_root(cfg.run_root)
     lineage.start_run(
         "finetune",
@@ -158,7 +111,7 @@ def start_lineage(cfg: FinetuneConfig, base: fb.BaseRef, mcfg, dinfo, trainable)
 
 
 # -- the run -------------------------------------------------------------------------------------
-def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
+def open_base(cfg: FinetuneArgs) -> tuple[Checkpointer, fb.BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
@@ -172,7 +125,7 @@ def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
     return base_ck, fb.resolve_base(base_ck, spec)
 
 
-def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
+def run(cfg: FinetuneArgs, dinfo: tr.DistInfo) -> int:
     tr.set_deterministic(cfg.seed)
     base_ck, base = open_base(cfg)
     mcfg = ModelConfig.from_dict(base.model_config)
@@ -281,7 +234,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
     return 0
 
 
-def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, lineage) -> None:
+def finish(cfg: FinetuneArgs, ck: Checkpointer, base: fb.BaseRef, last: int, lineage) -> None:
     """FINISHED, outputs, and the stored size of the checkpoints relative to the base."""
     sizes = {s: ck.manifest(s)["stats"] for s in ck.committed_steps()}
     own = {s: st["new_bytes"] for s, st in sizes.items()}

@@ -7,29 +7,17 @@ FAILED). Never fails the workflow because of MLflow: a warning is all an outage 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from ckptflow.steps.lib import lineage as lin
+
+from ckptflow.contract import FinishRunArgs, parse
 
 log = logging.getLogger("ckptflow.finish_run")
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "error": "FAILED", "killed": "KILLED"}
 
 
-@dataclass(frozen=True)
-class FinishRunConfig:
-    """Which run to close and how the workflow ended."""
-
-    run_id: str = ""  # the parent run (start_run's output); empty: nothing to do
-    status: str = "Succeeded"  # Argo's workflow.status (Succeeded, Failed, Error)
-    run_root: str = ""  # local run root: its mlflow.db is used when MLFLOW_TRACKING_URI is unset
-    output_dir: str = ""  # unused (every step accepts it)
-
-
-def parse_args(argv=None) -> FinishRunConfig:
-    p = lin.arg_parser(
-        FinishRunConfig, "python -m ckptflow.steps.finish_run", __doc__.split("\n")[0]
-    )
-    return FinishRunConfig(**vars(p.parse_args(argv)))
+def parse_args(argv=None) -> FinishRunArgs:
+    return parse(FinishRunArgs, argv, description=__doc__.split("\n")[0])
 
 
 def main(argv=None) -> int:

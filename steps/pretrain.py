@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import lineage as lin
@@ -23,49 +23,14 @@ from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
 from ckptflow.steps.lib.model import config_for, count_parameters
 
 from ckptflow import env
+from ckptflow.contract import PretrainArgs, parse
 from ckptflow.core import runroot
 
 log = logging.getLogger("ckptflow.pretrain")
 
 
-@dataclass(frozen=True)
-class PretrainConfig:
-    """Everything that decides a pretraining run (logged as MLflow params, saved in metadata)."""
-
-    run_root: str  # run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db
-    model: str = "tiny"  # named model size (ckptflow.steps.lib.model.SIZES)
-    max_steps: int = 40  # optimizer steps to train in total (across resumes)
-    batch_size: int = 8  # global sequences per optimizer step (all ranks and micro-steps)
-    seq_len: int = 64  # tokens per sequence
-    lr: float = 3e-3  # peak learning rate
-    warmup_steps: int = 5  # linear warm-up steps before cosine decay
-    min_lr_ratio: float = 0.1  # final learning rate as a fraction of the peak
-    weight_decay: float = 0.1  # AdamW weight decay on matrices
-    grad_clip: float = 1.0  # gradient-norm clip (0 disables)
-    grad_accum: int = 1  # micro-steps per optimizer step
-    dropout: float = 0.0  # dropout probability in the model
-    task: str = "add"  # corpus task (ckptflow.steps.lib.data.TASKS)
-    ckpt_every: int = 10  # save every K steps (and always at the last step)
-    full_every: int = 1  # every F-th save is full, the others are deltas against it
-    async_save: bool = True  # save in the background; training stalls only for the snapshot
-    compression_level: int = 1  # zstd level of the checkpoint engine
-    seed: int = 0  # seeds the model init, the corpus and every RNG
-    log_every: int = 1  # log training metrics to MLflow every N steps
-    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
-    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
-    output_dir: str = ""  # where Argo output parameters are written (ckpt_root, last_step)
-    fail_at_step: int = 0  # testing: exit without cleanup right after this step (0: never)
-
-    @property
-    def ckpt_root(self) -> str:
-        return runroot.ckpt_uri(self.run_root)
-
-
-def parse_args(argv=None) -> PretrainConfig:
-    p = lin.arg_parser(PretrainConfig, "python -m ckptflow.steps.pretrain", __doc__.split("\n")[0])
-    cfg = PretrainConfig(**vars(p.parse_args(argv)))
-    tr.check_loop_args(p, cfg)
-    return cfg
+def parse_args(argv=None) -> PretrainArgs:
+    return parse(PretrainArgs, argv, description=__doc__.split("\n")[0], check=tr.check_loop_args)
 
 
 def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -> int:
@@ -106,7 +71,7 @@ def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -
     return last
 
 
-def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
+def run(cfg: PretrainArgs, dinfo: tr.DistInfo) -> int:
     tr.set_deterministic(cfg.seed)
     mcfg = config_for(cfg.model, seq_len=cfg.seq_len, dropout=cfg.dropout)
     if mcfg.vocab_size < len(VOCAB):

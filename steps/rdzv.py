@@ -9,38 +9,20 @@ training state, so it needs no storage, credentials or MLflow. It serves until s
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from datetime import timedelta
 
-
-@dataclass(frozen=True)
-class RdzvConfig:
-    """Settings of the rendezvous store."""
-
-    host: str = "0.0.0.0"  # address to listen on (all interfaces: ranks run in other pods)
-    port: int = 29400  # TCP port ranks pass in --rdzv-endpoint
-    timeout_s: float = 0.0  # stop after this many seconds; 0 serves until stopped
-    output_dir: str = ""  # accepted like every step's; the store writes no outputs
+from ckptflow.contract import RdzvArgs, parse
 
 
-def parse_args(argv: list[str] | None) -> RdzvConfig:
+def parse_args(argv: list[str] | None) -> RdzvArgs:
     """Build the config from the command line."""
-    ap = argparse.ArgumentParser(
-        prog="python -m ckptflow.steps.rdzv", description=__doc__.split("\n")[0]
-    )
-    ap.add_argument("--host", default=RdzvConfig.host, help="listen address")
-    ap.add_argument("--port", type=int, default=RdzvConfig.port, help="listen port")
-    ap.add_argument("--timeout-seconds", dest="timeout_s", type=float, default=0.0)
-    ap.add_argument("--output-dir", default="", help="unused (no outputs)")
-    a = ap.parse_args(argv)
-    return RdzvConfig(host=a.host, port=a.port, timeout_s=a.timeout_s, output_dir=a.output_dir)
+    return parse(RdzvArgs, argv, description=__doc__.split("\n")[0])
 
 
-def serve(cfg: RdzvConfig, stop: threading.Event) -> None:
+def serve(cfg: RdzvArgs, stop: threading.Event) -> None:
     """Host the store until `stop` is set or the timeout passes."""
     from torch.distributed import TCPStore
 
@@ -58,7 +40,7 @@ def serve(cfg: RdzvConfig, stop: threading.Event) -> None:
             f"ckptflow.steps.rdzv: cannot listen on {cfg.host}:{cfg.port}: {exc}"
         ) from exc
     print(f"rendezvous store listening on {cfg.host}:{cfg.port}", flush=True)
-    stop.wait(cfg.timeout_s or None)
+    stop.wait(cfg.timeout_seconds or None)
     del store
     print("rendezvous store stopped", flush=True)
 

@@ -15,18 +15,18 @@ move only when the candidate beats the champion (or with `--force`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import posixpath
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import registry
-from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
+from ckptflow.steps.lib.export import export_weights, load_model_weights
 
 from ckptflow import env
+from ckptflow.contract import SelectArgs, parse
 from ckptflow.core import rootreader, runroot
 from ckptflow.core.layout import step_dir
 from ckptflow.core.storage import join_uri
@@ -34,43 +34,13 @@ from ckptflow.core.storage import join_uri
 log = logging.getLogger("ckptflow.select")
 
 
-@dataclass(frozen=True)
-class SelectConfig:
-    """Which variants to compare, how, and where the winner goes."""
-
-    candidates: str  # comma-separated run roots of the variants
-    metric: str = "val_loss"  # eval.json metric to rank by
-    mode: str = "min"  # min | max: which direction is better
-    export_uri: str = ""  # folder under which the export is written ("": no export)
-    dtype: str = "fp32"  # fp32 | bf16: dtype of the exported weights
-    model_name: str = "ckptflow"  # MLflow registered model name
-    force: bool = False  # move `champion` to this candidate even when it is not better
-    require_finished: bool = True  # a variant without its FINISHED marker counts as failed
-    experiment: str = lin.EXPERIMENT  # MLflow experiment when there is no parent run
-    mlflow_parent_run_id: str = ""  # nest this step's MLflow run under the pipeline's run
-    output_dir: str = ""  # where Argo output parameters go (chosen, model_version, export_uri)
-
-
-def parse_args(argv=None) -> SelectConfig:
-    p = argparse.ArgumentParser(
-        prog="python -m ckptflow.steps.select", description=__doc__.split("\n")[0]
-    )
-    for f in fields(SelectConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif f.name == "candidates":
-            p.add_argument(flag, required=True)
-        else:
-            p.add_argument(flag, default=f.default)
-    cfg = SelectConfig(**vars(p.parse_args(argv)))
-    if cfg.mode not in ("min", "max"):
-        p.error("--mode must be min or max")
-    if cfg.dtype not in DTYPES:
-        p.error(f"--dtype must be one of {', '.join(DTYPES)}")
+def _check(p, cfg: SelectArgs) -> None:
     if not [c for c in cfg.candidates.split(",") if c.strip()]:
         p.error("--candidates names no run root")
-    return cfg
+
+
+def parse_args(argv=None) -> SelectArgs:
+    return parse(SelectArgs, argv, description=__doc__.split("\n")[0], check=_check)
 
 
 @dataclass(frozen=True)
@@ -89,7 +59,7 @@ def variant_name(uri: str) -> str:
     return posixpath.basename(uri.rstrip("/")) or "model"
 
 
-def assess(uri: str, cfg: SelectConfig) -> Candidate:
+def assess(uri: str, cfg: SelectArgs) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
     run = env.open_storage(uri)
     ckpt = fb.ckpt_storage(uri)
@@ -110,7 +80,7 @@ def assess(uri: str, cfg: SelectConfig) -> Candidate:
     return Candidate(variant_name(uri), run.url(), ckpt.url(), step, value, evals[step])
 
 
-def choose(cfg: SelectConfig) -> tuple[Candidate | None, list[Candidate], dict[str, str]]:
+def choose(cfg: SelectArgs) -> tuple[Candidate | None, list[Candidate], dict[str, str]]:
     """(winner, every usable candidate, failures uri -> cause)."""
     ok, failures = [], {}
     for uri in (c.strip() for c in cfg.candidates.split(",")):
@@ -177,17 +147,17 @@ def link_input(lineage: lin.Lineage, model_id: str | None) -> None:
     )
 
 
-def export_dir(cfg: SelectConfig, cand: Candidate) -> str:
+def export_dir(cfg: SelectArgs, cand: Candidate) -> str:
     return join_uri(cfg.export_uri, runroot.export_name(cand.name, cand.step, cfg.dtype))
 
 
-def open_lineage(cfg: SelectConfig) -> lin.Lineage:
+def open_lineage(cfg: SelectArgs) -> lin.Lineage:
     """MLFLOW_TRACKING_URI, else the local store of the run that holds the export folder."""
     parent = posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
     return lin.Lineage.for_run_root(parent or None)
 
 
-def run(cfg: SelectConfig) -> int:
+def run(cfg: SelectArgs) -> int:
     lineage = open_lineage(cfg)
     lineage.start_run(
         "select",

@@ -10,32 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 
 from ckptflow.steps.lib import lineage as lin
 
 from ckptflow import env
+from ckptflow.contract import StartRunArgs, parse
 
 log = logging.getLogger("ckptflow.start_run")
 
 
-@dataclass(frozen=True)
-class StartRunConfig:
-    """The parent run's identity and the pipeline configuration it records."""
-
-    experiment: str = lin.EXPERIMENT  # MLflow experiment (created when missing)
-    run_name: str = "pipeline"  # the parent run's name (the workflow name in Argo)
-    workflow_name: str = ""  # Argo workflow name (default: ARGO_WORKFLOW_NAME)
-    workflow_uid: str = ""  # Argo workflow uid (default: ARGO_WORKFLOW_UID)
-    namespace: str = ""  # Kubernetes namespace (default: ARGO_NAMESPACE)
-    config_json: str = "{}"  # the full pipeline configuration, logged as params
-    run_root: str = ""  # local run root: its mlflow.db is used when MLFLOW_TRACKING_URI is unset
-    output_dir: str = ""  # where Argo output parameters are written (run_id)
-
-
-def parse_args(argv=None) -> StartRunConfig:
-    p = lin.arg_parser(StartRunConfig, "python -m ckptflow.steps.start_run", __doc__.split("\n")[0])
-    cfg = StartRunConfig(**vars(p.parse_args(argv)))
+def _check(p, cfg: StartRunArgs) -> None:
     try:
         if not isinstance(json.loads(cfg.config_json), dict):
             raise ValueError("not an object")
@@ -43,7 +27,10 @@ def parse_args(argv=None) -> StartRunConfig:
         p.error(
             f"--config-json must be a JSON object ({exc}); e.g. --config-json '{{\"lr\": 0.001}}'"
         )
-    return cfg
+
+
+def parse_args(argv=None) -> StartRunArgs:
+    return parse(StartRunArgs, argv, description=__doc__.split("\n")[0], check=_check)
 
 
 def main(argv=None) -> int:

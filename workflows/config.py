@@ -5,17 +5,30 @@ One tree, `PipelineConfig`, configures every builder: `platform` says where and 
 what it does. Each builder reads the sections it needs, so `--set pretrain.ranks=4` means the
 same thing to `ckptflow render pretrain` and to `ckptflow render pipeline`.
 
+A stage's step arguments are the step's own dataclass from `ckptflow.contract` (the one the
+step parses), embedded with only what this workflow runs differently from the step's defaults;
+the builders render it with `contract.to_argv`. Its fields are keys of the section
+(`pretrain.max_steps`), except those the builders fill in themselves (`step_args(hide=...)`).
+
 Only references and settings live here: credentials are named by their Kubernetes Secret
 (`platform.s3_secret`), never held.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass, replace
+
+from ckptflow.contract import (
+    EXPERIMENT,
+    EvaluateArgs,
+    FinetuneArgs,
+    PretrainArgs,
+    RdzvArgs,
+    SelectArgs,
+)
 
 
 class ConfigError(ValueError):
@@ -41,7 +54,7 @@ class PlatformConfig:
     service_account: str = "ckptflow-workflow"  # service account of every pod
     storage_root: str = "s3://ckptflow/runs"  # URI under which each run gets its own prefix
     mlflow_tracking_uri: str = "http://mlflow.ckptflow.svc.cluster.local:5000"  # MLflow server
-    experiment: str = "ckptflow"  # MLflow experiment of the pipeline's parent runs
+    experiment: str = EXPERIMENT  # MLflow experiment of the pipeline's parent runs
     s3_endpoint: str = "http://minio.ckptflow.svc.cluster.local:9000"  # "" = AWS S3 itself
     s3_secret: str = "ckptflow-s3"  # Secret holding the S3 keys; "" = no key env (local runs)
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID"  # key of the access key id in that Secret
@@ -57,26 +70,41 @@ class PlatformConfig:
     step_resources: Resources = Resources(cpu="250m", memory="1Gi")  # small bookkeeping steps
 
 
+def step_args(default: object, *, hide: tuple[str, ...] = (), flat: bool = True):
+    """A step's arguments (a `ckptflow.contract` dataclass) inside a section.
+
+    `default` states only what this workflow runs differently from the step's own defaults,
+    which stay in the contract. With `flat` its fields are set as `section.field` (e.g.
+    `pretrain.max_steps`), otherwise as `section.name.field`. `hide` names the fields the
+    builder fills in (Argo parameters, grid values) or that another step's flat arguments in
+    the same section already name: `--set` cannot reach them.
+    """
+    return field(default=default, metadata={"flat": flat, "hide": frozenset(hide)})
+
+
+# What a builder always fills in itself: Argo parameters and the outputs directory.
+WIRED = ("run_root", "mlflow_parent_run_id", "output_dir")
+
+
 @dataclass(frozen=True)
 class PretrainConfig:
     """Distributed pretraining: N rank pods joined by a c10d rendezvous, plus the evaluator."""
 
     run_root: str = ""  # "" = <storage_root>/<workflow name>/pretrain; fixed = resumable
+    # The ranks' `ckptflow.steps.pretrain` arguments, set as pretrain.KEY.
+    train: PretrainArgs = step_args(
+        PretrainArgs(run_root="", max_steps=200, warmup_steps=20, ckpt_every=20, full_every=4),
+        hide=WIRED,
+    )
+    # The background `ckptflow.steps.evaluate` (it follows the run), set as pretrain.evaluator.KEY.
+    evaluator: EvaluateArgs = step_args(
+        EvaluateArgs(run_root="", poll_seconds=5.0, timeout_seconds=24 * 3600.0),
+        hide=(*WIRED, "step", "until_finished"),
+        flat=False,
+    )
     ranks: int = 2  # rank pods (torchrun nodes)
     procs_per_rank: int = 1  # processes per pod (GPUs per pod on GPU nodes)
-    model: str = "tiny"  # model size name
-    task: str = "add"  # generated pretraining task (add, sub, mul, rev, sort)
-    max_steps: int = 200  # optimizer steps
-    batch_size: int = 8  # global sequences per optimizer step
-    seq_len: int = 64  # sequence length
-    lr: float = 3e-3  # peak learning rate
-    warmup_steps: int = 20  # linear warmup steps
-    grad_accum: int = 1  # gradient accumulation micro-steps
-    ckpt_every: int = 20  # checkpoint every K steps
-    full_every: int = 4  # every F-th checkpoint is full, the others deltas
-    async_save: bool = True  # write checkpoints in the background
-    seed: int = 0  # seed of data and initialisation
-    rdzv_port: int = 29400  # TCP port of the rendezvous store
+    rdzv_port: int = RdzvArgs.port  # TCP port of the rendezvous store
     rdzv_join_timeout_s: int = 600  # how long ranks wait for each other to join
     max_restarts: int = 3  # in-pod restarts of the worker group (torchrun --max-restarts)
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
@@ -84,8 +112,6 @@ class PretrainConfig:
     rank_deadline_s: int = 24 * 3600  # activeDeadlineSeconds of one rank pod
     rank_resources: Resources = Resources(cpu="2", memory="4Gi")  # per rank pod
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir (dataloader and NCCL buffers)
-    eval_poll_s: int = 5  # evaluator polling interval
-    eval_timeout_s: int = 24 * 3600  # evaluator gives up after this long
     evaluator_resources: Resources = Resources(cpu="1", memory="2Gi")  # evaluator pod
 
 
@@ -94,25 +120,26 @@ class FinetuneConfig:
     """Fine-tune fan-out over a grid of variants, then `select` (fan-in, export, register)."""
 
     base_root: str = ""  # pretraining run root; "" = the pipeline's own (or a submit argument)
-    base_step: str = "latest"  # latest | best:METRIC | N
     run_root: str = ""  # "" = <storage_root>/<workflow name>; variants under finetune/<name>
-    task: str = "rev"  # fine-tuning task: a different generated task than pretraining
+    # Each variant's `ckptflow.steps.finetune` arguments, set as finetune.KEY (lr and
+    # freeze_blocks come from the grid).
+    train: FinetuneArgs = step_args(
+        FinetuneArgs(base_root="", run_root="", ckpt_every=20),
+        hide=(*WIRED, "base_root", "lr", "freeze_blocks"),
+    )
     lrs: tuple[float, ...] = (1e-3, 3e-4)  # learning rates of the grid
     freeze_blocks: tuple[int, ...] = (1,)  # frozen leading blocks of the grid
+    # `ckptflow.steps.select`'s arguments, set as finetune.KEY (its experiment is the variants').
+    select: SelectArgs = step_args(
+        SelectArgs(candidates="", dtype="bf16", model_name="ckptflow-tiny"),
+        hide=(*WIRED, "candidates", "export_uri", "experiment"),
+    )
     workers: int = 1  # processes per variant pod (M, fewer than the pretraining ranks)
-    max_steps: int = 40  # optimizer steps per variant
-    ckpt_every: int = 20  # checkpoint every K steps
-    seed: int = 0  # seed of data and initialisation
     retries: int = 2  # pod retries per variant
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
     deadline_s: int = 12 * 3600  # activeDeadlineSeconds of one variant pod
     resources: Resources = Resources(cpu="2", memory="4Gi")  # per variant pod
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir
-    metric: str = "val_loss"  # evaluation metric select ranks by (val_loss, exact_match)
-    mode: str = "min"  # min | max
-    dtype: str = "bf16"  # dtype of the exported weights: fp32 | bf16
-    model_name: str = "ckptflow-tiny"  # registered MLflow model name
-    force: bool = False  # let a worse candidate displace the champion
 
 
 @dataclass(frozen=True)
@@ -142,6 +169,11 @@ class EvaluateConfig:
     marker: str = "COMMIT"  # commit marker file inside step-XXXXXXXX/
     events: tuple[str, ...] = ("s3:ObjectCreated:*",)  # MinIO bucket notification events
     minio_insecure: bool = True  # plain HTTP to MinIO (in-cluster)
+    # The pod's `ckptflow.steps.evaluate` arguments (one step: no polling), set as evaluate.KEY.
+    evaluator: EvaluateArgs = step_args(
+        EvaluateArgs(run_root=""),
+        hide=(*WIRED, "step", "until_finished", "poll_seconds", "timeout_seconds"),
+    )
     retries: int = 2  # pod retries
     deadline_s: int = 3600  # activeDeadlineSeconds of the evaluation pod
     resources: Resources = Resources(cpu="1", memory="2Gi")  # evaluation pod
@@ -162,17 +194,58 @@ class PipelineConfig:
 # ---------------------------------------------------------------------------- overrides
 
 
-def setting_keys(cls: type = PipelineConfig, prefix: str = "") -> list[str]:
-    """Every dotted key `--set` accepts under `cls`."""
-    keys: list[str] = []
+@dataclass(frozen=True)
+class Setting:
+    """One `--set` key: where it lives in the tree and its type (a section: a dataclass)."""
+
+    key: str  # dotted, as --set takes it: "pretrain.max_steps"
+    path: tuple[str, ...]  # attributes from the root: ("pretrain", "train", "max_steps")
+    type: object  # the field's type
+    section: bool  # a dataclass: its fields are the keys below it
+
+
+def _walk(cls: type, prefix: str = "", path: tuple[str, ...] = (), hide=frozenset()):
+    """Every Setting under `cls`; flat step arguments count as their section's own keys."""
     hints = typing.get_type_hints(cls)
     for f in fields(cls):
-        tp = hints[f.name]
-        if is_dataclass(tp):
-            keys += setting_keys(tp, f"{prefix}{f.name}.")
-        else:
-            keys.append(prefix + f.name)
-    return keys
+        if f.name in hide:
+            continue
+        tp, at = hints[f.name], (*path, f.name)
+        if not is_dataclass(tp):
+            yield Setting(prefix + f.name, at, tp, False)
+            continue
+        if f.metadata.get("flat"):
+            yield from _walk(tp, prefix, at, f.metadata["hide"])
+            continue
+        yield Setting(prefix + f.name, at, tp, True)
+        yield from _walk(tp, f"{prefix}{f.name}.", at, f.metadata.get("hide", frozenset()))
+
+
+def settings(cls: type = PipelineConfig) -> dict[str, Setting]:
+    """Every key under `cls` (sections included), in field order; a key named twice raises."""
+    out: dict[str, Setting] = {}
+    for s in _walk(cls):
+        if s.key in out:
+            raise TypeError(f"{cls.__name__}: {s.key} is named twice; hide one of them")
+        out[s.key] = s
+    return out
+
+
+def setting_keys(cls: type = PipelineConfig) -> list[str]:
+    """Every dotted key `--set` accepts under `cls`."""
+    return [k for k, s in settings(cls).items() if not s.section]
+
+
+def value_at(obj: object, path: tuple[str, ...]) -> object:
+    for name in path:
+        obj = getattr(obj, name)
+    return obj
+
+
+def _replace_at(obj: object, path: tuple[str, ...], value: object) -> object:
+    if len(path) == 1:
+        return replace(obj, **{path[0]: value})
+    return replace(obj, **{path[0]: _replace_at(getattr(obj, path[0]), path[1:], value)})
 
 
 def _convert(key: str, raw: str, tp: object) -> object:
@@ -200,51 +273,53 @@ def _convert(key: str, raw: str, tp: object) -> object:
     return raw
 
 
-def _set(cfg: object, path: list[str], raw: str, full_key: str) -> object:
-    hints = typing.get_type_hints(type(cfg))
-    name = path[0]
-    if name not in hints:
-        raise KeyError(name)
-    tp = hints[name]
-    if len(path) == 1:
-        if is_dataclass(tp):
-            subkeys = ", ".join(setting_keys(tp, f"{full_key}."))
-            raise ConfigError(f"--set {full_key}: is a section; set one of {subkeys}")
-        return replace(cfg, **{name: _convert(full_key, raw, tp)})
-    if not is_dataclass(tp):
-        raise KeyError(name)
-    return replace(cfg, **{name: _set(getattr(cfg, name), path[1:], raw, full_key)})
-
-
 def apply_overrides(cfg: PipelineConfig, assignments: typing.Iterable[str]) -> PipelineConfig:
     """Return `cfg` with each "dotted.key=value" applied; unknown keys raise ConfigError.
 
     Lists are comma-separated (`--set finetune.lrs=1e-3,3e-4`), booleans true/false.
     """
+    known = settings(type(cfg))
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE, e.g. pretrain.ranks=4")
-        try:
-            cfg = _set(cfg, key.split("."), raw, key)
-        except KeyError:
-            known = setting_keys(type(cfg))
-            close = difflib.get_close_matches(key, known, n=3)
+        s = known.get(key)
+        if s is None:
+            leaves = setting_keys(type(cfg))
+            close = difflib.get_close_matches(key, leaves, n=3)
             hint = f"did you mean {', '.join(close)}?" if close else "see `ckptflow render --keys`"
-            raise ConfigError(f"--set {key}: unknown setting; {hint}") from None
+            raise ConfigError(f"--set {key}: unknown setting; {hint}")
+        if s.section:
+            subkeys = ", ".join(k for k in setting_keys(type(cfg)) if k.startswith(f"{key}."))
+            raise ConfigError(f"--set {key}: is a section; set one of {subkeys}")
+        cfg = _replace_at(cfg, s.path, _convert(key, raw, s.type))
     return cfg
 
 
-def describe(cls: type = PipelineConfig, obj: object | None = None, prefix: str = "") -> list[str]:
+def as_tree(cfg: object) -> dict:
+    """Every setting's value, nested by its key (what `--set` sees; lists for tuples)."""
+    tree: dict = {}
+    for key, s in settings(type(cfg)).items():
+        if s.section:
+            continue
+        *sections, name = key.split(".")
+        node = tree
+        for part in sections:
+            node = node.setdefault(part, {})
+        value = value_at(cfg, s.path)
+        node[name] = list(value) if isinstance(value, tuple) else value
+    return tree
+
+
+def describe(cls: type = PipelineConfig, obj: object | None = None) -> list[str]:
     """`key = value` lines for every setting (for `ckptflow render --keys`)."""
     obj = cls() if obj is None else obj
     lines: list[str] = []
-    for f in dataclasses.fields(cls):
-        value = getattr(obj, f.name)
-        if is_dataclass(value):
-            lines += describe(type(value), value, f"{prefix}{f.name}.")
-        else:
-            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            lines.append(f"{prefix}{f.name} = {shown}")
+    for key, s in settings(cls).items():
+        if s.section:
+            continue
+        value = value_at(obj, s.path)
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        lines.append(f"{key} = {shown}")
     return lines

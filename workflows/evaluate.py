@@ -19,15 +19,47 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from ckptflow.workflows import templates
-from ckptflow.workflows.config import ConfigError, PipelineConfig
+from ckptflow.workflows.config import ConfigError, PipelineConfig, PlatformConfig, Resources
 from ckptflow.workflows.templates import param, step
-from hera.workflows import DAG, Parameter, WorkflowTemplate
+from hera.workflows import DAG, Container, Parameter, WorkflowTemplate
+
+from ckptflow.contract import EvaluateArgs, to_argv
 
 EVENT_NAME = "checkpoint-commits"
 DEPENDENCY = "commit"
 EVENTS_API = "argoproj.io/v1alpha1"
 # The notification record inside the event data (Argo Events' MinIO event payload).
 _RECORD = "(index .Input.notification 0).s3"
+
+
+def evaluator(
+    name: str,
+    args: EvaluateArgs,
+    inputs: tuple[str, ...],
+    *,
+    platform: PlatformConfig,
+    resources: Resources,
+    retries: int,
+    deadline_s: int,
+    backoff_s: int = 10,
+) -> Container:
+    """A `ckptflow.steps.evaluate` template: the pretraining DAG's background one (following
+    the run) or this WorkflowTemplate's (one step). Each input becomes the argument of the same
+    name, filled in by Argo (`parent_run_id` is `--mlflow-parent-run-id`)."""
+    field_of = {"parent_run_id": "mlflow_parent_run_id"}
+    exprs = {field_of.get(n, n): param(n) for n in inputs}
+    return step(
+        name,
+        "evaluate",
+        to_argv(args, **exprs),
+        platform=platform,
+        resources=resources,
+        inputs=inputs,
+        output_names=EvaluateArgs.OUTPUTS,
+        retries=retries,
+        backoff_s=backoff_s,
+        deadline_s=deadline_s,
+    )
 
 
 def build_evaluate(cfg: PipelineConfig) -> WorkflowTemplate:
@@ -45,14 +77,12 @@ def build_evaluate(cfg: PipelineConfig) -> WorkflowTemplate:
         ),
     )
     with w:
-        evaluate = step(
+        evaluate = evaluator(
             "evaluate",
-            "evaluate",
-            ["--run-root", param("run_root"), "--step", param("step")],
+            e.evaluator,
+            ("run_root", "step"),
             platform=p,
             resources=e.resources,
-            inputs=("run_root", "step"),
-            output_names=("evaluated", "best_step"),
             retries=e.retries,
             deadline_s=e.deadline_s,
         )

@@ -12,12 +12,15 @@ references pass through Argo. A failed variant does not stop the others (`contin
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from ckptflow.workflows import lineage
 from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
 from ckptflow.workflows.templates import param, run_root, step
-from hera.workflows import DAG, Parameter, Workflow
+from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import ContinueOn
+
+from ckptflow.contract import FinetuneArgs, SelectArgs, to_argv
 
 DAG_NAME = "finetune"
 
@@ -36,59 +39,61 @@ def variants(c: FinetuneConfig) -> list[dict[str, str]]:
     return grid
 
 
-def add_finetune_dag(cfg: PipelineConfig) -> DAG:
-    """Add the variant and select templates and their DAG (inputs base_root, run_root,
-    parent_run_id). Call inside a Workflow context."""
-    p, c = cfg.platform, cfg.finetune
-    if c.workers < 1:
-        raise ConfigError("finetune.workers must be at least 1")
-    parent = ["--mlflow-parent-run-id", param("parent_run_id")]
-    variant = step(
+def variant_template(cfg: PipelineConfig) -> Container:
+    """One variant's pod: `ckptflow.steps.finetune` on M workers; its grid values are inputs."""
+    c = cfg.finetune
+    train = to_argv(
+        c.train,
+        base_root=param("base_root"),
+        run_root=param("variant_root"),
+        lr=param("lr"),
+        freeze_blocks=param("freeze"),
+        mlflow_parent_run_id=param("parent_run_id"),
+    )
+    return step(
         "finetune-variant",
         "finetune",
-        [
-            "--base-root", param("base_root"),
-            "--base-step", c.base_step,
-            "--run-root", param("variant_root"),
-            "--task", c.task,
-            "--lr", param("lr"),
-            "--freeze-blocks", param("freeze"),
-            "--max-steps", str(c.max_steps),
-            "--ckpt-every", str(c.ckpt_every),
-            "--seed", str(c.seed),
-            *parent,
-        ],
-        platform=p,
+        train,
+        platform=cfg.platform,
         resources=c.resources,
         inputs=("base_root", "variant_root", "lr", "freeze", "parent_run_id"),
-        output_names=("ckpt_root", "last_step"),
+        output_names=FinetuneArgs.OUTPUTS,
         launcher=["--standalone", "--nnodes=1", f"--nproc-per-node={c.workers}"],
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
         deadline_s=c.deadline_s,
         shm_size=c.shm_size,
-    )  # fmt: skip
-    grid = variants(c)
-    root = param("run_root")
-    candidates = ",".join(f"{root}/finetune/{v['name']}" for v in grid)
-    select = step(
+    )
+
+
+def select_template(cfg: PipelineConfig, grid: list[dict[str, str]]) -> Container:
+    """The fan-in: `ckptflow.steps.select` over every variant's run root (known at render)."""
+    c, root = cfg.finetune, param("run_root")
+    choose = to_argv(
+        replace(c.select, experiment=c.train.experiment),
+        candidates=",".join(f"{root}/finetune/{v['name']}" for v in grid),
+        export_uri=f"{root}/export",
+        mlflow_parent_run_id=param("parent_run_id"),
+    )
+    return step(
         "select",
         "select",
-        [
-            "--candidates", candidates,
-            "--metric", c.metric,
-            "--mode", c.mode,
-            "--export-uri", f"{root}/export",
-            "--dtype", c.dtype,
-            "--model-name", c.model_name,
-            *(["--force"] if c.force else []),
-            *parent,
-        ],
-        platform=p,
+        choose,
+        platform=cfg.platform,
         inputs=("run_root", "parent_run_id"),
-        output_names=("chosen", "model_version", "export_uri"),
+        output_names=SelectArgs.OUTPUTS,
         retries=1,
-    )  # fmt: skip
+    )
+
+
+def add_finetune_dag(cfg: PipelineConfig) -> DAG:
+    """Add the variant and select templates and their DAG (inputs base_root, run_root,
+    parent_run_id). Call inside a Workflow context."""
+    if cfg.finetune.workers < 1:
+        raise ConfigError("finetune.workers must be at least 1")
+    grid = variants(cfg.finetune)
+    variant, select = variant_template(cfg), select_template(cfg, grid)
+    root = param("run_root")
     inputs = [Parameter(name=n) for n in ("base_root", "run_root", "parent_run_id")]
     with DAG(name=DAG_NAME, inputs=inputs) as dag:
         variant(
@@ -112,6 +117,16 @@ def add_finetune_dag(cfg: PipelineConfig) -> DAG:
     return dag
 
 
+def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
+    """The Argo UI's title and description of the fine-tuning workflow."""
+    c = cfg.finetune
+    return (
+        f"ckptflow finetune: {len(variants(c))} variants x {c.workers} workers",
+        f"task {c.train.task}, select by {c.select.mode} {c.select.metric}, "
+        f"register {c.select.model_name}",
+    )
+
+
 def build_finetune(cfg: PipelineConfig) -> Workflow:
     """Fine-tuning alone, from an existing pretraining run: fan-out, select, register.
 
@@ -119,26 +134,16 @@ def build_finetune(cfg: PipelineConfig) -> Workflow:
     which must then be given at submission (`--set finetune.base_root=URI`).
     """
     c = cfg.finetune
-    w = lineage.lineage_workflow(
-        cfg,
-        prefix=f"{cfg.name}-finetune",
-        title=f"ckptflow finetune: {len(variants(c))} variants x {c.workers} workers",
-        description=f"task {c.task}, select by {c.mode} {c.metric}, register {c.model_name}",
+    refs = {"base_root": "{{workflow.parameters.base_root}}"}
+    stage = lineage.Stage(
+        "finetune", add_finetune_dag, {**refs, "run_root": run_root(cfg.platform, c.run_root)}
     )
-    w.arguments = [Parameter(name="base_root", value=c.base_root or None)]
-    with w:
-        start = lineage.start_run_template(cfg, ("finetune",))
-        lineage.finish_run_template(cfg)
-        finetune = add_finetune_dag(cfg)
-        with DAG(name="main"):
-            s = start(name=lineage.START_TASK)
-            t = finetune(
-                name="finetune",
-                arguments={
-                    "base_root": "{{workflow.parameters.base_root}}",
-                    "run_root": run_root(cfg.platform, c.run_root),
-                    "parent_run_id": lineage.PARENT_RUN_ID,
-                },
-            )
-            s >> t
-    return w
+    title, description = ui_text(cfg)
+    return lineage.staged_workflow(
+        cfg,
+        [stage],
+        prefix=f"{cfg.name}-finetune",
+        title=title,
+        description=description,
+        arguments=[Parameter(name="base_root", value=c.base_root or None)],
+    )

@@ -22,14 +22,17 @@ The run id itself is a workflow output (`mlflow_run_id`, visible in the UI's out
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from ckptflow.workflows import templates
-from ckptflow.workflows.config import PipelineConfig
+from ckptflow.workflows.config import PipelineConfig, as_tree
 from ckptflow.workflows.templates import step
-from hera.workflows import Container, Parameter, Workflow
+from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import LabelValueFrom, ValueFrom, WorkflowMetadata
+
+from ckptflow.contract import FinishRunArgs, StartRunArgs, to_argv
 
 RUN_NAME_LABEL = "ckptflow.io/mlflow-run-name"
 EXPERIMENT_LABEL = "ckptflow.io/mlflow-experiment"
@@ -42,9 +45,9 @@ PARENT_RUN_ID = "{{tasks." + START_TASK + ".outputs.parameters.run_id}}"
 def config_json(cfg: PipelineConfig, sections: tuple[str, ...]) -> str:
     """The config sections a workflow uses as compact JSON (the parent run's MLflow params).
 
-    Holds no secrets: the config only names the Secret.
+    Holds no secrets: the config only names the Secret. Keys are those of `--set`.
     """
-    tree = dataclasses.asdict(cfg)
+    tree = as_tree(cfg)
     picked = {"name": cfg.name, "platform": tree["platform"]}
     picked.update({s: tree[s] for s in sections})
     return json.dumps(picked, sort_keys=True, separators=(",", ":"))
@@ -68,27 +71,24 @@ def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Contai
     `sections` names the config sections recorded as the run's params.
     """
     p = cfg.platform
-    tpl = step(
-        "start-run",
-        "start_run",
-        [
-            "--experiment", p.experiment,
-            "--run-name", "{{workflow.name}}",
-            "--workflow-name", "{{workflow.name}}",
-            "--workflow-uid", "{{workflow.uid}}",
-            "--namespace", "{{workflow.namespace}}",
-            "--config-json", config_json(cfg, sections),
-        ],
-        platform=p,
-        retries=2,
-        backoff_s=5,
-    )  # fmt: skip
+    args = StartRunArgs(
+        experiment=p.experiment,
+        config_json=config_json(cfg, sections),
+        output_dir=p.outputs_dir,  # its own outputs below, not step()'s
+    )
+    names = {
+        "run_name": "{{workflow.name}}",
+        "workflow_name": "{{workflow.name}}",
+        "workflow_uid": "{{workflow.uid}}",
+        "namespace": "{{workflow.namespace}}",
+    }
+    tpl = step("start-run", "start_run", to_argv(args, **names), platform=p, retries=2, backoff_s=5)
     # run_id doubles as a workflow output, which is how the exit handler reaches it.
-    tpl.args = [*tpl.args, "--output-dir", p.outputs_dir]
+    (run_id,) = StartRunArgs.OUTPUTS
     tpl.outputs = [
         Parameter(
-            name="run_id",
-            value_from=ValueFrom(path=f"{p.outputs_dir}/run_id"),
+            name=run_id,
+            value_from=ValueFrom(path=f"{p.outputs_dir}/{run_id}"),
             global_name=GLOBAL_RUN_ID,
         )
     ]
@@ -97,17 +97,12 @@ def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Contai
 
 def finish_run_template(cfg: PipelineConfig) -> Container:
     """`ckptflow.steps.finish_run`: the exit handler closing the parent run with the workflow status."""
-    return step(
-        "finish-run",
-        "finish_run",
-        [
-            "--run-id", "{{workflow.outputs.parameters." + GLOBAL_RUN_ID + "}}",
-            "--status", "{{workflow.status}}",
-        ],
-        platform=cfg.platform,
-        retries=2,
-        backoff_s=5,
-    )  # fmt: skip
+    args = to_argv(
+        FinishRunArgs(),
+        run_id="{{workflow.outputs.parameters." + GLOBAL_RUN_ID + "}}",
+        status="{{workflow.status}}",
+    )
+    return step("finish-run", "finish_run", args, platform=cfg.platform, retries=2, backoff_s=5)
 
 
 def lineage_workflow(cfg: PipelineConfig, *, prefix: str, title: str, description: str) -> Workflow:
@@ -120,3 +115,41 @@ def lineage_workflow(cfg: PipelineConfig, *, prefix: str, title: str, descriptio
         workflow_metadata=workflow_metadata(),
         **templates.workflow_kwargs(cfg.platform, title=title, description=description),
     )
+
+
+class Stage(NamedTuple):
+    """One DAG of a lineage-tracked workflow: its task name, the function adding its templates
+    (inside the Workflow context; returns the DAG), and the task's arguments."""
+
+    name: str
+    add: Callable[[PipelineConfig], DAG]
+    arguments: dict[str, str]
+
+
+def staged_workflow(
+    cfg: PipelineConfig,
+    stages: Sequence[Stage],
+    *,
+    prefix: str,
+    title: str,
+    description: str,
+    arguments: list[Parameter] | None = None,
+) -> Workflow:
+    """start_run -> each stage in order, all nested under one parent run; finish_run on exit.
+
+    Every stage gets `parent_run_id`; the stage names are the config sections start_run records.
+    """
+    w = lineage_workflow(cfg, prefix=prefix, title=title, description=description)
+    if arguments:
+        w.arguments = arguments
+    with w:
+        start = start_run_template(cfg, tuple(s.name for s in stages))
+        finish_run_template(cfg)
+        dags = [s.add(cfg) for s in stages]
+        with DAG(name="main"):
+            task = start(name=START_TASK)
+            for s, dag in zip(stages, dags, strict=True):
+                task = task >> dag(
+                    name=s.name, arguments={**s.arguments, "parent_run_id": PARENT_RUN_ID}
+                )
+    return w

@@ -44,8 +44,8 @@ SMALL = (
     "pretrain.ckpt_every=10",
     "pretrain.full_every=2",
     "pretrain.warmup_steps=5",
-    "pretrain.eval_poll_s=1",
-    "pretrain.eval_timeout_s=900",
+    "pretrain.evaluator.poll_seconds=1",
+    "pretrain.evaluator.timeout_seconds=900",
     "pretrain.rank_deadline_s=900",
     "pretrain.rdzv_join_timeout_s=300",
     "pretrain.retries=1",
@@ -178,7 +178,7 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
     for chosen in _outputs(result, "select"):
         lines.append(
             f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
-            f"{cfg.finetune.model_name} version {chosen.get('model_version', '?')}"
+            f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
         )
         lines.append(f"  exported: {chosen.get('export_uri', '?')}")
     db = runs_dir / "mlflow.db"

@@ -29,7 +29,7 @@ from ckptflow.workflows.config import PipelineConfig
 from ckptflow.workflows.finetune import add_finetune_dag, variants
 from ckptflow.workflows.pretrain import add_pretrain_dag
 from ckptflow.workflows.templates import run_root
-from hera.workflows import DAG, Workflow
+from hera.workflows import Workflow
 
 
 def build_pipeline(cfg: PipelineConfig) -> Workflow:
@@ -37,39 +37,28 @@ def build_pipeline(cfg: PipelineConfig) -> Workflow:
     pc, fc = cfg.pretrain, cfg.finetune
     root = run_root(cfg.platform, "")
     pretrain_root = pc.run_root.rstrip("/") or f"{root}/pretrain"
-    base_root = fc.base_root.rstrip("/") or pretrain_root
-    w = lineage.lineage_workflow(
+    stages = [
+        lineage.Stage("pretrain", add_pretrain_dag, {"run_root": pretrain_root}),
+        lineage.Stage(
+            "finetune",
+            add_finetune_dag,
+            {
+                "base_root": fc.base_root.rstrip("/") or pretrain_root,
+                "run_root": fc.run_root.rstrip("/") or root,
+            },
+        ),
+    ]
+    return lineage.staged_workflow(
         cfg,
+        stages,
         prefix=cfg.name,
         title=(
-            f"ckptflow pipeline: {pc.model} on {pc.ranks} ranks, "
+            f"ckptflow pipeline: {pc.train.model} on {pc.ranks} ranks, "
             f"{len(variants(fc))} fine-tunes x {fc.workers} workers"
         ),
         description=(
-            f"pretrain {pc.max_steps} steps (checkpoint every {pc.ckpt_every}, evaluated in "
-            f"the background), fine-tune on {fc.task}, select by {fc.mode} {fc.metric}, "
-            f"register {fc.model_name}"
+            f"pretrain {pc.train.max_steps} steps (checkpoint every {pc.train.ckpt_every}, "
+            f"evaluated in the background), fine-tune on {fc.train.task}, select by "
+            f"{fc.select.mode} {fc.select.metric}, register {fc.select.model_name}"
         ),
     )
-    with w:
-        start = lineage.start_run_template(cfg, ("pretrain", "finetune"))
-        lineage.finish_run_template(cfg)
-        pretrain = add_pretrain_dag(cfg)
-        finetune = add_finetune_dag(cfg)
-        parent = lineage.PARENT_RUN_ID
-        with DAG(name="main"):
-            s = start(name=lineage.START_TASK)
-            p = pretrain(
-                name="pretrain",
-                arguments={"run_root": pretrain_root, "parent_run_id": parent},
-            )
-            f = finetune(
-                name="finetune",
-                arguments={
-                    "base_root": base_root,
-                    "run_root": fc.run_root.rstrip("/") or root,
-                    "parent_run_id": parent,
-                },
-            )
-            s >> p >> f
-    return w

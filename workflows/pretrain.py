@@ -28,31 +28,18 @@ there; only URIs pass between tasks, the checkpoints themselves go through objec
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ckptflow.workflows import lineage
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
+from ckptflow.workflows.evaluate import evaluator
 from ckptflow.workflows.templates import param, run_root, step
-from hera.workflows import DAG, Container, Parameter, Workflow
+from hera.workflows import DAG, Parameter, Workflow
 from hera.workflows.models import ContainerPort, Probe, TCPSocketAction
 
+from ckptflow.contract import PretrainArgs, RdzvArgs, to_argv
+
 DAG_NAME = "pretrain"
-
-
-def train_args(c: PretrainConfig) -> list[str]:
-    """`ckptflow.steps.pretrain` arguments after --run-root (contract in docs/contracts.md)."""
-    return [
-        "--model", c.model,
-        "--task", c.task,
-        "--max-steps", str(c.max_steps),
-        "--batch-size", str(c.batch_size),
-        "--seq-len", str(c.seq_len),
-        "--lr", repr(c.lr),
-        "--warmup-steps", str(c.warmup_steps),
-        "--grad-accum", str(c.grad_accum),
-        "--ckpt-every", str(c.ckpt_every),
-        "--full-every", str(c.full_every),
-        "--async-save" if c.async_save else "--no-async-save",
-        "--seed", str(c.seed),
-    ]  # fmt: skip
 
 
 def torchrun_args(c: PretrainConfig) -> list[str]:
@@ -76,52 +63,41 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
     p, c = cfg.platform, cfg.pretrain
     if c.ranks < 1 or c.procs_per_rank < 1:
         raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
-    parent = ["--mlflow-parent-run-id", param("parent_run_id")]
     rdzv = step(
-        "rdzv",
-        "rdzv",
-        ["--port", str(c.rdzv_port)],
-        platform=p,
-        daemon=True,
-        with_env=False,
+        "rdzv", "rdzv", to_argv(RdzvArgs(port=c.rdzv_port)), platform=p, daemon=True, with_env=False
     )
     # Dependents start once the store accepts connections, not merely once the pod runs.
     rdzv.readiness_probe = Probe(
         tcp_socket=TCPSocketAction(port=c.rdzv_port), period_seconds=2, failure_threshold=30
     )
     rdzv.ports = [ContainerPort(container_port=c.rdzv_port, name="rdzv")]
+    train = to_argv(
+        c.train, run_root=param("run_root"), mlflow_parent_run_id=param("parent_run_id")
+    )
     rank = step(
         "pretrain-rank",
         "pretrain",
-        ["--run-root", param("run_root"), *train_args(c), *parent],
+        train,
         platform=p,
         resources=c.rank_resources,
         inputs=("run_root", "parent_run_id", "rdzv_host"),
-        output_names=("ckpt_root", "last_step"),
+        output_names=PretrainArgs.OUTPUTS,
         launcher=torchrun_args(c),
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
         deadline_s=c.rank_deadline_s,
         shm_size=c.shm_size,
     )
-    evaluator = step(
+    background = evaluator(
         "evaluate-background",
-        "evaluate",
-        [
-            "--run-root", param("run_root"),
-            "--until-finished",
-            "--poll-seconds", str(c.eval_poll_s),
-            "--timeout-seconds", str(c.eval_timeout_s),
-            *parent,
-        ],
+        replace(c.evaluator, until_finished=True),  # it exits once the run is FINISHED
+        ("run_root", "parent_run_id"),
         platform=p,
         resources=c.evaluator_resources,
-        inputs=("run_root", "parent_run_id"),
-        output_names=("evaluated", "best_step"),
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
         deadline_s=c.rank_deadline_s,
-    )  # fmt: skip
+    )
     refs = {"run_root": param("run_root"), "parent_run_id": param("parent_run_id")}
     with DAG(
         name=DAG_NAME, inputs=[Parameter(name="run_root"), Parameter(name="parent_run_id")]
@@ -132,35 +108,27 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
             arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
             with_items=list(range(c.ranks)),
         )
-        evaluator(name="evaluate", arguments=refs)
+        background(name="evaluate", arguments=refs)
         host >> ranks
     return dag
 
 
+def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
+    """The Argo UI's title and description of the pretraining workflow."""
+    c, t = cfg.pretrain, cfg.pretrain.train
+    mode = "async" if t.async_save else "sync"
+    return (
+        f"ckptflow pretrain: {t.model}, {c.ranks} ranks x {c.procs_per_rank}",
+        f"{t.max_steps} steps, checkpoint every {t.ckpt_every} ({mode}), "
+        "background evaluation of each checkpoint",
+    )
+
+
 def build_pretrain(cfg: PipelineConfig) -> Workflow:
     """Pretraining alone: start_run -> (rdzv daemon, N ranks, evaluator); finish_run on exit."""
-    c = cfg.pretrain
-    w = lineage.lineage_workflow(
-        cfg,
-        prefix=f"{cfg.name}-pretrain",
-        title=f"ckptflow pretrain: {c.model}, {c.ranks} ranks x {c.procs_per_rank}",
-        description=(
-            f"{c.max_steps} steps, checkpoint every {c.ckpt_every} "
-            f"({'async' if c.async_save else 'sync'}), background evaluation of each checkpoint"
-        ),
+    root = run_root(cfg.platform, cfg.pretrain.run_root, "pretrain")
+    stage = lineage.Stage("pretrain", add_pretrain_dag, {"run_root": root})
+    title, description = ui_text(cfg)
+    return lineage.staged_workflow(
+        cfg, [stage], prefix=f"{cfg.name}-pretrain", title=title, description=description
     )
-    with w:
-        start: Container = lineage.start_run_template(cfg, ("pretrain",))
-        lineage.finish_run_template(cfg)
-        pretrain = add_pretrain_dag(cfg)
-        with DAG(name="main"):
-            s = start(name=lineage.START_TASK)
-            t = pretrain(
-                name="pretrain",
-                arguments={
-                    "run_root": run_root(cfg.platform, c.run_root, "pretrain"),
-                    "parent_run_id": lineage.PARENT_RUN_ID,
-                },
-            )
-            s >> t
-    return w

@@ -146,7 +146,7 @@ def step(
         image=platform.image,
         image_pull_policy=platform.image_pull_policy,
         command=command,
-        args=args,
+        args=args or None,
         env=step_env(platform) if with_env else None,
         resources=hera_resources(resources or platform.step_resources),
         inputs=[Parameter(name=n) for n in inputs],

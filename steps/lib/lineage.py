@@ -13,17 +13,13 @@ replayed at the next call after that, and at `close()`. Values that look like se
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import MISSING, fields
 
 from ckptflow import env
 from ckptflow.core.layout import step_dir
@@ -444,24 +440,3 @@ class Progress:
     def close(self) -> None:
         if self.tty:
             self.stream.write("\n")
-
-
-def arg_parser(cls, prog: str, description: str) -> argparse.ArgumentParser:
-    """argparse for a step's frozen config dataclass: one --flag per field, its one-line doc
-    (the field's trailing comment) as help; fields without a default are required."""
-    docs = {
-        m[1]: m[2].strip()
-        for m in re.finditer(r"^\s+(\w+): [^#\n]*#\s*(.+)$", inspect.getsource(cls), re.M)
-    }
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    for f in fields(cls):
-        flag, doc = "--" + f.name.replace("_", "-"), docs.get(f.name, "")
-        if f.default is MISSING:
-            p.add_argument(flag, required=True, help=doc)
-        elif f.type == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=doc)
-        else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            shown = f"{doc} (default: %(default)s)" if f.default not in ("", None) else doc
-            p.add_argument(flag, type=kind, default=f.default, help=shown)
-    return p

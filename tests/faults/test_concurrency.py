@@ -227,8 +227,9 @@ def test_gc_during_a_save_never_removes_in_flight_data(tmp_path, where, fault):
 def _evaluator_proc(run_root: str, name: str) -> None:
     """A real ckptflow.steps.evaluate Evaluator (claims, eval.json) whose model evaluation is replaced
     by a record of who evaluated what: the claim protocol is what is under test."""
-    from ckptflow.steps.evaluate import EvaluateConfig, Evaluator
+    from ckptflow.steps.evaluate import Evaluator
 
+    from ckptflow.contract import EvaluateArgs
     from ckptflow.core.runroot import EvalRecord
 
     class Recording(Evaluator):
@@ -238,7 +239,7 @@ def _evaluator_proc(run_root: str, name: str) -> None:
                 f.write(f"{name} {step}\n")
             return EvalRecord(step, status="ok", metrics={"val_loss": 1.0 / (step + 1)})
 
-    cfg = EvaluateConfig(
+    cfg = EvaluateArgs(
         run_root=run_root, until_finished=True, poll_seconds=0.02, timeout_seconds=120
     )
     assert Recording(cfg, lineage=None).follow()

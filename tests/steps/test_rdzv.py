@@ -11,7 +11,9 @@ import threading
 from datetime import timedelta
 
 import pytest
-from ckptflow.steps.rdzv import RdzvConfig, parse_args, serve
+from ckptflow.steps.rdzv import parse_args, serve
+
+from ckptflow.contract import RdzvArgs
 
 
 def test_store_serves_clients_until_stopped():
@@ -21,7 +23,7 @@ def test_store_serves_clients_until_stopped():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     stop = threading.Event()
-    server = threading.Thread(target=serve, args=(RdzvConfig(port=port), stop), daemon=True)
+    server = threading.Thread(target=serve, args=(RdzvArgs(port=port), stop), daemon=True)
     server.start()
     client = None
     try:
@@ -41,10 +43,10 @@ def test_taken_port_is_a_clear_error():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(SystemExit, match=f"cannot listen on 0.0.0.0:{port}"):
-            serve(RdzvConfig(port=port), threading.Event())
+            serve(RdzvArgs(port=port), threading.Event())
 
 
 def test_arguments():
-    assert parse_args(["--port", "29411", "--timeout-seconds", "5"]) == RdzvConfig(
-        port=29411, timeout_s=5.0
+    assert parse_args(["--port", "29411", "--timeout-seconds", "5"]) == RdzvArgs(
+        port=29411, timeout_seconds=5.0
     )

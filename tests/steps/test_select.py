@@ -150,3 +150,14 @@ def test_bad_arguments():
         select.parse_args(["--candidates", "x", "--mode", "up"])
     with pytest.raises(SystemExit):
         select.parse_args(["--candidates", "x", "--dtype", "fp8"])
+    with pytest.raises(SystemExit):
+        select.parse_args(["--candidates", " , "])
+
+
+def test_the_contract_offers_exactly_the_export_dtypes():
+    from ckptflow.steps.lib.export import DTYPES
+
+    from ckptflow.contract import SelectArgs, specs
+
+    (dtype,) = (s for s in specs(SelectArgs) if s.name == "dtype")
+    assert set(dtype.choices) == set(DTYPES)

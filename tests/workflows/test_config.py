@@ -14,6 +14,8 @@ from ckptflow.workflows.config import (
     setting_keys,
 )
 
+from ckptflow.contract import FinetuneArgs, PretrainArgs, SelectArgs
+
 
 def test_overrides_convert_to_the_field_types():
     cfg = apply_overrides(
@@ -31,8 +33,8 @@ def test_overrides_convert_to_the_field_types():
         ],
     )
     assert cfg.pretrain.ranks == 4
-    assert cfg.pretrain.lr == pytest.approx(1e-4)
-    assert cfg.pretrain.async_save is False
+    assert cfg.pretrain.train.lr == pytest.approx(1e-4)
+    assert cfg.pretrain.train.async_save is False
     assert cfg.finetune.lrs == (1e-3, 5e-4, 2e-4)
     assert cfg.finetune.freeze_blocks == (0, 2)
     assert cfg.platform.tolerations == ("gpu=true:NoSchedule", "spot:NoExecute")
@@ -91,3 +93,51 @@ def test_every_key_is_settable_and_described():
 def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         PipelineConfig().pretrain.ranks = 3  # type: ignore[misc]
+
+
+def test_step_arguments_are_the_contracts_dataclasses_with_their_defaults():
+    cfg = PipelineConfig()
+    assert isinstance(cfg.pretrain.train, PretrainArgs)
+    assert isinstance(cfg.finetune.train, FinetuneArgs)
+    assert isinstance(cfg.finetune.select, SelectArgs)
+    # Only what the workflow runs differently is stated; the rest is the step's own default.
+    assert cfg.pretrain.train.seq_len == PretrainArgs(run_root="").seq_len
+    assert cfg.pretrain.train.max_steps == 200
+    cfg = apply_overrides(
+        cfg,
+        [
+            "pretrain.dropout=0.1",
+            "pretrain.evaluator.poll_seconds=2",
+            "finetune.parallel=ddp",
+            "finetune.metric=exact_match",
+            "evaluate.task=rev",
+        ],
+    )
+    assert cfg.pretrain.train.dropout == 0.1
+    assert cfg.pretrain.evaluator.poll_seconds == 2.0
+    assert cfg.finetune.train.parallel == "ddp"
+    assert cfg.finetune.select.metric == "exact_match"
+    assert cfg.evaluate.evaluator.task == "rev"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "pretrain.mlflow_parent_run_id",  # filled in by the builder
+        "pretrain.output_dir",
+        "pretrain.train.max_steps",  # flat: the section's own key
+        "finetune.lr",  # the grid's
+        "finetune.candidates",
+        "pretrain.evaluator.until_finished",
+        "evaluate.step",
+    ],
+)
+def test_wired_step_arguments_cannot_be_set(key):
+    with pytest.raises(ConfigError, match="unknown setting"):
+        apply_overrides(PipelineConfig(), [f"{key}=1"])
+
+
+def test_no_key_is_named_twice():
+    keys = setting_keys()
+    assert len(keys) == len(set(keys))
+    assert "finetune.freeze_blocks" in keys and "finetune.experiment" in keys

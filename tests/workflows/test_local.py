@@ -21,7 +21,7 @@ def test_local_manifest_is_runnable_by_the_local_runner(tmp_path, s3):
     validate(doc["spec"], env={})  # no Secret needed, no volume, nothing refused
     text = json.dumps(doc)
     assert "secretKeyRef" not in text and "/dev/shm" not in text
-    assert cfg.pretrain.max_steps == 12  # the user's --set wins over the small defaults
+    assert cfg.pretrain.train.max_steps == 12  # the user's --set wins over the small defaults
     assert cfg.platform.mlflow_tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
     if s3:
         assert cfg.platform.storage_root == "s3://ckptflow-local/runs"
