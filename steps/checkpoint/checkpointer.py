@@ -235,6 +235,7 @@ class Checkpointer:
             part_bytes=self.part_bytes,
             metadata=dict(metadata),
             prior=self._prior,
+            fallbacks=self._parent_stores(),
             cuts=self._cuts,
         )
         if delta:
@@ -242,6 +243,15 @@ class Checkpointer:
         elif self.full_every > 1:
             job.capture_base = {}
         return job
+
+    def _parent_stores(self) -> list[Storage]:
+        """Where readers of this root find borrowed objects: from the root marker, or from the
+        parent named by inherit() before the first save writes that marker."""
+        stores = rootreader.parent_stores(self.storage)
+        if stores or self._parent is None:
+            return stores
+        st = Storage(self._parent["uri"])
+        return [rootreader.locate(st, self._parent["step"]), *rootreader.parent_stores(st)]
 
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import encode_value
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -69,6 +70,10 @@ class SaveJob:
     base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
     capture_base: dict | None = None  # filled on full saves when deltas will follow
     prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
+    trust: ObjectTrust = TRUST  # which existing objects may be referenced unwritten
+    fallbacks: list = field(default_factory=list)  # parent roots' stores (see rootreader)
+    sound: dict = field(default_factory=dict)  # object key -> verified/written in this save
+    written: set = field(default_factory=set)  # object keys this save wrote (or kept)
     cuts: dict = field(default_factory=dict)  # fqn -> global byte offsets where parts must end
     metadata: dict = field(default_factory=dict)
     raw_bytes: int = 0
@@ -203,17 +208,41 @@ class CkptStorageWriter(StorageWriter):
         reused = job.prior.get(raw_hash)
         if reused is None and base is not None and base.record["raw_hash"] == raw_hash:
             reused = base.record
-        if reused is not None and reused["raw_size"] == len(raw) and reused["width"] == width:
+        if (
+            reused is not None
+            and reused["raw_size"] == len(raw)
+            and reused["width"] == width
+            and self._sound(reused)
+        ):
             rec = dict(reused, raw_offset=offset, reused=True)
             with self._lock:
                 job.reused_bytes += len(raw)
         else:
+            if base is not None and not self._sound(base.record):
+                base = None  # a delta against a damaged base object would be damaged too
             rec = self._encode_and_write(raw, raw_hash, offset, width, base)
         if job.capture_base is not None and rec.get("base") is None:
             self._capture(item_key, index, raw, rec)
         with self._lock:
             job.part_records.append(rec)
         return rec
+
+    def _sound(self, rec: dict) -> bool:
+        """True when every object a part record references holds what its name says (checked
+        once per save): a save never references damaged or missing bytes it did not write."""
+        refs = [rec] if rec.get("base") is None else [rec, rec["base"]]
+        job = self.job
+        for ref in refs:
+            key = ref["object"]
+            with self._lock:
+                known = job.sound.get(key)
+            if known is None:
+                known = job.trust.sound([job.storage, *job.fallbacks], key, ref["stored_size"])
+                with self._lock:
+                    job.sound.setdefault(key, known)
+            if not known:
+                return False
+        return True
 
     def _encode_and_write(self, raw, raw_hash, offset, width, base: BasePart | None) -> dict:
         job = self.job
@@ -241,17 +270,26 @@ class CkptStorageWriter(StorageWriter):
         return rec
 
     def _write_object(self, key: str, enc: codec.Encoded) -> None:
-        st, rel = self.job.storage, layout.object_path(key)
-        # A content-addressed object already present with the right size is identical; rewriting
-        # a local file in place would briefly truncate data that a committed step references.
-        if st.protocol == "file" and st.exists(rel) and st.size(rel) == enc.nbytes:
+        job = self.job
+        st, rel = job.storage, layout.object_path(key)
+        with self._lock:
+            if key in job.written:
+                return  # this save wrote it already (two equal parts)
+        # A local object already there is kept when its bytes are what its name says (a
+        # damaged one is rewritten): rewriting a sound file in place would briefly truncate
+        # data that a committed step references.
+        if st.protocol == "file" and job.trust.sound([st], key, enc.nbytes):
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
-            return
-        # Made durable in one batch by write_data's flush(), before results reach the manifest.
-        st.write(rel, enc.chunks, durable=False)
+        else:
+            # Made durable in one batch by write_data's flush(), before results reach the
+            # manifest.
+            st.write(rel, enc.chunks, durable=False)
+            with self._lock:
+                job.written_bytes += enc.nbytes
         with self._lock:
-            self.job.written_bytes += enc.nbytes
+            job.sound[key] = True
+            job.written.add(key)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""
