@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: item keys escape `%` and `@` in FQNs (see manifest.item_key)
+READ_VERSIONS = (1, 2)  # manifest versions this ckptflow reads
 ROOT_MARKER = "ckptflow-root.json"
 ROOT_FORMAT = "ckptflow-checkpoint-root"
 MANIFEST_FORMAT = "ckptflow-manifest"

@@ -59,8 +59,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def item_key(fqn: str, offset) -> str:
-    """The manifest key of a DCP storage item: fqn, plus chunk offsets for tensors."""
+def item_key(fqn: str, offset, version: int = layout.FORMAT_VERSION) -> str:
+    """The manifest key of a DCP storage item: the FQN with `%` and `@` escaped (`%25`,
+    `%40`), then `@` and the chunk offsets for a tensor chunk. The one `@` left separates
+    them, so every (fqn, offsets) has its own key (version 1 keys were `fqn@offsets`
+    unescaped: a tensor `a` at [0] and a value `a@0` shared the key `a@0`)."""
+    if version >= 2:
+        fqn = fqn.replace("%", "%25").replace("@", "%40")
     return fqn if offset is None else f"{fqn}@{','.join(str(int(o)) for o in offset)}"
 
 
@@ -137,11 +142,16 @@ def validate(m) -> dict:
     if m.get("format") != layout.MANIFEST_FORMAT:
         _fail("format", "not a ckptflow manifest")
     version = m.get("format_version")
-    if version != layout.FORMAT_VERSION:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or version not in layout.READ_VERSIONS
+    ):
         _fail(
             "format_version",
-            f"unknown version {version!r:.40}; this ckptflow reads "
-            f"version {layout.FORMAT_VERSION} (upgrade ckptflow to read newer checkpoints)",
+            f"unknown version {version!r:.40}; this ckptflow reads versions "
+            f"{', '.join(map(str, layout.READ_VERSIONS))} "
+            "(upgrade ckptflow to read newer checkpoints)",
         )
     _int(m.get("step"), "step", 0, 1 << 62)
     _int(m.get("world_size"), "world_size", 1, 1 << 24)
@@ -175,10 +185,12 @@ def _validate_entries(m: dict) -> None:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
         if t["dtype"] not in DTYPES:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
-        _chunks(t, f"tensors.{fqn:.80}", items, fqn)
+        _chunks(t, f"tensors.{fqn:.80}", items, fqn, m["format_version"])
     for fqn in values:
         _str(fqn, "values")
-        if fqn not in items:
+        if fqn in tensors:
+            _fail(f"values.{fqn:.80}", "also a tensor")
+        if item_key(fqn, None, m["format_version"]) not in items:
             _fail(f"values.{fqn:.80}", "value without an item")
     for key, it in items.items():
         if not isinstance(it, dict) or not isinstance(it.get("parts"), list) or not it["parts"]:
@@ -186,7 +198,7 @@ def _validate_entries(m: dict) -> None:
         fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
         raw = sum(_part(p, f"items.{key:.80}.parts", m["objects"]) for p in it["parts"])
         if it.get("offset") is None:
-            if fqn not in values or key != fqn:
+            if fqn not in values or key != item_key(fqn, None, m["format_version"]):
                 _fail(f"items.{key:.80}", "value item without a values entry")
             # A value is decoded whole in memory: never allocate more than a value may hold.
             if raw > MAX_VALUE:
@@ -196,14 +208,15 @@ def _validate_entries(m: dict) -> None:
             _fail(f"items.{key:.80}", "tensor item without a tensors entry")
         sizes = _ints(it.get("sizes"), f"items.{key:.80}.sizes")
         # Readers look items up by (fqn, offset): the key must say the same.
-        if key != item_key(fqn, _ints(it.get("offset"), f"items.{key:.80}.offset")):
+        offs = _ints(it.get("offset"), f"items.{key:.80}.offset")
+        if key != item_key(fqn, offs, m["format_version"]):
             _fail(f"items.{key:.80}", "key does not match the item's fqn and offset")
         itemsize = torch.empty(0, dtype=DTYPES[tensors[fqn]["dtype"]]).element_size()
         if raw != math.prod(sizes) * itemsize:
             _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
 
 
-def _chunks(t: dict, where: str, items: dict, fqn: str) -> None:
+def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
     """Chunks lie inside the tensor and each has the item that stores it (DCP reads chunks by
     their offsets: a chunk without its item, or outside the tensor, must fail here)."""
     size = _ints(t.get("size"), f"{where}.size")
@@ -220,7 +233,7 @@ def _chunks(t: dict, where: str, items: dict, fqn: str) -> None:
             o + n > d for o, n, d in zip(offs, sizes, size, strict=True)
         ):
             _fail(f"{where}.chunks", "chunk outside the tensor")
-        it = items.get(item_key(fqn, offs))
+        it = items.get(item_key(fqn, offs, version))
         found = (it.get("fqn"), it.get("offset"), it.get("sizes")) if isinstance(it, dict) else ()
         if found != (fqn, offs, sizes):
             _fail(f"{where}.chunks", "chunk without a matching item")

@@ -305,6 +305,13 @@ class CkptStorageWriter(StorageWriter):
         job = self.job
         manifest = build_manifest(job, metadata, [r for rank in results for r in rank])
         blob = mf.dumps(manifest)
+        try:  # what no reader would accept is never committed
+            mf.validate(json.loads(blob))
+        except mf.ManifestError as exc:
+            raise CheckpointError(
+                f"step {job.step} under {job.storage.uri} was not committed: its manifest is "
+                f"invalid ({exc}); this is a bug in ckptflow, please report it"
+            ) from exc
         step_dir = layout.step_dir(job.step)
         name = layout.manifest_name(job.save_id)
         job.storage.write(f"{step_dir}/{name}", blob)
@@ -334,7 +341,10 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
     raw_total = new_total = 0
     for wr in results:
         rec = wr.storage_data
-        items[mf.item_key(rec["fqn"], rec["offset"])] = rec
+        key = mf.item_key(rec["fqn"], rec["offset"])
+        if key in items:  # two items under one key: one of them would be lost
+            raise CheckpointError(f"two write items share the manifest key {key!r}")
+        items[key] = rec
         for p in rec["parts"]:
             raw_total += p["raw_size"]
             new_total += 0 if p.get("reused") else p["stored_size"]
