@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -217,13 +218,14 @@ def _validate_entries(m: dict) -> None:
 
 
 def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
-    """Chunks lie inside the tensor and each has the item that stores it (DCP reads chunks by
-    their offsets: a chunk without its item, or outside the tensor, must fail here)."""
+    """Chunks tile the tensor exactly and each has the item that stores it (DCP reads chunks
+    by their offsets: a chunk without its item, outside the tensor, overlapping another or
+    leaving a gap must fail here)."""
     size = _ints(t.get("size"), f"{where}.size")
     chunks = t.get("chunks")
     if not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS:
         _fail(f"{where}.chunks", "expected a list")
-    volume = 0
+    boxes = []
     for c in chunks:
         if not isinstance(c, dict):
             _fail(f"{where}.chunks", "expected objects with offsets and sizes")
@@ -237,10 +239,55 @@ def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
         found = (it.get("fqn"), it.get("offset"), it.get("sizes")) if isinstance(it, dict) else ()
         if found != (fqn, offs, sizes):
             _fail(f"{where}.chunks", "chunk without a matching item")
-        volume += math.prod(sizes)
-    # Chunks that do not cover the tensor would leave part of it unloaded, silently.
-    if volume != math.prod(size):
-        _fail(f"{where}.chunks", "chunks do not cover the tensor")
+        boxes.append((offs, sizes))
+    # Chunks that overlap or leave a gap would leave part of the tensor unloaded, silently
+    # (volumes alone add up with a chunk listed twice).
+    problem = _tiling(size, boxes)
+    if problem:
+        _fail(f"{where}.chunks", problem)
+
+
+def _tiling(size: list[int], boxes: list) -> str | None:
+    """None when the boxes (offsets, sizes) inside a tensor of `size` tile it exactly, else
+    what is wrong. The tensor is cut into slabs at every box edge along each dimension but
+    the last; each box is listed once per slab it spans, and within every slab the boxes'
+    extents along the last dimension must follow each other from 0 to its end. A grid (as
+    DTensor shards make) costs one entry per box; layouts needing over 4 per box are refused."""
+    if math.prod(size) == 0:
+        return None  # nothing to cover: every chunk inside is empty
+    boxes = [b for b in boxes if all(b[1])]  # an empty chunk holds no element
+    if not size:
+        return None if len(boxes) == 1 else "chunks overlap or leave the tensor uncovered"
+    n = len(size)
+    lo = np.array([o for o, _ in boxes], dtype=np.int64).reshape(-1, n)
+    hi = lo + np.array([s for _, s in boxes], dtype=np.int64).reshape(-1, n)
+    box = np.arange(len(boxes))
+    group = np.zeros(len(boxes), dtype=np.int64)
+    slabs = 1
+    for d in range(n - 1):
+        edges = np.unique(np.concatenate([lo[:, d], hi[:, d], [0, size[d]]]))
+        first = np.searchsorted(edges, lo[box, d])
+        count = np.searchsorted(edges, hi[box, d]) - first
+        total = int(count.sum())
+        if total > 4 * len(boxes) + 1024:
+            return f"chunks too irregular to check ({total} slab pieces of {len(boxes)} chunks)"
+        slab = np.repeat(first - np.cumsum(count) + count, count) + np.arange(total)
+        group = np.unique(np.repeat(group, count) * (len(edges) - 1) + slab, return_inverse=True)[1]
+        box = np.repeat(box, count)
+        slabs *= len(edges) - 1
+    order = np.lexsort((lo[box, n - 1], group))
+    g, a, b = group[order], lo[box, n - 1][order], hi[box, n - 1][order]
+    inner = g[1:] == g[:-1]  # consecutive pieces within one slab
+    if (a[1:] < b[:-1])[inner].any():
+        return "chunks overlap"
+    covered = (
+        len(g) > 0
+        and int(g[-1]) + 1 == slabs  # every slab has a piece (g is sorted)
+        and not (a[1:] > b[:-1])[inner].any()
+        and (a[np.r_[True, ~inner]] == 0).all()
+        and (b[np.r_[~inner, True]] == size[-1]).all()
+    )
+    return None if covered else "chunks leave part of the tensor uncovered"
 
 
 def _planner_data(v) -> None:

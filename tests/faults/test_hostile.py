@@ -289,3 +289,24 @@ def test_hostile_root_marker_is_refused_cleanly(crafted, name, fault):
     err, _ = _load_guarded(root, outside, marker)
     assert err is not None
     fault("hostile", name, detail="refused cleanly")
+
+
+def test_a_duplicated_chunk_is_refused_not_half_loaded(crafted, fault):
+    """Chunks whose volumes add up but that overlap (here one chunk listed twice) would
+    leave the rest of the tensor unwritten, silently: they must tile it exactly."""
+    root, outside, marker = crafted
+    st = Storage(root)
+    half = _state()["w"][:4].contiguous().view(torch.uint8).numpy().tobytes()
+    key = codec.digest(half)
+    st.write(layout.object_path(key), half)
+
+    def duplicate(m):
+        m["tensors"]["w"]["chunks"] = [{"offsets": [0, 0], "sizes": [4, 8]}] * 2
+        part = dict(_part(m), object=key, stored_size=len(half), raw_size=len(half))
+        m["items"]["w@0,0"].update(sizes=[4, 8], parts=[dict(part, planes=[["raw", len(half)]])])
+        m["objects"][key] = {"size": len(half)}
+
+    h.rewrite_manifest(st, 1, duplicate)
+    err, target = _load_guarded(root, outside, marker)
+    assert err is not None and "chunks" in str(err), f"loaded: {target['w']}"
+    fault("hostile", "a chunk listed twice (volumes add up, half the tensor unwritten)")
