@@ -112,6 +112,10 @@ TILINGS = {
         [([i, 0], [1, i + 1]) for i in range(400)]
         + [([i, i + 1], [1, 399 - i]) for i in range(399)],
     ),
+    "full-height columns, one split in rows": (
+        [300, 301],
+        [([0, j], [300, 1]) for j in range(300)] + [([i, 300], [1, 1]) for i in range(300)],
+    ),
     "3-d bricks": (
         [2, 2, 2],
         [([0, 0, 0], [1, 2, 2]), ([1, 0, 0], [1, 1, 2]), ([1, 1, 0], [1, 1, 2])],
@@ -141,3 +145,13 @@ def test_chunks_that_tile_the_tensor_are_accepted(name):
 def test_chunks_that_overlap_or_leave_gaps_are_refused(name):
     with pytest.raises(mf.ManifestError, match="chunks"):
         mf.validate(_manifest(*NOT_TILINGS[name]))
+
+
+def test_chunk_layouts_too_irregular_to_check_cheaply_are_refused():
+    """Columns beside rows: every order of cuts costs ~n^2 pieces for 4n chunks (no planner
+    makes this; checking it would cost without bound)."""
+    n = 200
+    cols = [([0, j], [n, 1]) for j in range(n)] + [([i, n], [1, n]) for i in range(n)]
+    rows = [([n + i, 0], [1, n]) for i in range(n)] + [([n, n + j], [n, 1]) for j in range(n)]
+    with pytest.raises(mf.ManifestError, match="too irregular"):
+        mf.validate(_manifest([2 * n, 2 * n], cols + rows))
