@@ -285,8 +285,9 @@ class Checkpointer:
             self._saves_since_full += 1
 
     # -- load ----------------------------------------------------------------------------------
-    def load(self, state_dict: dict, step: int | None = None) -> int:
-        """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt ones)."""
+    def load(self, state_dict: dict, step: int | None = None, *, cast: bool = False) -> int:
+        """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt
+        ones). Tensors must have the saved dtypes unless `cast`: then they are converted."""
         self._wait_inflight()
         t0 = time.perf_counter()
         candidates = [step] if step is not None else list(reversed(self.committed_steps()))
@@ -295,7 +296,7 @@ class Checkpointer:
         fell_back: list = []
         for s in candidates:
             try:
-                reader = self._load_step(state_dict, s)
+                reader = self._load_step(state_dict, s, cast)
             except CorruptCheckpoint as exc:
                 if step is not None:
                     raise
@@ -323,9 +324,9 @@ class Checkpointer:
             [],
         )
 
-    def _load_step(self, state_dict: dict, step: int) -> CkptStorageReader:
+    def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
         m = self.manifest(step)
-        check_compatible(state_dict, m, self.root, step)
+        check_compatible(state_dict, m, self.root, step, cast=cast)
         exchange = (
             coop.Exchange(self._pg, self.rank, self.world_size)
             if (self.cooperative and self._distributed and self.world_size > 1)

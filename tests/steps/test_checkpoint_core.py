@@ -12,6 +12,7 @@ from ckptflow.steps.checkpoint import (
     Checkpointer,
     CheckpointError,
     CorruptCheckpoint,
+    StateDictMismatch,
     StorageError,
 )
 
@@ -296,3 +297,30 @@ def test_a_version_1_manifest_still_loads(tmp_path):
     target = h.zeros_like_state(state)
     ck.load(target)
     h.assert_same(state, target)
+
+
+def test_dtype_mismatch_lists_every_difference_and_converts_nothing(tmp_path):
+    """float64 -> float16 would give inf, float32 -> bool True: a mismatch is an error listing
+    every (key, saved dtype, target dtype), as shapes are, unless a cast is asked for."""
+    ck = Checkpointer(str(tmp_path / "r"))
+    saved = {
+        "x": torch.tensor([1e10, 0.5], dtype=torch.float64),
+        "m": {"y": torch.tensor([0.0, 2.0]), "same": torch.ones(2)},
+        "ids": torch.arange(3),
+    }
+    ck.save(1, saved)
+    target = {
+        "x": torch.zeros(2, dtype=torch.float16),
+        "m": {"y": torch.zeros(2, dtype=torch.bool), "same": torch.zeros(2)},
+        "ids": torch.zeros(3, dtype=torch.int32),
+    }
+    with pytest.raises(StateDictMismatch) as ei:
+        ck.load(target)
+    msg = str(ei.value)
+    assert "3 dtype mismatch(es)" in msg and "cast=True" in msg, msg
+    for key, was, now in [("x", "float64", "float16"), ("m.y", "float32", "bool")]:
+        assert f"{key}: checkpoint {was}, model {now}" in msg, msg
+    assert "ids: checkpoint int64, model int32" in msg and "m.same" not in msg, msg
+    assert not target["x"].any() and not target["m"]["same"].any(), "nothing was loaded"
+    assert ck.load(target, cast=True) == 1  # asked for: converted as torch converts
+    assert torch.equal(target["ids"], saved["ids"].int()) and target["x"][0] == float("inf")
