@@ -154,13 +154,13 @@ def validate(m) -> dict:
             f"{', '.join(map(str, layout.READ_VERSIONS))} "
             "(upgrade ckptflow to read newer checkpoints)",
         )
-    _int(m.get("step"), "step", 0, 1 << 62)
+    _int(m.get("step"), "step", 0, layout.MAX_STEP)
     _int(m.get("world_size"), "world_size", 1, 1 << 24)
     _str(m.get("root_id"), "root_id", 64)
     if m.get("kind") not in ("full", "delta"):
         _fail("kind", "expected full or delta")
     if m.get("base_step") is not None:
-        _int(m["base_step"], "base_step", 0, 1 << 62)
+        _int(m["base_step"], "base_step", 0, layout.MAX_STEP)
     if not isinstance(m.get("metadata"), dict):
         _fail("metadata", "expected an object")
     objects = m.get("objects")

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import coop
-from ckptflow.steps.checkpoint.compat import check_compatible
+from ckptflow.steps.checkpoint import compat, coop
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.staging import Stager
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
@@ -127,8 +126,11 @@ class Checkpointer:
         storage: Storage | None = None,
         cooperative: bool = True,
     ):
-        if full_every < 1:
-            raise ValueError("full_every must be >= 1 (1 means every save is a full checkpoint)")
+        compat.check_options(
+            full_every=full_every, compression_level=compression_level, part_mib=part_mib
+        )
+        if threads is not None:
+            compat.check_options(threads=threads)
         self.storage = storage or Storage(root)
         self.root = self.storage.uri
         self.full_every = full_every
@@ -194,6 +196,9 @@ class Checkpointer:
         self, step: int, state_dict: dict, *, block: bool = True, metadata: dict | None = None
     ) -> SaveHandle:
         """Save `state_dict` as `step` (collective). With block=False only the snapshot stalls."""
+        compat.check_step(step)
+        compat.check_metadata(metadata or {})
+        compat.check_savable(state_dict)
         t0 = time.perf_counter()
         wait_s = self._wait_inflight()
         job = self._new_job(step, metadata or {})
@@ -288,6 +293,8 @@ class Checkpointer:
     def load(self, state_dict: dict, step: int | None = None, *, cast: bool = False) -> int:
         """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt
         ones). Tensors must have the saved dtypes unless `cast`: then they are converted."""
+        if step is not None:
+            compat.check_step(step)
         self._wait_inflight()
         t0 = time.perf_counter()
         candidates = [step] if step is not None else list(reversed(self.committed_steps()))
@@ -326,7 +333,7 @@ class Checkpointer:
 
     def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
         m = self.manifest(step)
-        check_compatible(state_dict, m, self.root, step, cast=cast)
+        compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         exchange = (
             coop.Exchange(self._pg, self.rank, self.world_size)
             if (self.cooperative and self._distributed and self.world_size > 1)

@@ -1,11 +1,74 @@
-"""Check a state dict against a checkpoint before loading, listing every difference."""
+"""Check what a caller hands the engine before anything is read or written: options and step
+numbers against what the format can hold, a state dict to save against what can be stored, a
+state dict to load into against the checkpoint (listing every difference)."""
 
 from __future__ import annotations
+
+import json
 
 import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
-from ckptflow.core.errors import StateDictMismatch
+from ckptflow.core import layout
+from ckptflow.core import manifest as mf
+from ckptflow.core.errors import CheckpointError, StateDictMismatch
+
+# Checkpointer options: (lowest, highest). part_mib=0 cut a 16 KiB tensor into 4,096 objects.
+OPTION_RANGES = {
+    "full_every": (1, 1 << 20),
+    "compression_level": (-(1 << 17), 22),  # zstd's range (negative levels are faster)
+    "threads": (1, 1024),
+    "part_mib": (1, 1 << 16),
+}
+
+
+def check_options(**options) -> None:
+    """ValueError naming the option that is not an integer within OPTION_RANGES."""
+    for name, value in options.items():
+        lo, hi = OPTION_RANGES[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r:.40}")
+
+
+def check_step(step) -> int:
+    """The step, when it is one a manifest can carry (every reader refuses others)."""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= layout.MAX_STEP:
+        raise ValueError(f"step must be an integer in [0, 2**62], got {step!r:.40}")
+    return step
+
+
+def check_metadata(metadata: dict) -> None:
+    """User metadata goes into the JSON manifest: refuse what JSON cannot hold, up front."""
+    try:
+        if not isinstance(metadata, dict):
+            raise TypeError(type(metadata).__name__)
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metadata must be a JSON-serialisable dict ({exc})") from None
+
+
+def _unsavable(t: torch.Tensor) -> str | None:
+    local = getattr(t, "_local_tensor", t)  # a DTensor's data is its local shard
+    if t.is_sparse or t.layout != torch.strided or local.layout != torch.strided:
+        return f"a {t.layout} tensor; store it dense (.to_dense())"
+    if local.device.type == "meta":
+        return "a meta tensor holds no data; materialise it first"
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in mf.DTYPES:
+        return f"dtype {name} is not supported ({', '.join(mf.DTYPES)}); convert it first"
+    return None
+
+
+def check_savable(state_dict: dict) -> None:
+    """CheckpointError naming every tensor that cannot be stored, before anything is written."""
+    flat, _ = flatten_state_dict(state_dict)
+    bad = [
+        f"{fqn!r}: {why}"
+        for fqn, obj in flat.items()
+        if isinstance(obj, torch.Tensor) and (why := _unsavable(obj))
+    ]
+    if bad:
+        raise CheckpointError(f"cannot save {len(bad)} tensor(s): " + "; ".join(bad[:20]))
 
 
 def check_compatible(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
-from ckptflow.steps.checkpoint.safe_value import encode_value
+from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
@@ -40,7 +40,10 @@ class SafeSavePlanner(DefaultSavePlanner):
 
     def transform_object(self, write_item, object):
         if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(encode_value(object))
+            try:
+                return io.BytesIO(encode_value(object))
+            except UnsafeValueError as exc:
+                raise CheckpointError(f"cannot save {write_item.index.fqn!r}: {exc}") from exc
         return object
 
 
@@ -89,7 +92,8 @@ def _raw_view(data) -> tuple[np.ndarray, int]:
     t = data.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
+    # A conjugate or negative view holds its values only lazily: its bytes are not them.
+    t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)
     width = t.element_size() if t.is_floating_point() else 1
     return t.view(torch.uint8).numpy(), width
 

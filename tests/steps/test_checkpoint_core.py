@@ -324,3 +324,74 @@ def test_dtype_mismatch_lists_every_difference_and_converts_nothing(tmp_path):
     assert not target["x"].any() and not target["m"]["same"].any(), "nothing was loaded"
     assert ck.load(target, cast=True) == 1  # asked for: converted as torch converts
     assert torch.equal(target["ids"], saved["ids"].int()) and target["x"][0] == float("inf")
+
+
+@pytest.mark.parametrize("block", [True, False], ids=["sync", "async"])
+def test_a_conjugate_view_saves_its_values(tmp_path, block):
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    state = {"model": {"z": z.conj(), "neg": z.conj().imag}}
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(1, state, block=block).wait()
+    target = {"model": {"z": torch.zeros(2, dtype=torch.complex64), "neg": torch.zeros(2)}}
+    ck.load(target)
+    assert torch.equal(target["model"]["z"], z.conj().resolve_conj())
+    assert torch.equal(target["model"]["neg"], torch.tensor([-2.0, 4.0]))
+
+
+UNSAVABLE = {
+    "complex128 tensor": ({"model": {"z": torch.ones(2, dtype=torch.complex128)}}, "model.z"),
+    "uint16 tensor": ({"u": torch.ones(2, dtype=torch.uint16)}, "u"),
+    "sparse tensor": ({"model": {"s": torch.eye(3).to_sparse()}}, "model.s"),
+    "meta tensor": ({"m": torch.empty(3, device="meta")}, "m"),
+    "object value": ({"w": torch.ones(2), "cfg": {"fn": object()}}, "cfg.fn"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSAVABLE))
+def test_an_unsavable_entry_is_refused_naming_its_key(tmp_path, name):
+    state, key = UNSAVABLE[name]
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(CheckpointError, match=f"'{key}'"):
+        ck.save(1, state)
+    assert ck.committed_steps() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"part_mib": 0}, "part_mib"),
+        ({"part_mib": -1}, "part_mib"),
+        ({"part_mib": 1.5}, "part_mib"),
+        ({"threads": 0}, "threads"),
+        ({"compression_level": 23}, "compression_level"),
+        ({"full_every": True}, "full_every"),
+    ],
+)
+def test_bad_checkpointer_arguments_are_refused(tmp_path, kwargs, match):
+    """part_mib=0 used to cut a 16 KiB tensor into 4,096 objects."""
+    with pytest.raises(ValueError, match=match):
+        Checkpointer(str(tmp_path / "r"), **kwargs)
+
+
+@pytest.mark.parametrize("step", [2**62 + 1, -1, True, 1.0, "3"])
+def test_a_step_no_reader_accepts_is_refused_before_anything_is_written(tmp_path, step):
+    """A step of 2**62 + 1 used to commit, and its own reader refused it."""
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(ValueError, match="step"):
+        ck.save(step, {"x": torch.ones(2)})
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match="step"):
+        ck.load({"x": torch.ones(2)}, step=step)
+
+
+def test_the_largest_step_round_trips(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(layout.MAX_STEP, {"x": torch.ones(2)})
+    assert ck.load({"x": torch.zeros(2)}) == layout.MAX_STEP
+
+
+def test_metadata_that_is_not_json_is_refused_before_anything_is_written(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(ValueError, match="metadata"):
+        ck.save(1, {"x": torch.ones(2)}, metadata={"when": object()})
+    assert not (tmp_path / "r").exists()
