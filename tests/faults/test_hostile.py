@@ -23,6 +23,7 @@ from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value,
 
 from ckptflow.core import codec, layout
 from ckptflow.core.storage import Storage
+from tests.core.test_codec import zstd_bomb
 from tests.faults.harness import MAX_PEAK, ReadRecordingFS
 from tests.steps import ckpt_helpers as h
 
@@ -310,3 +311,25 @@ def test_a_duplicated_chunk_is_refused_not_half_loaded(crafted, fault):
     err, target = _load_guarded(root, outside, marker)
     assert err is not None and "chunks" in str(err), f"loaded: {target['w']}"
     fault("hostile", "a chunk listed twice (volumes add up, half the tensor unwritten)")
+
+
+@pytest.mark.parametrize("where", ["cfg.lr", "w@0,0", "ids@0"])
+def test_a_decompression_bomb_is_refused_before_allocating(crafted, where, fault):
+    """A 32 KiB object whose zstd frame inflates to 1 GiB, planted for a part whose manifest
+    declares a few bytes: decoding is bounded by the declared size (the guard checks that
+    Python never allocates more than MAX_PEAK)."""
+    root, outside, marker = crafted
+    st = Storage(root)
+    bomb = zstd_bomb(1 << 30)
+    key = codec.digest(bomb)
+    st.write(layout.object_path(key), bomb)
+
+    def plant(m):
+        part = _part(m, where)
+        part.update(object=key, stored_size=len(bomb), width=1, planes=[["zstd", len(bomb)]])
+        m["objects"][key] = {"size": len(bomb)}
+
+    h.rewrite_manifest(st, 1, plant)
+    err, _ = _load_guarded(root, outside, marker)
+    assert err is not None and key in str(err), err
+    fault("hostile", f"zstd bomb ({len(bomb)} bytes, 1 GiB inflated) as {where}")
