@@ -395,3 +395,22 @@ def test_metadata_that_is_not_json_is_refused_before_anything_is_written(tmp_pat
     with pytest.raises(ValueError, match="metadata"):
         ck.save(1, {"x": torch.ones(2)}, metadata={"when": object()})
     assert not (tmp_path / "r").exists()
+
+
+def test_a_manifest_no_reader_accepts_is_never_committed(tmp_path):
+    """The writer validates the manifest it built before claiming the commit marker (a save
+    used to commit a manifest its load then refused)."""
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SaveJob
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    st = Storage(str(tmp_path / "r"))
+    job = SaveJob(storage=st, step=1, save_id="0123456789abcdef", root_id="r", world_size=1)
+    md = Metadata(state_dict_metadata={"v": BytesStorageMetadata()})  # a value without item
+    with pytest.raises(CheckpointError, match="not committed"):
+        CkptStorageWriter(job).finish(md, [[]])
+    assert not st.exists(layout.commit_path(1))
+    rec = {"fqn": "v", "offset": None, "parts": []}
+    twice = [WriteResult(index=None, size_in_bytes=0, storage_data=rec)] * 2
+    with pytest.raises(CheckpointError, match="share the manifest key"):
+        CkptStorageWriter(job).finish(md, [twice])
