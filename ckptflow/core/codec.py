@@ -143,9 +143,7 @@ def decode(
         if codec == "raw":
             plane = np.frombuffer(piece, dtype=np.uint8)
         elif codec == "zstd":
-            plane = np.frombuffer(
-                _decompressor().decompress(piece, max_output_size=plane_len), dtype=np.uint8
-            )
+            plane = _inflate(piece, plane_len)
         else:
             raise ValueError(f"unknown codec {codec!r}")
         if len(plane) != plane_len:
@@ -154,6 +152,19 @@ def decode(
     if pos != len(view):
         raise ValueError("stored data longer than its plane table")
     return out
+
+
+def _inflate(piece: memoryview, plane_len: int) -> np.ndarray:
+    """One zstd plane of exactly `plane_len` bytes (the length the manifest declares).
+
+    The decoder allocates what the frame header declares, whatever max_output_size says: a
+    frame of a few KiB can declare gigabytes. So the header must declare exactly the plane's
+    length (our writer always writes it) before anything is decoded."""
+    declared = zstandard.frame_content_size(piece)
+    if declared != plane_len:
+        what = "does not declare its size" if declared < 0 else f"declares {declared} bytes"
+        raise ValueError(f"zstd frame {what}; the manifest declares {plane_len}")
+    return np.frombuffer(_decompressor().decompress(piece, max_output_size=plane_len), np.uint8)
 
 
 def xor(a: np.ndarray, b: np.ndarray) -> np.ndarray:

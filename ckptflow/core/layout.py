@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: item keys escape `%` and `@` in FQNs (see manifest.item_key)
+READ_VERSIONS = (1, 2)  # manifest versions this ckptflow reads
+MAX_STEP = 1 << 62  # the largest step a manifest may carry (writers refuse larger ones)
 ROOT_MARKER = "ckptflow-root.json"
 ROOT_FORMAT = "ckptflow-checkpoint-root"
 MANIFEST_FORMAT = "ckptflow-manifest"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 from ckptflow.core import layout
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
@@ -42,8 +44,13 @@ class ManifestError(ValueError):
     """The manifest is malformed, of an unknown version, or unsafe."""
 
 
-def item_key(fqn: str, offset) -> str:
-    """The manifest key of a DCP storage item: fqn, plus chunk offsets for tensors."""
+def item_key(fqn: str, offset, version: int = layout.FORMAT_VERSION) -> str:
+    """The manifest key of a DCP storage item: the FQN with `%` and `@` escaped (`%25`,
+    `%40`), then `@` and the chunk offsets for a tensor chunk. The one `@` left separates
+    them, so every (fqn, offsets) has its own key (version 1 keys were `fqn@offsets`
+    unescaped: a tensor `a` at [0] and a value `a@0` shared the key `a@0`)."""
+    if version >= 2:
+        fqn = fqn.replace("%", "%25").replace("@", "%40")
     return fqn if offset is None else f"{fqn}@{','.join(str(int(o)) for o in offset)}"
 
 
@@ -120,19 +127,24 @@ def validate(m) -> dict:
     if m.get("format") != layout.MANIFEST_FORMAT:
         _fail("format", "not a ckptflow manifest")
     version = m.get("format_version")
-    if version != layout.FORMAT_VERSION:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or version not in layout.READ_VERSIONS
+    ):
         _fail(
             "format_version",
-            f"unknown version {version!r:.40}; this ckptflow reads "
-            f"version {layout.FORMAT_VERSION} (upgrade ckptflow to read newer checkpoints)",
+            f"unknown version {version!r:.40}; this ckptflow reads versions "
+            f"{', '.join(map(str, layout.READ_VERSIONS))} "
+            "(upgrade ckptflow to read newer checkpoints)",
         )
-    _int(m.get("step"), "step", 0, 1 << 62)
+    _int(m.get("step"), "step", 0, layout.MAX_STEP)
     _int(m.get("world_size"), "world_size", 1, 1 << 24)
     _str(m.get("root_id"), "root_id", 64)
     if m.get("kind") not in ("full", "delta"):
         _fail("kind", "expected full or delta")
     if m.get("base_step") is not None:
-        _int(m["base_step"], "base_step", 0, 1 << 62)
+        _int(m["base_step"], "base_step", 0, layout.MAX_STEP)
     if not isinstance(m.get("metadata"), dict):
         _fail("metadata", "expected an object")
     objects = m.get("objects")
@@ -158,10 +170,12 @@ def _validate_entries(m: dict) -> None:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
         if t["dtype"] not in ITEMSIZE:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
-        _chunks(t, f"tensors.{fqn:.80}", items, fqn)
+        _chunks(t, f"tensors.{fqn:.80}", items, fqn, m["format_version"])
     for fqn in values:
         _str(fqn, "values")
-        if fqn not in items:
+        if fqn in tensors:
+            _fail(f"values.{fqn:.80}", "also a tensor")
+        if item_key(fqn, None, m["format_version"]) not in items:
             _fail(f"values.{fqn:.80}", "value without an item")
     for key, it in items.items():
         if not isinstance(it, dict) or not isinstance(it.get("parts"), list) or not it["parts"]:
@@ -169,7 +183,7 @@ def _validate_entries(m: dict) -> None:
         fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
         raw = sum(_part(p, f"items.{key:.80}.parts", m["objects"]) for p in it["parts"])
         if it.get("offset") is None:
-            if fqn not in values or key != fqn:
+            if fqn not in values or key != item_key(fqn, None, m["format_version"]):
                 _fail(f"items.{key:.80}", "value item without a values entry")
             # A value is decoded whole in memory: never allocate more than a value may hold.
             if raw > MAX_VALUE:
@@ -179,20 +193,22 @@ def _validate_entries(m: dict) -> None:
             _fail(f"items.{key:.80}", "tensor item without a tensors entry")
         sizes = _ints(it.get("sizes"), f"items.{key:.80}.sizes")
         # Readers look items up by (fqn, offset): the key must say the same.
-        if key != item_key(fqn, _ints(it.get("offset"), f"items.{key:.80}.offset")):
+        offs = _ints(it.get("offset"), f"items.{key:.80}.offset")
+        if key != item_key(fqn, offs, m["format_version"]):
             _fail(f"items.{key:.80}", "key does not match the item's fqn and offset")
         if raw != math.prod(sizes) * ITEMSIZE[tensors[fqn]["dtype"]]:
             _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
 
 
-def _chunks(t: dict, where: str, items: dict, fqn: str) -> None:
-    """Chunks lie inside the tensor and each has the item that stores it (DCP reads chunks by
-    their offsets: a chunk without its item, or outside the tensor, must fail here)."""
+def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
+    """Chunks tile the tensor exactly and each has the item that stores it (DCP reads chunks
+    by their offsets: a chunk without its item, outside the tensor, overlapping another or
+    leaving a gap must fail here)."""
     size = _ints(t.get("size"), f"{where}.size")
     chunks = t.get("chunks")
     if not isinstance(chunks, list) or len(chunks) > MAX_CHUNKS:
         _fail(f"{where}.chunks", "expected a list")
-    volume = 0
+    boxes = []
     for c in chunks:
         if not isinstance(c, dict):
             _fail(f"{where}.chunks", "expected objects with offsets and sizes")
@@ -202,14 +218,73 @@ def _chunks(t: dict, where: str, items: dict, fqn: str) -> None:
             o + n > d for o, n, d in zip(offs, sizes, size, strict=True)
         ):
             _fail(f"{where}.chunks", "chunk outside the tensor")
-        it = items.get(item_key(fqn, offs))
+        it = items.get(item_key(fqn, offs, version))
         found = (it.get("fqn"), it.get("offset"), it.get("sizes")) if isinstance(it, dict) else ()
         if found != (fqn, offs, sizes):
             _fail(f"{where}.chunks", "chunk without a matching item")
-        volume += math.prod(sizes)
-    # Chunks that do not cover the tensor would leave part of it unloaded, silently.
-    if volume != math.prod(size):
-        _fail(f"{where}.chunks", "chunks do not cover the tensor")
+        boxes.append((offs, sizes))
+    # Chunks that overlap or leave a gap would leave part of the tensor unloaded, silently
+    # (volumes alone add up with a chunk listed twice).
+    problem = _tiling(size, boxes)
+    if problem:
+        _fail(f"{where}.chunks", problem)
+
+
+def _tiling(size: list[int], boxes: list) -> str | None:
+    """None when the boxes (offsets, sizes) inside a tensor of `size` tile it exactly, else
+    what is wrong. The tensor is cut into slabs at every box edge along each dimension but
+    one; each box is listed once per slab it spans, and within every slab the boxes' extents
+    along the uncut dimension must follow each other from 0 to its end. A grid (as DTensor
+    shards make) costs one entry per box; layouts needing over 4 per box are refused."""
+    if math.prod(size) == 0:
+        return None  # nothing to cover: every chunk inside is empty
+    boxes = [b for b in boxes if all(b[1])]  # an empty chunk holds no element
+    if not size:
+        return None if len(boxes) == 1 else "chunks overlap or leave the tensor uncovered"
+    n = len(size)
+    lo = np.array([o for o, _ in boxes], dtype=np.int64).reshape(-1, n)
+    hi = lo + np.array([s for _, s in boxes], dtype=np.int64).reshape(-1, n)
+    # Cut along the cheapest dimensions first and leave the costliest one uncut (a layout of
+    # full-height columns is cut into columns, one of full-width rows into rows).
+    edges = [np.unique(np.concatenate([lo[:, d], hi[:, d], [0, size[d]]])) for d in range(n)]
+    cost = [
+        int((np.searchsorted(e, hi[:, d]) - np.searchsorted(e, lo[:, d])).sum())
+        for d, e in enumerate(edges)
+    ]
+    dims = sorted(range(n), key=lambda d: cost[d])
+    lo, hi, size, edges = (
+        lo[:, dims],
+        hi[:, dims],
+        [size[d] for d in dims],
+        [edges[d] for d in dims],
+    )
+    box = np.arange(len(boxes))
+    group = np.zeros(len(boxes), dtype=np.int64)
+    slabs = 1
+    for d in range(n - 1):
+        first = np.searchsorted(edges[d], lo[box, d])
+        count = np.searchsorted(edges[d], hi[box, d]) - first
+        total = int(count.sum())
+        if total > 4 * len(boxes) + 1024:
+            return f"chunks too irregular to check ({total} slab pieces of {len(boxes)} chunks)"
+        slab = np.repeat(first - np.cumsum(count) + count, count) + np.arange(total)
+        cut = np.repeat(group, count) * (len(edges[d]) - 1) + slab
+        group = np.unique(cut, return_inverse=True)[1]
+        box = np.repeat(box, count)
+        slabs *= len(edges[d]) - 1
+    order = np.lexsort((lo[box, n - 1], group))
+    g, a, b = group[order], lo[box, n - 1][order], hi[box, n - 1][order]
+    inner = g[1:] == g[:-1]  # consecutive pieces within one slab
+    if (a[1:] < b[:-1])[inner].any():
+        return "chunks overlap"
+    covered = (
+        len(g) > 0
+        and int(g[-1]) + 1 == slabs  # every slab has a piece (g is sorted)
+        and not (a[1:] > b[:-1])[inner].any()
+        and (a[np.r_[True, ~inner]] == 0).all()
+        and (b[np.r_[~inner, True]] == size[-1]).all()
+    )
+    return None if covered else "chunks leave part of the tensor uncovered"
 
 
 def _planner_data(v) -> None:

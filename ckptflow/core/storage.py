@@ -13,12 +13,16 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 
 import fsspec
 
 MULTIPART_CHUNK = 8 << 20
+# File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
+# a look at it is sure to show a newer change time (see Storage.fingerprint).
+SETTLED_NS = 2_000_000_000
 # Temporary files of atomic exclusive creates on local disk (see Storage._write_local).
 _TMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
@@ -179,6 +183,28 @@ class Storage:
 
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
+
+    def fingerprint(self, rel: str) -> tuple | None:
+        """A cheap token (no data read) that differs whenever the file at `rel` is rewritten,
+        or None where there is none: local disk, (device, inode, size, mtime, ctime) once the
+        change time is SETTLED_NS old (a write within the same clock tick as this look could
+        leave the timestamps as they were); S3, (size, ETag). FileNotFoundError when absent."""
+        path = self.path(rel)
+        if self.protocol == "file":
+            s = os.stat(path)
+            if time.time_ns() - s.st_ctime_ns < SETTLED_NS:
+                return None
+            return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        if self.protocol == "s3":
+            try:
+                info = self.fs.info(path, refresh=True)
+            except FileNotFoundError:
+                raise
+            except Exception as exc:
+                raise _translate(exc, self.url(rel)) from exc
+            etag = info.get("ETag")
+            return (int(info.get("size") or 0), etag) if etag else None
+        return None
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import coop
-from ckptflow.steps.checkpoint.compat import check_compatible
+from ckptflow.steps.checkpoint import compat, coop
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.staging import Stager
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
@@ -128,8 +127,11 @@ class Checkpointer:
         storage: Storage | None = None,
         cooperative: bool = True,
     ):
-        if full_every < 1:
-            raise ValueError("full_every must be >= 1 (1 means every save is a full checkpoint)")
+        compat.check_options(
+            full_every=full_every, compression_level=compression_level, part_mib=part_mib
+        )
+        if threads is not None:
+            compat.check_options(threads=threads)
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
         self.storage = storage or env.open_storage(root)
         self.root = self.storage.uri
@@ -196,6 +198,9 @@ class Checkpointer:
         self, step: int, state_dict: dict, *, block: bool = True, metadata: dict | None = None
     ) -> SaveHandle:
         """Save `state_dict` as `step` (collective). With block=False only the snapshot stalls."""
+        compat.check_step(step)
+        compat.check_metadata(metadata or {})
+        compat.check_savable(state_dict)
         t0 = time.perf_counter()
         wait_s = self._wait_inflight()
         job = self._new_job(step, metadata or {})
@@ -237,6 +242,7 @@ class Checkpointer:
             part_bytes=self.part_bytes,
             metadata=dict(metadata),
             prior=self._prior,
+            fallbacks=self._parent_stores(),
             cuts=self._cuts,
         )
         if delta:
@@ -244,6 +250,15 @@ class Checkpointer:
         elif self.full_every > 1:
             job.capture_base = {}
         return job
+
+    def _parent_stores(self) -> list[Storage]:
+        """Where readers of this root find borrowed objects: from the root marker, or from the
+        parent named by inherit() before the first save writes that marker."""
+        stores = rootreader.parent_stores(self.storage)
+        if stores or self._parent is None:
+            return stores
+        st = Storage(self._parent["uri"])
+        return [rootreader.locate(st, self._parent["step"]), *rootreader.parent_stores(st)]
 
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()
@@ -277,8 +292,11 @@ class Checkpointer:
             self._saves_since_full += 1
 
     # -- load ----------------------------------------------------------------------------------
-    def load(self, state_dict: dict, step: int | None = None) -> int:
-        """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt ones)."""
+    def load(self, state_dict: dict, step: int | None = None, *, cast: bool = False) -> int:
+        """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt
+        ones). Tensors must have the saved dtypes unless `cast`: then they are converted."""
+        if step is not None:
+            compat.check_step(step)
         self._wait_inflight()
         t0 = time.perf_counter()
         candidates = [step] if step is not None else list(reversed(self.committed_steps()))
@@ -287,7 +305,7 @@ class Checkpointer:
         fell_back: list = []
         for s in candidates:
             try:
-                reader = self._load_step(state_dict, s)
+                reader = self._load_step(state_dict, s, cast)
             except CorruptCheckpoint as exc:
                 if step is not None:
                     raise
@@ -315,9 +333,9 @@ class Checkpointer:
             [],
         )
 
-    def _load_step(self, state_dict: dict, step: int) -> CkptStorageReader:
+    def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
         m = self.manifest(step)
-        check_compatible(state_dict, m, self.root, step)
+        compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         exchange = (
             coop.Exchange(self._pg, self.rank, self.world_size)
             if (self.cooperative and self._distributed and self.world_size > 1)

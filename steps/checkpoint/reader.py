@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from ckptflow.steps.checkpoint import dcp_metadata
+from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value
 from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING  # noqa: F401  (type only)
 from torch.distributed.checkpoint._traverse import set_element
@@ -54,14 +55,30 @@ class ReadStats:
 class ObjectFetcher:
     """Reads and verifies objects; `raw_part` rebuilds a part's raw bytes (resolving deltas)."""
 
-    def __init__(self, storage: Storage, stats: ReadStats, fallbacks: list[Storage] = ()):
+    def __init__(
+        self,
+        storage: Storage,
+        stats: ReadStats,
+        fallbacks: list[Storage] = (),
+        trust: ObjectTrust = TRUST,
+    ):
         self.storage = storage
         self.stats = stats
         self.fallbacks = list(fallbacks)  # parent roots whose objects this root references
+        self.trust = trust  # told of verified local objects, so saves need not re-read them
         self._lock = threading.Lock()
+
+    def _fingerprint(self, rel: str) -> tuple | None:
+        if self.storage.protocol != "file":  # elsewhere a fingerprint costs a request
+            return None
+        try:
+            return self.storage.fingerprint(rel)
+        except FileNotFoundError:
+            return None
 
     def stored(self, key: str, size: int) -> bytes:
         url = self.storage.url(layout.object_path(key))
+        before = self._fingerprint(layout.object_path(key))
         try:
             blob, url = rootreader.read_object(self.storage, key, self.fallbacks)
         except FileNotFoundError:
@@ -76,6 +93,8 @@ class ObjectFetcher:
             )
         if codec.digest(blob) != key:
             raise CorruptCheckpoint(f"{url}: checksum mismatch (corrupt data file)", [url])
+        if before is not None and url == self.storage.url(layout.object_path(key)):
+            self.trust.note(self.storage, key, before)
         return blob
 
     def _decode(self, ref: dict, out: np.ndarray | None = None) -> np.ndarray:

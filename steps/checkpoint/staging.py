@@ -31,7 +31,8 @@ class Stager:
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=self._pin)
             self._buffers[path] = buf
-        src = src.detach()
+        # A conjugate or negative view holds its values only lazily: its bytes are not them.
+        src = src.detach().resolve_conj().resolve_neg()
         if src.device.type == "cpu" and src.is_contiguous() and src.numel():
             # One memcpy on the calling thread: torch's copy_ splits CPU copies over its
             # intra-op threads, which contend with training's threads and stall longer.

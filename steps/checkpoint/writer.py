@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from ckptflow.steps.checkpoint import dcp_metadata
-from ckptflow.steps.checkpoint.safe_value import encode_value
+from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
+from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
@@ -40,7 +41,10 @@ class SafeSavePlanner(DefaultSavePlanner):
 
     def transform_object(self, write_item, object):
         if write_item.type == WriteItemType.BYTE_IO:
-            return io.BytesIO(encode_value(object))
+            try:
+                return io.BytesIO(encode_value(object))
+            except UnsafeValueError as exc:
+                raise CheckpointError(f"cannot save {write_item.index.fqn!r}: {exc}") from exc
         return object
 
 
@@ -70,6 +74,10 @@ class SaveJob:
     base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
     capture_base: dict | None = None  # filled on full saves when deltas will follow
     prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
+    trust: ObjectTrust = TRUST  # which existing objects may be referenced unwritten
+    fallbacks: list = field(default_factory=list)  # parent roots' stores (see rootreader)
+    sound: dict = field(default_factory=dict)  # object key -> verified/written in this save
+    written: set = field(default_factory=set)  # object keys this save wrote (or kept)
     cuts: dict = field(default_factory=dict)  # fqn -> global byte offsets where parts must end
     metadata: dict = field(default_factory=dict)
     raw_bytes: int = 0
@@ -85,7 +93,8 @@ def _raw_view(data) -> tuple[np.ndarray, int]:
     t = data.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous().reshape(-1)
+    # A conjugate or negative view holds its values only lazily: its bytes are not them.
+    t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)
     width = t.element_size() if t.is_floating_point() else 1
     return t.view(torch.uint8).numpy(), width
 
@@ -204,17 +213,41 @@ class CkptStorageWriter(StorageWriter):
         reused = job.prior.get(raw_hash)
         if reused is None and base is not None and base.record["raw_hash"] == raw_hash:
             reused = base.record
-        if reused is not None and reused["raw_size"] == len(raw) and reused["width"] == width:
+        if (
+            reused is not None
+            and reused["raw_size"] == len(raw)
+            and reused["width"] == width
+            and self._sound(reused)
+        ):
             rec = dict(reused, raw_offset=offset, reused=True)
             with self._lock:
                 job.reused_bytes += len(raw)
         else:
+            if base is not None and not self._sound(base.record):
+                base = None  # a delta against a damaged base object would be damaged too
             rec = self._encode_and_write(raw, raw_hash, offset, width, base)
         if job.capture_base is not None and rec.get("base") is None:
             self._capture(item_key, index, raw, rec)
         with self._lock:
             job.part_records.append(rec)
         return rec
+
+    def _sound(self, rec: dict) -> bool:
+        """True when every object a part record references holds what its name says (checked
+        once per save): a save never references damaged or missing bytes it did not write."""
+        refs = [rec] if rec.get("base") is None else [rec, rec["base"]]
+        job = self.job
+        for ref in refs:
+            key = ref["object"]
+            with self._lock:
+                known = job.sound.get(key)
+            if known is None:
+                known = job.trust.sound([job.storage, *job.fallbacks], key, ref["stored_size"])
+                with self._lock:
+                    job.sound.setdefault(key, known)
+            if not known:
+                return False
+        return True
 
     def _encode_and_write(self, raw, raw_hash, offset, width, base: BasePart | None) -> dict:
         job = self.job
@@ -242,17 +275,26 @@ class CkptStorageWriter(StorageWriter):
         return rec
 
     def _write_object(self, key: str, enc: codec.Encoded) -> None:
-        st, rel = self.job.storage, layout.object_path(key)
-        # A content-addressed object already present with the right size is identical; rewriting
-        # a local file in place would briefly truncate data that a committed step references.
-        if st.protocol == "file" and st.exists(rel) and st.size(rel) == enc.nbytes:
+        job = self.job
+        st, rel = job.storage, layout.object_path(key)
+        with self._lock:
+            if key in job.written:
+                return  # this save wrote it already (two equal parts)
+        # A local object already there is kept when its bytes are what its name says (a
+        # damaged one is rewritten): rewriting a sound file in place would briefly truncate
+        # data that a committed step references.
+        if st.protocol == "file" and job.trust.sound([st], key, enc.nbytes):
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
-            return
-        # Made durable in one batch by write_data's flush(), before results reach the manifest.
-        st.write(rel, enc.chunks, durable=False)
+        else:
+            # Made durable in one batch by write_data's flush(), before results reach the
+            # manifest.
+            st.write(rel, enc.chunks, durable=False)
+            with self._lock:
+                job.written_bytes += enc.nbytes
         with self._lock:
-            self.job.written_bytes += enc.nbytes
+            job.sound[key] = True
+            job.written.add(key)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""
@@ -268,6 +310,13 @@ class CkptStorageWriter(StorageWriter):
         job = self.job
         manifest = build_manifest(job, metadata, [r for rank in results for r in rank])
         blob = mf.dumps(manifest)
+        try:  # what no reader would accept is never committed
+            mf.validate(json.loads(blob))
+        except mf.ManifestError as exc:
+            raise CheckpointError(
+                f"step {job.step} under {job.storage.uri} was not committed: its manifest is "
+                f"invalid ({exc}); this is a bug in ckptflow, please report it"
+            ) from exc
         step_dir = layout.step_dir(job.step)
         name = layout.manifest_name(job.save_id)
         job.storage.write(f"{step_dir}/{name}", blob)
@@ -297,7 +346,10 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
     raw_total = new_total = 0
     for wr in results:
         rec = wr.storage_data
-        items[mf.item_key(rec["fqn"], rec["offset"])] = rec
+        key = mf.item_key(rec["fqn"], rec["offset"])
+        if key in items:  # two items under one key: one of them would be lost
+            raise CheckpointError(f"two write items share the manifest key {key!r}")
+        items[key] = rec
         for p in rec["parts"]:
             raw_total += p["raw_size"]
             new_total += 0 if p.get("reused") else p["stored_size"]

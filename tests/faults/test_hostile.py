@@ -23,6 +23,7 @@ from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, decode_value,
 
 from ckptflow.core import codec, layout
 from ckptflow.core.storage import Storage
+from tests.core.test_codec import zstd_bomb
 from tests.faults.harness import MAX_PEAK, ReadRecordingFS
 from tests.steps import ckpt_helpers as h
 
@@ -116,7 +117,9 @@ MUTATIONS = {
     "base as a number": lambda m, o: _part(m).update(base=5),
     "chunks of numbers": lambda m, o: m["tensors"]["w"].update(chunks=[1, 2]),
     "planner data of numbers": lambda m, o: m.update(planner_data={"w": 5}),
-    "unknown format version": lambda m, o: m.update(format_version=2),
+    "unknown format version": lambda m, o: m.update(format_version=layout.FORMAT_VERSION + 1),
+    "version as a float": lambda m, o: m.update(format_version=1.0),
+    "version as a boolean": lambda m, o: m.update(format_version=True),
     "version as a string": lambda m, o: m.update(format_version="1"),
     "not a ckptflow manifest": lambda m, o: m.update(format="torch-dcp"),
     "world size 0": lambda m, o: m.update(world_size=0),
@@ -287,3 +290,46 @@ def test_hostile_root_marker_is_refused_cleanly(crafted, name, fault):
     err, _ = _load_guarded(root, outside, marker)
     assert err is not None
     fault("hostile", name, detail="refused cleanly")
+
+
+def test_a_duplicated_chunk_is_refused_not_half_loaded(crafted, fault):
+    """Chunks whose volumes add up but that overlap (here one chunk listed twice) would
+    leave the rest of the tensor unwritten, silently: they must tile it exactly."""
+    root, outside, marker = crafted
+    st = Storage(root)
+    half = _state()["w"][:4].contiguous().view(torch.uint8).numpy().tobytes()
+    key = codec.digest(half)
+    st.write(layout.object_path(key), half)
+
+    def duplicate(m):
+        m["tensors"]["w"]["chunks"] = [{"offsets": [0, 0], "sizes": [4, 8]}] * 2
+        part = dict(_part(m), object=key, stored_size=len(half), raw_size=len(half))
+        m["items"]["w@0,0"].update(sizes=[4, 8], parts=[dict(part, planes=[["raw", len(half)]])])
+        m["objects"][key] = {"size": len(half)}
+
+    h.rewrite_manifest(st, 1, duplicate)
+    err, target = _load_guarded(root, outside, marker)
+    assert err is not None and "chunks" in str(err), f"loaded: {target['w']}"
+    fault("hostile", "a chunk listed twice (volumes add up, half the tensor unwritten)")
+
+
+@pytest.mark.parametrize("where", ["cfg.lr", "w@0,0", "ids@0"])
+def test_a_decompression_bomb_is_refused_before_allocating(crafted, where, fault):
+    """A 32 KiB object whose zstd frame inflates to 1 GiB, planted for a part whose manifest
+    declares a few bytes: decoding is bounded by the declared size (the guard checks that
+    Python never allocates more than MAX_PEAK)."""
+    root, outside, marker = crafted
+    st = Storage(root)
+    bomb = zstd_bomb(1 << 30)
+    key = codec.digest(bomb)
+    st.write(layout.object_path(key), bomb)
+
+    def plant(m):
+        part = _part(m, where)
+        part.update(object=key, stored_size=len(bomb), width=1, planes=[["zstd", len(bomb)]])
+        m["objects"][key] = {"size": len(bomb)}
+
+    h.rewrite_manifest(st, 1, plant)
+    err, _ = _load_guarded(root, outside, marker)
+    assert err is not None and key in str(err), err
+    fault("hostile", f"zstd bomb ({len(bomb)} bytes, 1 GiB inflated) as {where}")

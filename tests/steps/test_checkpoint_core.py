@@ -12,6 +12,7 @@ from ckptflow.steps.checkpoint import (
     Checkpointer,
     CheckpointError,
     CorruptCheckpoint,
+    StateDictMismatch,
     StorageError,
 )
 
@@ -262,3 +263,165 @@ def test_torch_free_itemsize_table_matches_torch():
     assert set(mf.ITEMSIZE) == set(dcp_metadata.DTYPES)
     for name, dtype in dcp_metadata.DTYPES.items():
         assert mf.ITEMSIZE[name] == torch.empty(0, dtype=dtype).element_size(), name
+
+
+AWKWARD_FQNS = {
+    "tensor a and value a@0": {"a": torch.arange(3.0), "a@0": 5},
+    "tensor a and tensor a@0": {"a": torch.arange(3.0), "a@0": torch.ones(2)},
+    "offsets in the name": {"w": torch.ones(2, 2), "w@0,0": "v", "w@0": torch.zeros(1)},
+    "0-dim tensor s and value s@": {"s": torch.tensor(2.0), "s@": 3},
+    "escape characters": {"%40": torch.ones(2), "@": torch.zeros(2), "%": 1, "%25": 2},
+    "slashes, dots, unicode": {"a/b": torch.ones(2), "é.ü": {"ß": torch.zeros(3)}, "ключ": 7},
+    "empty segments": {"": {"": torch.ones(2), "x": 1}, "y": {"": torch.zeros(1)}},
+}
+
+
+@pytest.mark.parametrize("name", list(AWKWARD_FQNS))
+def test_every_fqn_round_trips(tmp_path, name):
+    """Manifest keys are unambiguous for every FQN the planner makes (the save used to commit
+    a manifest the load then refused)."""
+    state = AWKWARD_FQNS[name]
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(1, state)
+    target = h.zeros_like_state(state)
+    assert ck.load(target) == 1
+    h.assert_same(state, target)
+
+
+def test_a_version_1_manifest_still_loads(tmp_path):
+    """Version 1 keyed items `fqn@offsets` unescaped; such checkpoints still load."""
+    state = {"a%b": torch.arange(4.0), "x@y": 3, "m": {"w": torch.ones(2, 2)}}
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(1, state)
+
+    def to_v1(m):
+        m["format_version"] = 1
+        m["items"] = {
+            it["fqn"]
+            if it["offset"] is None
+            else f"{it['fqn']}@{','.join(map(str, it['offset']))}": it
+            for it in m["items"].values()
+        }
+
+    h.rewrite_manifest(ck.storage, 1, to_v1)
+    assert ck.manifest(1)["format_version"] == 1 and "a%b@0" in ck.manifest(1)["items"]
+    target = h.zeros_like_state(state)
+    ck.load(target)
+    h.assert_same(state, target)
+
+
+def test_dtype_mismatch_lists_every_difference_and_converts_nothing(tmp_path):
+    """float64 -> float16 would give inf, float32 -> bool True: a mismatch is an error listing
+    every (key, saved dtype, target dtype), as shapes are, unless a cast is asked for."""
+    ck = Checkpointer(str(tmp_path / "r"))
+    saved = {
+        "x": torch.tensor([1e10, 0.5], dtype=torch.float64),
+        "m": {"y": torch.tensor([0.0, 2.0]), "same": torch.ones(2)},
+        "ids": torch.arange(3),
+    }
+    ck.save(1, saved)
+    target = {
+        "x": torch.zeros(2, dtype=torch.float16),
+        "m": {"y": torch.zeros(2, dtype=torch.bool), "same": torch.zeros(2)},
+        "ids": torch.zeros(3, dtype=torch.int32),
+    }
+    with pytest.raises(StateDictMismatch) as ei:
+        ck.load(target)
+    msg = str(ei.value)
+    assert "3 dtype mismatch(es)" in msg and "cast=True" in msg, msg
+    for key, was, now in [("x", "float64", "float16"), ("m.y", "float32", "bool")]:
+        assert f"{key}: checkpoint {was}, model {now}" in msg, msg
+    assert "ids: checkpoint int64, model int32" in msg and "m.same" not in msg, msg
+    assert not target["x"].any() and not target["m"]["same"].any(), "nothing was loaded"
+    assert ck.load(target, cast=True) == 1  # asked for: converted as torch converts
+    assert torch.equal(target["ids"], saved["ids"].int()) and target["x"][0] == float("inf")
+
+
+@pytest.mark.parametrize("block", [True, False], ids=["sync", "async"])
+def test_a_conjugate_view_saves_its_values(tmp_path, block):
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    state = {"model": {"z": z.conj(), "neg": z.conj().imag}}
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(1, state, block=block).wait()
+    target = {"model": {"z": torch.zeros(2, dtype=torch.complex64), "neg": torch.zeros(2)}}
+    ck.load(target)
+    assert torch.equal(target["model"]["z"], z.conj().resolve_conj())
+    assert torch.equal(target["model"]["neg"], torch.tensor([-2.0, 4.0]))
+
+
+UNSAVABLE = {
+    "complex128 tensor": ({"model": {"z": torch.ones(2, dtype=torch.complex128)}}, "model.z"),
+    "uint16 tensor": ({"u": torch.ones(2, dtype=torch.uint16)}, "u"),
+    "sparse tensor": ({"model": {"s": torch.eye(3).to_sparse()}}, "model.s"),
+    "meta tensor": ({"m": torch.empty(3, device="meta")}, "m"),
+    "object value": ({"w": torch.ones(2), "cfg": {"fn": object()}}, "cfg.fn"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSAVABLE))
+def test_an_unsavable_entry_is_refused_naming_its_key(tmp_path, name):
+    state, key = UNSAVABLE[name]
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(CheckpointError, match=f"'{key}'"):
+        ck.save(1, state)
+    assert ck.committed_steps() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"part_mib": 0}, "part_mib"),
+        ({"part_mib": -1}, "part_mib"),
+        ({"part_mib": 1.5}, "part_mib"),
+        ({"threads": 0}, "threads"),
+        ({"compression_level": 23}, "compression_level"),
+        ({"full_every": True}, "full_every"),
+    ],
+)
+def test_bad_checkpointer_arguments_are_refused(tmp_path, kwargs, match):
+    """part_mib=0 used to cut a 16 KiB tensor into 4,096 objects."""
+    with pytest.raises(ValueError, match=match):
+        Checkpointer(str(tmp_path / "r"), **kwargs)
+
+
+@pytest.mark.parametrize("step", [2**62 + 1, -1, True, 1.0, "3"])
+def test_a_step_no_reader_accepts_is_refused_before_anything_is_written(tmp_path, step):
+    """A step of 2**62 + 1 used to commit, and its own reader refused it."""
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(ValueError, match="step"):
+        ck.save(step, {"x": torch.ones(2)})
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match="step"):
+        ck.load({"x": torch.ones(2)}, step=step)
+
+
+def test_the_largest_step_round_trips(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    ck.save(layout.MAX_STEP, {"x": torch.ones(2)})
+    assert ck.load({"x": torch.zeros(2)}) == layout.MAX_STEP
+
+
+def test_metadata_that_is_not_json_is_refused_before_anything_is_written(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    with pytest.raises(ValueError, match="metadata"):
+        ck.save(1, {"x": torch.ones(2)}, metadata={"when": object()})
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_manifest_no_reader_accepts_is_never_committed(tmp_path):
+    """The writer validates the manifest it built before claiming the commit marker (a save
+    used to commit a manifest its load then refused)."""
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SaveJob
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    st = Storage(str(tmp_path / "r"))
+    job = SaveJob(storage=st, step=1, save_id="0123456789abcdef", root_id="r", world_size=1)
+    md = Metadata(state_dict_metadata={"v": BytesStorageMetadata()})  # a value without item
+    with pytest.raises(CheckpointError, match="not committed"):
+        CkptStorageWriter(job).finish(md, [[]])
+    assert not st.exists(layout.commit_path(1))
+    rec = {"fqn": "v", "offset": None, "parts": []}
+    twice = [WriteResult(index=None, size_in_bytes=0, storage_data=rec)] * 2
+    with pytest.raises(CheckpointError, match="share the manifest key"):
+        CkptStorageWriter(job).finish(md, [twice])

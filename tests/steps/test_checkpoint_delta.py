@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
+from fsspec.implementations.local import LocalFileSystem
 
 from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 
 
 def _adamw_like_update(state: dict, lr: float = 1e-4) -> None:
@@ -97,3 +102,134 @@ def test_dedup_survives_a_restart_via_load(tmp_path):
     state["head"].add_(1)
     ck.save(2, state)
     assert ck.manifest(2)["stats"]["new_bytes"] < 1024
+
+
+def _rot(ck: Checkpointer, key: str) -> None:
+    """Bit rot: one byte of a stored object flips; its size stays the same."""
+    rel = layout.object_path(key)
+    blob = bytearray(ck.storage.read(rel))
+    blob[len(blob) // 2] ^= 0x10
+    ck.storage.write(rel, bytes(blob))
+
+
+@pytest.mark.parametrize("process", ["same", "restarted"])
+def test_dedup_never_references_a_rotted_object(tmp_path, process):
+    """A rotted object of the right size is rewritten, not referenced: the new step is sound
+    (and the rewrite, under the same name, repairs the older step too)."""
+    root = str(tmp_path / "r")
+    ck = Checkpointer(root)
+    state = {"frozen": torch.randn(64, 64), "step": 1}
+    ck.save(1, state)
+    key = ck.manifest(1)["items"]["frozen@0,0"]["parts"][0]["object"]
+    _rot(ck, key)
+    if process == "restarted":  # the object is found on disk, not in the last save's records
+        ck = Checkpointer(root)
+    state["step"] = 2
+    stats = ck.save(2, state).wait()
+    assert stats.bytes_written > 64 * 64, "the rotted part was written again"
+    ck.verify(2)
+    ck.verify(1)
+    t = {"frozen": torch.zeros(64, 64), "step": None}
+    ck.load(t, step=2)
+    assert torch.equal(t["frozen"], state["frozen"])
+
+
+def test_delta_never_references_a_rotted_base(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), full_every=4)
+    state = {"w": torch.randn(64, 64)}
+    ck.save(1, state)
+    _rot(ck, ck.manifest(1)["items"]["w@0,0"]["parts"][0]["object"])
+    state["w"][0, :4] += 1.0
+    ck.save(2, state)
+    assert ck.manifest(2)["kind"] == "delta"
+    ck.verify(2)
+    t = {"w": torch.zeros(64, 64)}
+    ck.load(t, step=2)
+    assert torch.equal(t["w"], state["w"])
+
+
+def test_dedup_never_references_a_missing_object(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"))
+    state = {"frozen": torch.randn(64, 64), "head": torch.zeros(4)}
+    ck.save(1, state)
+    key = ck.manifest(1)["items"]["frozen@0,0"]["parts"][0]["object"]
+    ck.storage.delete([layout.object_path(key)])
+    state["head"] += 1
+    ck.save(2, state)
+    ck.verify(2)
+
+
+class ObjectReadsFS(LocalFileSystem):
+    """Counts reads of object files (inject via Storage(fs=))."""
+
+    cachable = False
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.object_reads = 0
+
+    def cat_file(self, path, *a, **kw):
+        self.object_reads += f"/{layout.OBJECTS}/" in str(path)
+        return super().cat_file(path, *a, **kw)
+
+
+class AgedStorage(Storage):
+    """Local storage whose files count as settled at once (no waiting out the clock tick)."""
+
+    def fingerprint(self, rel):
+        s = os.stat(self.path(rel))
+        return (s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+
+
+def test_reused_objects_are_read_once_per_process_then_only_looked_at(tmp_path):
+    """The cost of sound deduplication: a reused object is read back once, at its first
+    reuse; later saves look at its fingerprint only; a load's verified reads count too."""
+    root = str(tmp_path / "r")
+    state = {f"frozen{i}": torch.randn(64, 64) for i in range(4)} | {"head": torch.zeros(4)}
+    fs = ObjectReadsFS()
+    ck = Checkpointer("unused", storage=AgedStorage(root, fs=fs))
+    reads = []
+    for step in (1, 2, 3):
+        state["head"] += 1
+        fs.object_reads = 0
+        ck.save(step, state)
+        reads.append(fs.object_reads)
+    frozen = len(ck.manifest(1)["objects"]) - 1  # less the head's
+    assert reads == [0, frozen, 0], reads
+    for e in ck.storage.walk(layout.OBJECTS):  # new fingerprints: what this process saw is stale
+        os.utime(ck.storage.path(e.path), ns=(1, 1))
+    fs2 = ObjectReadsFS()
+    restarted = Checkpointer("unused", storage=AgedStorage(root, fs=fs2))
+    restarted.load({k: torch.zeros_like(v) for k, v in state.items()})
+    fs2.object_reads = 0
+    state["head"] += 1
+    restarted.save(4, state)
+    assert fs2.object_reads == 0, "objects the load verified are not read again"
+
+
+def test_a_local_fingerprint_waits_for_the_clock_tick_and_sees_a_rewrite(tmp_path):
+    st = Storage(str(tmp_path))
+    st.write("f", b"12345678")
+    assert st.fingerprint("f") is None, "too fresh: a rewrite in the same tick could hide"
+    time.sleep(2.1)
+    before = st.fingerprint("f")
+    assert before is not None and st.fingerprint("f") == before
+    st.write("f", b"87654321")  # same size, other bytes
+    time.sleep(2.1)
+    assert st.fingerprint("f") not in (None, before)
+    with pytest.raises(FileNotFoundError):
+        st.fingerprint("absent")
+
+
+def test_a_fine_tune_never_references_a_rotted_parent_object(tmp_path):
+    base = Checkpointer(str(tmp_path / "base"))
+    state = {"frozen": torch.randn(64, 64), "head": torch.zeros(4)}
+    base.save(1, state)
+    key = base.manifest(1)["items"]["frozen@0,0"]["parts"][0]["object"]
+    ft = Checkpointer(str(tmp_path / "ft"))
+    ft.inherit(base, 1)
+    _rot(base, key)
+    state["head"] += 1
+    ft.save(1, state)
+    ft.verify(1)
+    assert ft.storage.exists(layout.object_path(key)), "a sound copy is stored in the child"
