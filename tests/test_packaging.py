@@ -74,8 +74,8 @@ def test_installed_wheel_lives_beside_another_workflows_package(wheel, tmp_path)
     venv.create(env, with_pip=False)
     site = next((env / "lib").glob("python3*/site-packages"))
     # the dependencies come from this environment; its editable ckptflow must not leak in
-    deps = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
-    (site / "deps.pth").write_text(deps + "\n")
+    deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "deps.pth").write_text("".join(f"{p}\n" for p in deps))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)
     (site / "workflows").mkdir()
