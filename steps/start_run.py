@@ -8,13 +8,13 @@ run id (the later steps then log top-level runs): lineage must never stop a pipe
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
 from ckptflow.steps.lib import lineage as lin
 
 from ckptflow import env
+from ckptflow.core import jsonfile
 
 log = logging.getLogger("ckptflow.start_run")
 
@@ -37,9 +37,9 @@ def parse_args(argv=None) -> StartRunConfig:
     p = lin.arg_parser(StartRunConfig, "python -m ckptflow.steps.start_run", __doc__.split("\n")[0])
     cfg = StartRunConfig(**vars(p.parse_args(argv)))
     try:
-        if not isinstance(json.loads(cfg.config_json), dict):
+        if not isinstance(jsonfile.loads(cfg.config_json, what="--config-json"), dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+    except (ValueError, jsonfile.BadJsonFile) as exc:
         p.error(
             f"--config-json must be a JSON object ({exc}); e.g. --config-json '{{\"lr\": 0.001}}'"
         )
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         experiment=cfg.experiment,
         step_kind="pipeline",
         tags={k: v for k, v in tags.items() if v},
-        params=json.loads(cfg.config_json),
+        params=jsonfile.loads(cfg.config_json, what="--config-json"),
     )
     lineage.flush()
     lin.write_outputs(cfg.output_dir, {"run_id": run_id or ""})

@@ -187,8 +187,8 @@ def verify_step(
     """Read every byte of a committed step (from its archive root when archived, borrowed
     objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
     `progress(nbytes, total_bytes)` is called as each object is checked."""
-    located = rootreader.locate(storage, step)
     try:
+        located = rootreader.locate(storage, step)  # (a damaged ARCHIVED is this step's damage)
         m = rootreader.read_manifest(located, step)
     except CorruptCheckpoint as exc:
         return None, list(exc.files) or [str(exc)]
