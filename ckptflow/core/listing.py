@@ -79,6 +79,8 @@ def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = Tr
     URI, a missing bucket, a folder that holds something else, or (must_exist) nothing there."""
     st = storage or Storage(uri)
     st.check_reachable()
+    if st.is_file():
+        raise CheckpointError(f"{st.uri} is a file, not a checkpoint root; check the root URI")
     if rootreader.read_root_id(st) is None and must_exist and not st.listdir():
         raise CheckpointError(f"{st.uri}: no checkpoints there; check the root URI")
     return st

@@ -151,6 +151,7 @@ _TYPES = {
     "PartialCredentialsError": "no-credentials",
     "EndpointConnectionError": "unreachable",
     "ConnectTimeoutError": "unreachable",
+    "ConnectionError": "unreachable",  # botocore's, and the built-in one (refused, reset)
 }
 
 
@@ -255,6 +256,13 @@ class Storage:
     def exists(self, rel: str) -> bool:
         try:
             return self.fs.exists(self.path(rel))
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+
+    def is_file(self, rel: str = "") -> bool:
+        """True when `rel` (default: the root itself) is a regular file, not a folder/prefix."""
+        try:
+            return bool(self.fs.isfile(self.path(rel)))
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
 
