@@ -4,9 +4,13 @@ Driven through the top-level `ckptflow` dispatcher, as a user runs it."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
+from fsspec.implementations.local import LocalFileSystem
 
 from ckptflow import cli
 
@@ -144,3 +148,35 @@ def test_the_valid_commands_still_work(places, capsys):
     assert cli.main(["ckpt", "gc", places["root"], "--policy", "last=1", "--grace", "0"]) == 0
     assert cli.main([*PLAN, "--policy", "last=5"]) == 0
     capsys.readouterr()
+
+
+class _DeniedFS(LocalFileSystem):
+    """A local disk where this user may read nothing (what a root owned by another user is)."""
+
+    cachable = False
+
+    def _deny(self, path, *a, **kw):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    ls = cat_file = info = find = exists = isfile = _deny
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ckpt", "ls", "{root}"],
+        ["ckpt", "verify", "{root}"],
+        ["ckpt", "pin", "{root}", "1"],
+        ["ckpt", "gc", "{root}", "--policy", "last=1"],
+        ["ckpt", "archive", "{root}", "--older-than", "1d", "--to", "{tmp}/arch"],
+    ],
+)
+def test_an_unreadable_root_is_one_line_naming_permissions(places, argv, capsys, monkeypatch):
+    from ckptflow import env
+    from ckptflow.core.storage import Storage
+
+    monkeypatch.setattr(env, "open_storage", lambda uri: Storage(uri, fs=_DeniedFS()))
+    rc = cli.main([a.format(**places) for a in argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "permission denied" in err and "AWS" not in err and "Traceback" not in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from ckptflow.core import jsonfile
 from ckptflow.core.errors import CorruptCheckpoint
@@ -64,3 +66,29 @@ def test_read_bounds_the_bytes_it_reads(tmp_path):
     assert info.value.files == [st.url("big.json")]
     with pytest.raises(FileNotFoundError):
         jsonfile.read(st, "absent.json")
+
+
+def _depth(v) -> int:
+    if isinstance(v, list):
+        return 1 + max(map(_depth, v), default=0)
+    if isinstance(v, dict):
+        return 1 + max(map(_depth, v.values()), default=0)
+    return 0
+
+
+_TEXT = hs.text(alphabet=hs.sampled_from('ab[]{}"\\\n/u\u00e9'), max_size=8)
+_JSON = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers(-(10**30), 10**30) | hs.floats(allow_nan=False) | _TEXT,
+    lambda kids: hs.lists(kids, max_size=4) | hs.dictionaries(_TEXT, kids, max_size=4),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(doc=_JSON, indent=hs.sampled_from([None, 1]), ascii_only=hs.booleans())
+def test_the_depth_pre_scan_is_exact_and_loads_agrees_with_json(doc, indent, ascii_only):
+    """Brackets, quotes and backslashes inside strings never count: the pre-scan finds the
+    true depth, and what parses equals what `json.loads` makes."""
+    blob = json.dumps(doc, indent=indent, ensure_ascii=ascii_only).encode()
+    assert jsonfile.nesting_depth(blob) == _depth(doc)
+    assert jsonfile.loads(blob, what="f") == json.loads(blob)
