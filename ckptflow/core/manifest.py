@@ -53,6 +53,18 @@ def dumps(manifest: dict) -> bytes:
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 
 
+def check_metadata(metadata: dict) -> None:
+    """Refuse user metadata the manifest reader would refuse (not JSON, nested too deeply, an
+    integer too long), before anything is written: never commit a checkpoint that cannot load."""
+    try:
+        blob = json.dumps(metadata).encode()
+        jsonfile.loads(blob, what="metadata", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH - 1)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"metadata is not plain JSON ({type(exc).__name__}: {exc})") from None
+    except jsonfile.BadJsonFile as exc:
+        raise ManifestError(f"metadata cannot be stored: {exc.reason}") from None
+
+
 # -- validation ----------------------------------------------------------------------------------
 def _fail(where: str, what: str):
     raise ManifestError(f"manifest field {where}: {what}")

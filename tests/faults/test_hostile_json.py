@@ -272,3 +272,31 @@ def test_uncommitted_manifest_that_is_a_list_does_not_block_gc(root, capsys, fau
     assert report["delete_steps"] == [1, 2] and sorted(report["leftovers"]) == [4, 5, 6]
     assert rootreader.committed_steps(st) == [3]
     fault("hostile", "uncommitted manifests: a list, deep nesting, a huge integer", cases=3)
+
+
+def _nested(depth: int) -> dict:
+    doc: dict = {}
+    for _ in range(depth):
+        doc = {"d": doc}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expect"),
+    [
+        (_nested(200), "nested deeper"),
+        ({"n": int("9" * 200)}, "integer of 200 digits"),
+        ({"f": object()}, "not plain JSON"),
+    ],
+    ids=["200 levels deep", "a 200-digit integer", "not JSON"],
+)
+def test_metadata_the_reader_would_refuse_is_refused_by_save(root, metadata, expect):
+    """Never commit a checkpoint whose manifest cannot be read back."""
+    from ckptflow.steps.checkpoint import CheckpointError
+
+    ck = Checkpointer(root)
+    with pytest.raises(CheckpointError, match=expect):
+        ck.save(4, _state(4), metadata=metadata)
+    assert rootreader.committed_steps(Storage(root)) == [1, 2, 3]
+    ck.save(4, _state(4), metadata=_nested(100))  # deep but within the reader's bounds
+    assert Checkpointer(root).manifest(4)["metadata"] == _nested(100)
