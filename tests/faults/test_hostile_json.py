@@ -300,3 +300,23 @@ def test_metadata_the_reader_would_refuse_is_refused_by_save(root, metadata, exp
     assert rootreader.committed_steps(Storage(root)) == [1, 2, 3]
     ck.save(4, _state(4), metadata=_nested(100))  # deep but within the reader's bounds
     assert Checkpointer(root).manifest(4)["metadata"] == _nested(100)
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [DEEP, b'{"format": "ckptflow-checkpoint-root", "root_id": ' + LONG_INT + b"}", b"[1]"],
+    ids=["deeply nested", "a 5,000-digit root_id", "a JSON list"],
+)
+def test_a_hostile_root_marker_is_one_line_naming_it(root, blob, capsys):
+    """The root marker belongs to the whole root: every command refuses the root, naming the
+    marker, in one line (exit 2); load raises a CheckpointError, never a RecursionError."""
+    from ckptflow.steps.checkpoint import CheckpointError
+
+    st = Storage(root)
+    st.write(layout.ROOT_MARKER, blob)
+    marker = st.url(layout.ROOT_MARKER)
+    for argv in (["ls", root], ["verify", root], ["gc", root, "--policy", "last=1"]):
+        rc, out, err = _cli(capsys, *argv)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and marker in err, err
+    with pytest.raises(CheckpointError, match="root marker"):
+        Checkpointer(root).load({"w": torch.zeros(16, 16), "cfg": {"lr": None}})
