@@ -214,7 +214,10 @@ def cmd_gc(args) -> int:
     from ckptflow.core.gc import gc, parse_policy
 
     policy = parse_policy(args.policy)  # a bad policy is named before the root is read
-    report = gc(args.root, policy, apply=args.yes, grace_s=args.grace, storage=_open(args.root))
+    # A root with nothing yet is no mistake here: the retention CronWorkflow collects roots
+    # of runs that may not have saved their first checkpoint.
+    storage = env.open_storage(args.root)
+    report = gc(args.root, policy, apply=args.yes, grace_s=args.grace, storage=storage)
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0
 
