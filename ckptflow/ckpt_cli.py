@@ -19,11 +19,11 @@ import sys
 import threading
 import time
 
-from ckptflow import env
+from ckptflow import cli_args, env
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
-from ckptflow.core.storage import StorageError
+from ckptflow.core.storage import StorageError, classify
 
 _H = listing.human_bytes
 
@@ -39,7 +39,7 @@ def _duration(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ckptflow ckpt", description=__doc__.split("\n\n")[0])
+    p = cli_args.Parser(prog="ckptflow ckpt", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     ls = sub.add_parser("ls", help="one row per step: kind, sizes, state, pin, tier, metrics")
     ls.add_argument("root", help="checkpoint root: a local path or s3://bucket/prefix")
@@ -48,12 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="check every byte against the manifests")
     v.add_argument("root")
     which = v.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, help="verify this step only")
+    which.add_argument("--step", type=cli_args.step, help="verify this step only")
     which.add_argument("--all", action="store_true", help="verify every committed step (default)")
     for name, helptext in (("pin", "never delete STEP by any policy"), ("unpin", "undo pin")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("root")
-        q.add_argument("step", type=int)
+        q.add_argument("step", type=cli_args.step)
         if name == "pin":
             q.add_argument("--reason", default="", help="why (e.g. 'published as v3')")
     g = sub.add_parser("gc", help="delete what a retention policy does not keep (dry run)")
@@ -211,15 +211,13 @@ def cmd_unpin(args) -> int:
 
 # -- gc / archive ----------------------------------------------------------------------------------
 def cmd_gc(args) -> int:
-    from ckptflow.core.gc import gc
+    from ckptflow.core.gc import gc, parse_policy
 
-    report = gc(
-        args.root,
-        args.policy,
-        apply=args.yes,
-        grace_s=args.grace,
-        storage=env.open_storage(args.root),
-    )
+    policy = parse_policy(args.policy)  # a bad policy is named before the root is read
+    # A root with nothing yet is no mistake here: the retention CronWorkflow collects roots
+    # of runs that may not have saved their first checkpoint.
+    storage = env.open_storage(args.root)
+    report = gc(args.root, policy, apply=args.yes, grace_s=args.grace, storage=storage)
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0
 
@@ -241,6 +239,8 @@ def cmd_archive(args) -> int:
     return 0
 
 
+_VALUE_OPTIONS = {"--grace", "--older-than", "--step", "--policy", "--to", "--reason"}
+
 COMMANDS = {
     "ls": cmd_ls,
     "verify": cmd_verify,
@@ -253,10 +253,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one `ckptflow ckpt` subcommand; user errors print one line and return 2."""
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse already printed the usage and the problem
-        return int(exc.code or 0)
+    args = cli_args.parse(build_parser(), argv, _VALUE_OPTIONS)
+    if isinstance(args, int):  # argparse already printed the problem (or the help)
+        return args
     try:
         return COMMANDS[args.cmd](args)
     except CorruptCheckpoint as exc:
@@ -278,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unreachable(exc: BaseException) -> bool:
     """A storage endpoint that does not answer (wrong endpoint URL, network down)."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionError"})
+    return classify(exc) == "unreachable"
 
 
 if __name__ == "__main__":

@@ -46,10 +46,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args else 2
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"ckptflow: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(
+            f"ckptflow: unknown command {name!r}: use one of {', '.join(sorted(COMMANDS))} "
+            "(see `ckptflow --help`)",
+            file=sys.stderr,
+        )
         return 2
     module, func, _ = COMMANDS[name]
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"ckptflow {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # A subcommand names every mistake a user can make; what reaches here is a bug or an
+        # unforeseen failure: one line (a traceback helps only whoever debugs it).
+        from ckptflow import env
+
+        if env.debug():
+            raise
+        print(
+            f"ckptflow {name}: unexpected error: {type(exc).__name__}: {exc} "
+            "(rerun with CKPTFLOW_DEBUG=1 for the traceback)".replace("\n", " "),
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

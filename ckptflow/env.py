@@ -45,6 +45,11 @@ def s3_storage_options() -> dict:
     return storage_options().s3_kwargs()
 
 
+def debug() -> bool:
+    """CKPTFLOW_DEBUG=1: an unexpected error in a command shows its traceback (else one line)."""
+    return os.environ.get("CKPTFLOW_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def mlflow_tracking_uri(default: str | None = None) -> str | None:
     """MLFLOW_TRACKING_URI when set, else the caller's embedded default."""
     return os.environ.get("MLFLOW_TRACKING_URI") or default

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from ckptflow import cli_args
 from ckptflow.core.planner import (
     GIB,
     PlanInputs,
@@ -27,7 +28,7 @@ from ckptflow.core.retention import PolicyError, parse_duration
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli_args.Parser(
         prog="ckptflow plan",
         description="Size checkpoints, save stalls, the checkpoint interval and storage cost.",
         epilog="Durations take units s, m, h, d, w (e.g. 90m, 60d). Formulas: docs/planner.md.",
@@ -155,10 +156,32 @@ def _terminal_progress(done: int, total: int) -> None:
     print(f"\rsimulating saves: {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
+# options whose value may start with "-" (a negative number or duration, refused with its fix)
+_VALUE_OPTIONS = {
+    "--params",
+    "--weights",
+    "--optimizer-bytes",
+    "--master",
+    "--gpus",
+    "--gpus-per-host",
+    "--write-gib-s",
+    "--snapshot-gib-s",
+    "--read-gib-s",
+    "--mtbf",
+    "--restart",
+    "--run-length",
+    "--delta-ratio",
+    "--full-every",
+    "--price-gb-month",
+    "--interval",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, plan, print a table (or JSON with --json)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = cli_args.parse(build_parser(), argv, _VALUE_OPTIONS)
+    if isinstance(args, int):  # argparse already printed the problem (or the help)
+        return args
     try:
         progress = _terminal_progress if sys.stderr.isatty() else None
         result = plan(inputs_from_args(args), progress)

@@ -75,10 +75,8 @@ class Evaluator:
         if gens:
             last = gens[-1]
             name = CLAIM if last == 0 else f"{CLAIM}.{last}"
-            try:
-                age = time.time() - float(json.loads(self.ckpt.read(f"{d}/{name}"))["at"])
-            except (FileNotFoundError, ValueError, KeyError):
-                age = 0.0
+            at = runroot.claim_time(self.ckpt, f"{d}/{name}")
+            age = 0.0 if at is None else time.time() - at  # gone or damaged: as before, busy
             if age < self.cfg.claim_ttl_seconds:
                 return False  # someone is on it
             gen = last + 1

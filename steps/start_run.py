@@ -8,22 +8,22 @@ run id (the later steps then log top-level runs): lineage must never stop a pipe
 
 from __future__ import annotations
 
-import json
 import logging
 
 from ckptflow.steps.lib import lineage as lin
 
 from ckptflow import env
 from ckptflow.contract import StartRunArgs, parse
+from ckptflow.core import jsonfile
 
 log = logging.getLogger("ckptflow.start_run")
 
 
 def _check(p, cfg: StartRunArgs) -> None:
     try:
-        if not isinstance(json.loads(cfg.config_json), dict):
+        if not isinstance(jsonfile.loads(cfg.config_json, what="--config-json"), dict):
             raise ValueError("not an object")
-    except ValueError as exc:
+    except (ValueError, jsonfile.BadJsonFile) as exc:
         p.error(
             f"--config-json must be a JSON object ({exc}); e.g. --config-json '{{\"lr\": 0.001}}'"
         )
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         experiment=cfg.experiment,
         step_kind="pipeline",
         tags={k: v for k, v in tags.items() if v},
-        params=json.loads(cfg.config_json),
+        params=jsonfile.loads(cfg.config_json, what="--config-json"),
     )
     lineage.flush()
     lin.write_outputs(cfg.output_dir, {"run_id": run_id or ""})

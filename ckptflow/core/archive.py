@@ -122,7 +122,8 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
         copied = sum(pool.map(lambda k: _copy_object(src, dst, k, sizes[k], fallbacks), todo))
     sd = layout.step_dir(step)
     commit_blob = src.read(layout.commit_path(step))
-    manifest_rel = f"{sd}/{layout.manifest_name(json.loads(commit_blob)['save_id'])}"
+    commit = rootreader.parse_commit(commit_blob, src.url(layout.commit_path(step)))
+    manifest_rel = f"{sd}/{layout.manifest_name(commit['save_id'])}"
     dst.write(manifest_rel, src.read(manifest_rel))
     with contextlib.suppress(FileNotFoundError):
         dst.write(runroot.eval_path(step), src.read(runroot.eval_path(step)))

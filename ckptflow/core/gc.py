@@ -19,12 +19,12 @@ removes: a step without COMMIT is an uncommitted leftover, an unreferenced objec
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import layout, listing, rootreader, runroot
+from ckptflow.core import jsonfile, layout, listing, rootreader, runroot
+from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.retention import Policy, plan_retention
 from ckptflow.core.storage import Storage
@@ -223,8 +223,22 @@ def _pending_refs(st: Storage, step: int) -> set[str]:
     sd = layout.step_dir(step)
     for name in st.listdir(sd):
         if name.startswith("manifest-") and name.endswith(".json"):
-            with contextlib.suppress(FileNotFoundError, ValueError, UnicodeDecodeError, TypeError):
-                refs |= set(json.loads(st.read(f"{sd}/{name}")).get("objects") or {})
+            # A damaged one protects nothing: a save still writing has objects younger than
+            # the grace, and a leftover's objects are garbage.
+            with contextlib.suppress(FileNotFoundError, jsonfile.BadJsonFile):
+                rel = f"{sd}/{name}"  # (read whole: a 512 MiB limit allocates 512 MiB)
+                doc = jsonfile.loads(
+                    st.read(rel),
+                    what=st.url(rel),
+                    max_bytes=mf.MAX_MANIFEST,
+                    max_depth=mf.MAX_DEPTH,
+                )
+                objects = doc.get("objects") if isinstance(doc, dict) else None
+                refs |= (
+                    {k for k in objects if layout.KEY_RE.match(k)}
+                    if isinstance(objects, dict)
+                    else set()
+                )
     return refs
 
 

@@ -79,6 +79,8 @@ def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = Tr
     URI, a missing bucket, a folder that holds something else, or (must_exist) nothing there."""
     st = storage or Storage(uri)
     st.check_reachable()
+    if st.is_file():
+        raise CheckpointError(f"{st.uri} is a file, not a checkpoint root; check the root URI")
     if rootreader.read_root_id(st) is None and must_exist and not st.listdir():
         raise CheckpointError(f"{st.uri}: no checkpoints there; check the root URI")
     return st
@@ -187,8 +189,8 @@ def verify_step(
     """Read every byte of a committed step (from its archive root when archived, borrowed
     objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
     `progress(nbytes, total_bytes)` is called as each object is checked."""
-    located = rootreader.locate(storage, step)
     try:
+        located = rootreader.locate(storage, step)  # (a damaged ARCHIVED is this step's damage)
         m = rootreader.read_manifest(located, step)
     except CorruptCheckpoint as exc:
         return None, list(exc.files) or [str(exc)]

@@ -13,13 +13,15 @@ import math
 
 import numpy as np
 
-from ckptflow.core import layout
+from ckptflow.core import jsonfile, layout
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024
 MAX_DIMS = 16
 MAX_CHUNKS = 1 << 20
 MAX_VALUE = 256 * 1024 * 1024  # as safe_value.MAX_BLOB: the largest non-tensor value
+MAX_DEPTH = 128  # JSON nesting: the format needs 7 levels, the rest is room for user metadata
+MAX_TIME = 1e11  # epoch seconds (year 5138): a later creation time is corrupt or hostile
 
 # Bytes per element of each dtype a manifest may name, without torch (bfloat16 and the float8
 # types have no numpy dtype): the validator checks stored sizes against shapes with it.
@@ -56,6 +58,18 @@ def item_key(fqn: str, offset, version: int = layout.FORMAT_VERSION) -> str:
 
 def dumps(manifest: dict) -> bytes:
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def check_metadata(metadata: dict) -> None:
+    """Refuse user metadata the manifest reader would refuse (not JSON, nested too deeply, an
+    integer too long), before anything is written: never commit a checkpoint that cannot load."""
+    try:
+        blob = json.dumps(metadata).encode()
+        jsonfile.loads(blob, what="metadata", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH - 1)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"metadata is not plain JSON ({type(exc).__name__}: {exc})") from None
+    except jsonfile.BadJsonFile as exc:
+        raise ManifestError(f"metadata cannot be stored: {exc.reason}") from None
 
 
 # -- validation ----------------------------------------------------------------------------------
@@ -156,7 +170,21 @@ def validate(m) -> dict:
         _int(rec.get("size"), f"objects.{key}.size")
     _validate_entries(m)
     _planner_data(m.get("planner_data"))
+    _stats(m.get("stats"))
+    created = m.get("created_at")  # the listing's commit time when COMMIT has none
+    if isinstance(created, bool) or not isinstance(created, int | float):
+        _fail("created_at", "expected a time in epoch seconds")
+    if not 0 <= created <= MAX_TIME:  # (NaN fails this too)
+        _fail("created_at", f"expected a time in [0, {MAX_TIME:.0e}], got {created!r:.40}")
     return m
+
+
+def _stats(v) -> None:
+    """The sizes `ckpt ls`, `verify` and the steps report (read without further checks)."""
+    if not isinstance(v, dict):
+        _fail("stats", "expected an object")
+    for key in ("raw_bytes", "stored_bytes", "new_bytes"):
+        _int(v.get(key), f"stats.{key}")
 
 
 def _validate_entries(m: dict) -> None:
@@ -305,9 +333,9 @@ def parse(blob: bytes) -> dict:
     if len(blob) > MAX_MANIFEST:
         raise ManifestError("manifest too large")
     try:
-        doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"manifest is not JSON ({exc.__class__.__name__})") from exc
+        doc = jsonfile.loads(blob, what="manifest", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH)
+    except jsonfile.BadJsonFile as exc:
+        raise ManifestError(f"manifest is not usable JSON ({exc.reason})") from None
     return validate(doc)
 
 

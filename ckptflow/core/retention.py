@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhdw])")
+_WHOLE = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit takes "²", int() does not
 POLICY_EXAMPLE = "last=5,thin=2h:all/1d:1h/7d:1d/*:7d,best=val_loss:min:3"
 
 
@@ -263,7 +264,7 @@ def _policy_kwargs(items: list[list[str]]) -> dict:
     kwargs: dict = {"keep_best": []}
     for key, value in items:
         if key == "last":
-            if "keep_last" in kwargs or not value.isdigit():
+            if "keep_last" in kwargs or not _WHOLE.fullmatch(value):
                 raise PolicyError(f"last={value!r}: give one whole number, e.g. last=5")
             kwargs["keep_last"] = int(value)
         elif key in ("thin", "thinning"):
@@ -272,7 +273,7 @@ def _policy_kwargs(items: list[list[str]]) -> dict:
             kwargs["thinning"] = Thinning(value).canonical()
         elif key == "best":
             metric, mode, k = (value.rsplit(":", 2) + ["", ""])[:3]
-            if not k.isdigit():
+            if not _WHOLE.fullmatch(k):
                 raise PolicyError(f"best={value!r}: write METRIC:MODE:K, e.g. best=val_loss:min:3")
             kwargs["keep_best"].append((metric, mode, int(k)))
         else:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 import uuid
 
-from ckptflow.core import codec, layout
+from ckptflow.core import codec, jsonfile, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import AlreadyExists, Storage
@@ -23,7 +24,7 @@ _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
 def read_root_id(storage: Storage) -> str | None:
     """The root id, or None for a root that holds nothing yet; raise for a foreign root."""
     try:
-        doc = json.loads(storage.read(layout.ROOT_MARKER))
+        doc = jsonfile.read(storage, layout.ROOT_MARKER)
     except FileNotFoundError:
         foreign = [
             n for n in storage.listdir() if n not in _KNOWN_TOP and layout.parse_step_dir(n) is None
@@ -34,10 +35,10 @@ def read_root_id(storage: Storage) -> str | None:
                 "use an empty or ckptflow-owned root for checkpoints"
             ) from None
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except jsonfile.BadJsonFile as exc:
         raise CheckpointError(
-            f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker"
-        ) from exc
+            f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker ({exc.reason})"
+        ) from None
     if (
         not isinstance(doc, dict)
         or doc.get("format") != layout.ROOT_FORMAT
@@ -86,21 +87,43 @@ def committed_steps(storage: Storage) -> list[int]:
     return sorted(s for s in step_names(storage) if storage.exists(layout.commit_path(s)))
 
 
+MAX_TIME = 1e11  # epoch seconds (year 5138): a later commit time is corrupt or hostile
+
+
+def commit_time(v, where: str) -> float:
+    """A commit or creation time read from a file: a finite number in [0, MAX_TIME] (a string,
+    boolean, list, infinity or huge number would crash the listing or the retention rules)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_TIME:
+        raise ValueError(f"{where}: expected a time in epoch seconds, got {str(v)[:40]!r}")
+    t = float(v)
+    if math.isnan(t):
+        raise ValueError(f"{where}: expected a time in epoch seconds, got NaN")
+    return t
+
+
+def parse_commit(blob: bytes, url: str) -> dict:
+    """A commit marker's fields, each checked (CorruptCheckpoint naming the file otherwise):
+    `save_id` (names the manifest), `manifest_xxh3` and the optional `committed_at` (a marker
+    moved from another step is found by the manifest's own step number)."""
+    doc = jsonfile.loads(blob, what=url)
+    try:
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        if not (isinstance(doc.get("save_id"), str) and layout.SAVE_ID_RE.match(doc["save_id"])):
+            raise ValueError("save_id")
+        if not isinstance(doc.get("manifest_xxh3"), str) or len(doc["manifest_xxh3"]) > 64:
+            raise ValueError("manifest_xxh3")
+        if doc.get("committed_at") is not None:
+            doc["committed_at"] = commit_time(doc["committed_at"], "committed_at")
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"{url}: commit marker is malformed ({exc})", [url]) from None
+    return doc
+
+
 def read_commit(storage: Storage, step: int) -> dict:
     """The commit marker of a step (raises FileNotFoundError when it is not committed)."""
-    url = storage.url(layout.commit_path(step))
-    blob = storage.read(layout.commit_path(step))
-    try:
-        doc = json.loads(blob)
-        if not (
-            isinstance(doc, dict)
-            and layout.SAVE_ID_RE.match(str(doc.get("save_id")))
-            and isinstance(doc.get("manifest_xxh3"), str)
-        ):
-            raise ValueError("fields")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(f"{url}: commit marker is malformed", [url]) from exc
-    return doc
+    rel = layout.commit_path(step)
+    return parse_commit(storage.read(rel, limit=jsonfile.MAX_BYTES + 1), storage.url(rel))
 
 
 def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> dict:
@@ -115,7 +138,7 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
     rel = f"{layout.step_dir(step)}/{layout.manifest_name(commit['save_id'])}"
     url = storage.url(rel)
     try:
-        blob = storage.read(rel)
+        blob = storage.read(rel)  # (a 512 MiB limit would allocate 512 MiB up front)
     except FileNotFoundError:
         raise CorruptCheckpoint(
             f"{url}: manifest named by the commit marker is missing", [url]
@@ -139,8 +162,8 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
 def read_parent(storage: Storage) -> dict | None:
     """The root marker's `parent` ({"uri", "step", "root_id"}), or None (the usual case)."""
     try:
-        doc = json.loads(storage.read(layout.ROOT_MARKER))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        doc = jsonfile.read(storage, layout.ROOT_MARKER)
+    except (FileNotFoundError, jsonfile.BadJsonFile):
         return None
     parent = doc.get("parent") if isinstance(doc, dict) else None
     if not (isinstance(parent, dict) and isinstance(parent.get("uri"), str)):
@@ -198,14 +221,11 @@ def locate(storage: Storage, step: int) -> Storage:
     ARCHIVED marker (written only after the archive copy was verified), else `storage` itself."""
     rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
     try:
-        blob = storage.read(rel)
+        doc = jsonfile.read(storage, rel)
     except FileNotFoundError:
         return storage
-    try:
-        uri = json.loads(blob)["uri"]
-        if not isinstance(uri, str) or not uri:
-            raise ValueError("uri")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+    uri = doc.get("uri") if isinstance(doc, dict) else None
+    if not isinstance(uri, str) or not uri or len(uri) > 4096:
         url = storage.url(rel)
-        raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url]) from exc
+        raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url])
     return storage.peer(uri)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from ckptflow.core import layout
+from ckptflow.core import jsonfile, layout
 from ckptflow.core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -97,18 +98,13 @@ def clear_finished(run: Storage) -> None:
 # -- bounded JSON --------------------------------------------------------------------------------
 def _read_json(storage: Storage, rel: str, fix: str):
     """The parsed JSON of a small untrusted file; None when absent; RecordError when it is too
-    large, not JSON, or nested too deep for the parser."""
-    url = storage.url(rel)
+    large, not JSON, nested too deep or holds a huge integer (the shared bounded reader)."""
     try:
-        blob = storage.read(rel, limit=MAX_RECORD + 1)
+        return jsonfile.read(storage, rel, max_bytes=MAX_RECORD)
     except FileNotFoundError:
         return None
-    if len(blob) > MAX_RECORD:
-        raise RecordError(f"{url}: larger than {MAX_RECORD} bytes; {fix}")
-    try:
-        return json.loads(blob)
-    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, huge ints, deep nesting
-        raise RecordError(f"{url}: not JSON ({type(exc).__name__}); {fix}") from None
+    except jsonfile.BadJsonFile as exc:
+        raise RecordError(f"{exc}; {fix}") from None
 
 
 def _fail(where: str, key: str, what: str):
@@ -272,6 +268,20 @@ def write_eval(ckpt: Storage, record: EvalRecord) -> None:
     doc = record.to_json()
     EvalRecord.from_json(doc, ckpt.url(rel), record.step)
     ckpt.write(rel, json.dumps(doc, indent=1).encode())
+
+
+# -- evaluator claims ----------------------------------------------------------------------------
+def claim_time(ckpt: Storage, rel: str) -> float | None:
+    """When the evaluator claim `rel` was made (its "at", epoch seconds); None when the file
+    is absent or damaged (not JSON, not an object, "at" not a finite number)."""
+    try:
+        doc = _read_json(ckpt, rel, "delete it to have the step evaluated")
+    except RecordError:
+        return None
+    at = doc.get("at") if isinstance(doc, dict) else None
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        return None
+    return float(at)
 
 
 # -- pins ----------------------------------------------------------------------------------------

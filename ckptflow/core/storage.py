@@ -10,6 +10,7 @@ no environment (ckptflow.env does, for the entry points).
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
@@ -101,30 +102,109 @@ def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.Ab
     )
 
 
+# -- error classification ------------------------------------------------------------------------
+# One table, by exception type, errno and S3 error code (never by the text of a message: a path
+# may contain "412" or "403"). s3fs turns a botocore ClientError into an OSError subclass and
+# keeps the ClientError as __cause__, whose response carries the S3 code and HTTP status.
+_FIXES = {
+    "no-bucket": "the bucket does not exist; create it first (e.g. `aws s3 mb`)",
+    "denied": "access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+    "and the bucket policy ({code})",
+    "no-credentials": "no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    "throttled": "S3 is throttling or unavailable ({code}); retry later",
+    "unreachable": "cannot reach the storage endpoint ({code}); check the URI, "
+    "AWS_ENDPOINT_URL and the network",
+    "local-denied": "permission denied; check this path's owner and mode, or use a root you "
+    "may write",
+    "disk-full": "no space left on device; free space or use another root",
+    "quota": "disk quota exceeded; free space, raise the quota or use another root",
+    "read-only": "read-only file system; use a writable root",
+    "not-a-folder": "a path component is a file, not a folder (or the reverse); check the root URI",
+    "missing": "no such file or folder (removed while in use?); check the root URI",
+}
+_S3_CODES = {
+    "NoSuchBucket": "no-bucket",
+    "AccessDenied": "denied",
+    "InvalidAccessKeyId": "denied",
+    "SignatureDoesNotMatch": "denied",
+    "ExpiredToken": "denied",
+    "InvalidToken": "denied",
+    "AllAccessDisabled": "denied",
+    "AccountProblem": "denied",
+    "RequestTimeTooSkewed": "denied",
+    "403": "denied",
+    "SlowDown": "throttled",
+    "ServiceUnavailable": "throttled",
+    "503": "throttled",
+}
+_HTTP_STATUS = {403: "denied", 503: "throttled"}  # when the code is one we do not know
+_ERRNOS = {
+    errno.ENOSPC: "disk-full",
+    errno.EDQUOT: "quota",
+    errno.EACCES: "local-denied",
+    errno.EPERM: "local-denied",
+    errno.EROFS: "read-only",
+    errno.ENOTDIR: "not-a-folder",
+    errno.EISDIR: "not-a-folder",
+    errno.EEXIST: "not-a-folder",  # outside a claim (see _claim), a file where a folder goes
+    errno.ENOENT: "missing",
+}
+# botocore exceptions by class name (the core does not import botocore)
+_TYPES = {
+    "NoCredentialsError": "no-credentials",
+    "PartialCredentialsError": "no-credentials",
+    "EndpointConnectionError": "unreachable",
+    "ConnectTimeoutError": "unreachable",
+    "ConnectionError": "unreachable",  # botocore's, and the built-in one (refused, reset)
+}
+
+
+def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status behind `exc` (itself a botocore ClientError, or an
+    s3fs OSError caused by one); (None, None) for any other error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return (str(code) if code is not None else None), status
+        exc, seen = exc.__cause__, seen + 1
+    return None, None
+
+
+def classify(exc: BaseException) -> str | None:
+    """The kind of a storage error (a key of _FIXES), or None for one the user cannot fix."""
+    if isinstance(exc, StorageError):
+        return None
+    code, status = s3_error(exc)
+    if code is not None or status is not None:
+        return _S3_CODES.get(code or "") or _HTTP_STATUS.get(status or 0)
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _TYPES:
+            return _TYPES[cls.__name__]
+    return _ERRNOS.get(exc.errno) if isinstance(exc, OSError) else None
+
+
+def precondition_failed(exc: BaseException) -> bool:
+    """True when S3 refused an exclusive create (`If-None-Match: *`): the object exists."""
+    code, status = s3_error(exc)
+    return code == "PreconditionFailed" or status == 412
+
+
 def _translate(exc: BaseException, uri: str) -> BaseException:
     """Turn backend exceptions a user can fix into StorageError with the fix named."""
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, StorageError):
+    kind = classify(exc)
+    if kind is None:
         return exc
-    if "NoSuchBucket" in text or (
-        "bucket" in text.lower() and "not" in text.lower() and "exist" in text.lower()
-    ):
-        return StorageError(f"{uri}: the bucket does not exist; create it first (e.g. `aws s3 mb`)")
-    if isinstance(exc, PermissionError) or any(
-        s in text
-        for s in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden")
-    ):
-        return StorageError(
-            f"{uri}: access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            f"and the bucket policy ({type(exc).__name__})"
-        )
-    if "NoCredentials" in text or "Unable to locate credentials" in text:
-        return StorageError(
-            f"{uri}: no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-        )
-    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
-        return StorageError(f"{uri}: no space left on device; free space or use another root")
-    return exc
+    code = s3_error(exc)[0] or type(exc).__name__
+    return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}")
+
+
+def _absent(exc: FileNotFoundError) -> bool:
+    """True when a FileNotFoundError means the file is absent (s3fs raises it for a missing
+    bucket too, which must never read as "no such file": a root would look empty)."""
+    return classify(exc) != "no-bucket"
 
 
 class Storage:
@@ -167,8 +247,10 @@ class Storage:
         span = {} if limit is None else {"start": 0, "end": limit}
         try:
             return self.fs.cat_file(self.path(rel), **span)
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as exc:
+            if _absent(exc):
+                raise
+            raise _translate(exc, self.url(rel)) from exc
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
 
@@ -178,6 +260,13 @@ class Storage:
     def exists(self, rel: str) -> bool:
         try:
             return self.fs.exists(self.path(rel))
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+
+    def is_file(self, rel: str = "") -> bool:
+        """True when `rel` (default: the root itself) is a regular file, not a folder/prefix."""
+        try:
+            return bool(self.fs.isfile(self.path(rel)))
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
 
@@ -210,7 +299,9 @@ class Storage:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:
             entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not _absent(exc):
+                raise _translate(exc, self.url(rel)) from exc
             if not rel.strip("/"):
                 # An empty root is fine; a missing bucket must not read as "no checkpoints".
                 self.check_reachable()
@@ -225,7 +316,9 @@ class Storage:
         base = self.path(rel)
         try:
             found = self.fs.find(base, detail=True, withdirs=False)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not _absent(exc):
+                raise _translate(exc, self.url(rel)) from exc
             return []
         except Exception as exc:
             raise _translate(exc, self.url(rel)) from exc
@@ -267,11 +360,9 @@ class Storage:
         except AlreadyExists:
             raise
         except Exception as exc:
-            if (
-                "PreconditionFailed" in str(exc)
-                or "412" in str(exc)
-                or isinstance(exc, FileExistsError)
-            ):
+            # Only S3's refusal of `If-None-Match: *` means another writer has the name (a
+            # local claim raises AlreadyExists itself, in _write_local).
+            if exclusive and self.protocol == "s3" and precondition_failed(exc):
                 if self._landed(rel, data):
                     return
                 raise AlreadyExists(f"{self.url(rel)} already exists") from exc
@@ -304,6 +395,8 @@ class Storage:
             Storage._write_fd(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL, durable)
             try:
                 os.link(tmp, path)
+            except FileExistsError as exc:  # the claim: only this error means another writer
+                raise AlreadyExists(f"{path} already exists") from exc
             finally:
                 os.unlink(tmp)
             return
@@ -333,8 +426,9 @@ class Storage:
         for rel in rels:
             try:
                 self.fs.rm_file(self.path(rel))
-            except FileNotFoundError:
-                pass
+            except FileNotFoundError as exc:
+                if not _absent(exc):
+                    raise _translate(exc, self.url(rel)) from exc
             except Exception as exc:
                 raise _translate(exc, self.url(rel)) from exc
 

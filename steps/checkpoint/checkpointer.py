@@ -25,6 +25,7 @@ from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner,
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
+from ckptflow.core import manifest as mf
 from ckptflow.core import rootreader
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import Storage
@@ -229,6 +230,10 @@ class Checkpointer:
         return waited
 
     def _new_job(self, step: int, metadata: dict) -> SaveJob:
+        try:  # what the manifest reader would refuse must fail here, before any write
+            mf.check_metadata(metadata)
+        except mf.ManifestError as exc:
+            raise CheckpointError(f"save of step {step}: {exc}; pass plain JSON values") from None
         delta = self._base and self._saves_since_full % self.full_every != 0
         job = SaveJob(
             storage=self.storage,

@@ -14,9 +14,13 @@ import math
 import numpy as np
 import torch
 
+from ckptflow.core import jsonfile
+
 MAGIC = "ckptflow-value-v1"
 MAX_BLOB = 256 * 1024 * 1024
 MAX_DEPTH = 64
+# JSON levels of a value nested MAX_DEPTH deep: a dict level is {"$dict": [[k, v]]} (3 levels)
+MAX_JSON_DEPTH = 3 * MAX_DEPTH + 4
 
 _TORCH_DTYPES = {
     str(d).removeprefix("torch."): d
@@ -156,10 +160,13 @@ def decode_value(blob: bytes):
     if len(blob) > MAX_BLOB:
         raise UnsafeValueError("value blob too large")
     try:
-        doc = json.loads(blob)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = jsonfile.loads(
+            blob, what="stored value", max_bytes=MAX_BLOB, max_depth=MAX_JSON_DEPTH
+        )
+    except jsonfile.BadJsonFile as exc:
         raise UnsafeValueError(
-            "stored value is not ckptflow's safe encoding (a pickle or foreign data?); refusing to load it"
+            f"stored value is not ckptflow's safe encoding ({exc.reason}; a pickle or foreign "
+            "data?); refusing to load it"
         ) from exc
     if not isinstance(doc, dict) or doc.get("$") != MAGIC or set(doc) != {"$", "v"}:
         raise UnsafeValueError("stored value is not ckptflow's safe encoding; refusing to load it")

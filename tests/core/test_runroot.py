@@ -212,3 +212,24 @@ def test_importing_the_names_costs_only_the_standard_library():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"[1]",
+        b'{"at": "yesterday"}',
+        b'{"at": true}',
+        b'{"at": ' + b"9" * 5000 + b"}",
+        b'{"at": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"at": NaN}',
+        b"\xff",
+    ],
+)
+def test_a_damaged_evaluator_claim_has_no_time(ckpt, blob):
+    """An evaluator reads the age of another's claim: a damaged claim is no crash."""
+    ckpt.write("step-00000003/eval.claim", blob)
+    assert runroot.claim_time(ckpt, "step-00000003/eval.claim") is None
+    ckpt.write("step-00000003/eval.claim", b'{"host": "h", "pid": 1, "at": 1700000000.5}')
+    assert runroot.claim_time(ckpt, "step-00000003/eval.claim") == 1700000000.5
+    assert runroot.claim_time(ckpt, "step-00000004/eval.claim") is None
