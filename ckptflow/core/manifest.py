@@ -63,6 +63,8 @@ def dumps(manifest: dict) -> bytes:
 def check_metadata(metadata: dict) -> None:
     """Refuse user metadata the manifest reader would refuse (not JSON, nested too deeply, an
     integer too long), before anything is written: never commit a checkpoint that cannot load."""
+    if not isinstance(metadata, dict):
+        raise ManifestError(f"metadata must be a dict, not {type(metadata).__name__}")
     try:
         blob = json.dumps(metadata).encode()
         jsonfile.loads(blob, what="metadata", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH - 1)

@@ -200,7 +200,6 @@ class Checkpointer:
     ) -> SaveHandle:
         """Save `state_dict` as `step` (collective). With block=False only the snapshot stalls."""
         compat.check_step(step)
-        compat.check_metadata(metadata or {})
         compat.check_savable(state_dict)
         t0 = time.perf_counter()
         wait_s = self._wait_inflight()

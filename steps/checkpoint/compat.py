@@ -4,8 +4,6 @@ state dict to load into against the checkpoint (listing every difference)."""
 
 from __future__ import annotations
 
-import json
-
 import torch
 from ckptflow.steps.checkpoint import dcp_metadata
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
@@ -35,16 +33,6 @@ def check_step(step) -> int:
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= layout.MAX_STEP:
         raise ValueError(f"step must be an integer in [0, 2**62], got {step!r:.40}")
     return step
-
-
-def check_metadata(metadata: dict) -> None:
-    """User metadata goes into the JSON manifest: refuse what JSON cannot hold, up front."""
-    try:
-        if not isinstance(metadata, dict):
-            raise TypeError(type(metadata).__name__)
-        json.dumps(metadata)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"metadata must be a JSON-serialisable dict ({exc})") from None
 
 
 def _unsavable(t: torch.Tensor) -> str | None:

@@ -85,6 +85,8 @@ def _manifest(size: list[int], chunks: list[tuple[list[int], list[int]]]) -> dic
         "values": [],
         "items": items,
         "planner_data": None,
+        "stats": {"raw_bytes": 0, "stored_bytes": 0, "new_bytes": 0},
+        "created_at": 1.0,
     }
 
 

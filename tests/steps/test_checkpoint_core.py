@@ -403,7 +403,7 @@ def test_the_largest_step_round_trips(tmp_path):
 
 def test_metadata_that_is_not_json_is_refused_before_anything_is_written(tmp_path):
     ck = Checkpointer(str(tmp_path / "r"))
-    with pytest.raises(ValueError, match="metadata"):
+    with pytest.raises(CheckpointError, match="metadata"):
         ck.save(1, {"x": torch.ones(2)}, metadata={"when": object()})
     assert not (tmp_path / "r").exists()
 
