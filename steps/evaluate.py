@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, Storage
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 from ckptflow.steps.lib.data import Corpus
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.training import evaluate
@@ -217,7 +218,7 @@ class Evaluator:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
+    plumbing.setup_logging()
     # one process on purpose: DCP's note that it loads without a process group is noise here
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
@@ -248,7 +249,7 @@ def main(argv=None) -> int:
     best, failed = ev.summary()
     if cfg.step >= 0:
         failed = [s for s in failed if s == cfg.step]
-    lin.write_outputs(
+    plumbing.write_outputs(
         cfg.output_dir, {"evaluated": ev.evaluated, "best_step": "" if best is None else str(best)}
     )
     log.info("evaluated steps %s; failed %s; best step by val_loss %s", ev.evaluated, failed, best)

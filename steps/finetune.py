@@ -27,6 +27,7 @@ from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import finetune_loop as fl
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import Corpus, ShardedLoader
 from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
@@ -297,7 +298,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
         "max_fraction_of_base": ratio,
     }
     Storage(cfg.run_root).write("FINISHED", json.dumps(doc).encode())
-    lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
+    plumbing.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
     lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
     lineage.close("FINISHED")
     log.info(
@@ -313,7 +314,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     dinfo = tr.init_distributed()
-    lin.setup_logging(dinfo.rank)
+    plumbing.setup_logging(dinfo.rank)
     try:
         return run(cfg, dinfo)
     except (CheckpointError, ValueError) as exc:  # a wrong base or argument: say what to fix

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 
 log = logging.getLogger("ckptflow.finish_run")
 STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "error": "FAILED", "killed": "KILLED"}
@@ -34,7 +35,7 @@ def parse_args(argv=None) -> FinishRunConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
+    plumbing.setup_logging()
     if not cfg.run_id:
         log.warning("no parent run id (MLflow was unavailable at start_run): nothing to close")
         return 0

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from ckptflow.steps.checkpoint import Checkpointer, Storage
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
 from ckptflow.steps.lib.model import config_for, count_parameters
@@ -151,7 +152,7 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
     if dinfo.is_main:
         finish = {"last_step": last, "finished_at": time.time(), "ckpt_root": cfg.ckpt_root}
         run_storage.write("FINISHED", json.dumps(finish).encode())
-        lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
+        plumbing.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
         lineage.close("FINISHED")
         log.info("finished at step %d; FINISHED written under %s", last, cfg.run_root)
     return 0
@@ -160,7 +161,7 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     dinfo = tr.init_distributed()
-    lin.setup_logging(dinfo.rank)
+    plumbing.setup_logging(dinfo.rank)
     try:
         return run(cfg, dinfo)
     finally:

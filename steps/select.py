@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import registry
+from ckptflow.steps.lib import plumbing, registry
 from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
 
 from ckptflow.core import rootreader
@@ -275,7 +275,7 @@ def run(cfg: SelectConfig) -> int:
             decision.champion,
             decision.fallback,
         )
-    lin.write_outputs(
+    plumbing.write_outputs(
         cfg.output_dir,
         {
             "chosen": chosen_uri,
@@ -290,7 +290,7 @@ def run(cfg: SelectConfig) -> int:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
+    plumbing.setup_logging()
     return run(cfg)
 
 

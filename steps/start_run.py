@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from ckptflow.steps.lib import env
+from ckptflow.steps.lib import env, plumbing
 from ckptflow.steps.lib import lineage as lin
 
 log = logging.getLogger("ckptflow.start_run")
@@ -47,7 +47,7 @@ def parse_args(argv=None) -> StartRunConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
+    plumbing.setup_logging()
     argo = env.argo_workflow_info()
     tags = {
         "ckptflow.workflow_name": cfg.workflow_name or argo.get("workflow_name", ""),
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         params=json.loads(cfg.config_json),
     )
     lineage.flush()
-    lin.write_outputs(cfg.output_dir, {"run_id": run_id or ""})
+    plumbing.write_outputs(cfg.output_dir, {"run_id": run_id or ""})
     log.info(
         "parent run %s in experiment %r (%s)",
         run_id or "(none: MLflow unavailable)",

@@ -339,7 +339,7 @@ class CheckpointedLoop:
         self.last_metrics: dict = {}
 
     def run(self, start_step: int) -> int:
-        from ckptflow.steps.lib.lineage import Progress
+        from ckptflow.steps.lib.plumbing import Progress
 
         # Steps above the resume point are committed only when resume fell back past them as
         # corrupt; checkpoints are immutable, so those saves are skipped (and said so).

@@ -180,10 +180,3 @@ def test_a_rejected_call_is_skipped_not_queued(run_root):
     lg.close()
     run = client_for(run_root).get_run(run_id)
     assert run.data.params["lr"] == "0.1" and run.data.metrics["loss"] == 1.0
-
-
-def test_write_outputs(tmp_path):
-    lin.write_outputs(str(tmp_path / "o"), {"run_id": "abc", "evaluated": [1, 2]})
-    assert (tmp_path / "o" / "run_id").read_text() == "abc"
-    assert (tmp_path / "o" / "evaluated").read_text() == "[1, 2]"
-    lin.write_outputs("", {"x": 1})  # no --output-dir: nothing to do
