@@ -32,8 +32,8 @@ from ckptflow.steps.checkpoint import Checkpointer, Storage
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib import plumbing
 from ckptflow.steps.lib.data import Corpus
+from ckptflow.steps.lib.evaluation import evaluate
 from ckptflow.steps.lib.model import GPT, ModelConfig
-from ckptflow.steps.lib.training import evaluate
 
 from ckptflow.core.storage import AlreadyExists
 

@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
+from ckptflow.steps.lib import distributed, evaluation, optim, plumbing, rng, state
 from ckptflow.steps.lib import finetune_base as fb
 from ckptflow.steps.lib import finetune_loop as fl
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import plumbing
-from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import Corpus, ShardedLoader
+from ckptflow.steps.lib.loop import KILLED_EXIT, LoopSpec, SimulatedKill, check_loop_args
 from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -85,7 +85,7 @@ class FinetuneConfig:
 def parse_args(argv=None) -> FinetuneConfig:
     p = lin.arg_parser(FinetuneConfig, "python -m ckptflow.steps.finetune", __doc__.split("\n")[0])
     cfg = FinetuneConfig(**vars(p.parse_args(argv)))
-    tr.check_loop_args(p, cfg)
+    check_loop_args(p, cfg)
     if cfg.freeze_blocks < 0:
         p.error("--freeze-blocks must be >= 0")
     if cfg.parallel not in PARALLEL:
@@ -94,7 +94,7 @@ def parse_args(argv=None) -> FinetuneConfig:
 
 
 # -- model ---------------------------------------------------------------------------------------
-def build_model(mcfg: ModelConfig, cfg: FinetuneConfig, dinfo: tr.DistInfo):
+def build_model(mcfg: ModelConfig, cfg: FinetuneConfig, dinfo: distributed.DistInfo):
     """The decoder with its leading blocks frozen (before sharding, so FSDP2 sees it), wrapped
     for this job. Returns (wrapped model, plain module, trainable parameter names)."""
     if cfg.freeze_blocks > mcfg.n_layer:
@@ -174,8 +174,8 @@ def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
     return base_ck, fb.resolve_base(base_ck, spec)
 
 
-def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
-    tr.set_deterministic(cfg.seed)
+def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
+    rng.set_deterministic(cfg.seed)
     base_ck, base = open_base(cfg)
     mcfg = ModelConfig.from_dict(base.model_config)
     seq_len = cfg.seq_len or mcfg.seq_len
@@ -184,8 +184,8 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
         cfg.ckpt_root, full_every=cfg.full_every, compression_level=cfg.compression_level
     )
     ck.inherit(base_ck, base.step)  # frozen tensors: referenced in the base, never stored again
-    optimizer = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = tr.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = optim.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     corpus = Corpus(cfg.task, cfg.seed)
     loader = ShardedLoader(
         corpus,
@@ -197,7 +197,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
     )
 
     def evaluate() -> dict:
-        return tr.evaluate(
+        return evaluation.evaluate(
             module,
             corpus,
             seq_len=seq_len,
@@ -212,7 +212,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
     if resuming:
         prev = ck.manifest(ck.latest())["metadata"]
         base_metrics = dict(prev.get("base", {}).get("metrics_on_task") or {})
-        start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
+        start = state.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
     else:
         load_base(model, base_ck, base)
         base_metrics, start = evaluate(), 0
@@ -238,7 +238,7 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
         metrics = evaluate()  # killed between the commit and its eval.json
         mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
         record(start, metrics, mid)
-    spec = tr.LoopSpec(
+    spec = LoopSpec(
         max_steps=cfg.max_steps,
         ckpt_every=cfg.ckpt_every,
         async_save=cfg.async_save,
@@ -272,8 +272,8 @@ def run(cfg: FinetuneConfig, dinfo: tr.DistInfo) -> int:
     try:
         last = loop.run(start)
         ck.close()
-    except tr.SimulatedKill:
-        return tr.KILLED_EXIT  # abandon everything, as a kill would
+    except SimulatedKill:
+        return KILLED_EXIT  # abandon everything, as a kill would
     except BaseException:
         if lineage:
             lineage.close("FAILED")
@@ -313,7 +313,7 @@ def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, l
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    dinfo = tr.init_distributed()
+    dinfo = distributed.init_distributed()
     plumbing.setup_logging(dinfo.rank)
     try:
         return run(cfg, dinfo)
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
         log.error("%s", exc)
         return 2
     finally:
-        tr.shutdown_distributed()
+        distributed.shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -18,10 +18,16 @@ import time
 from dataclasses import asdict, dataclass
 
 from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.lib import distributed, optim, plumbing, rng, state
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import plumbing
-from ckptflow.steps.lib import training as tr
 from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
+from ckptflow.steps.lib.loop import (
+    KILLED_EXIT,
+    CheckpointedLoop,
+    LoopSpec,
+    SimulatedKill,
+    check_loop_args,
+)
 from ckptflow.steps.lib.model import config_for, count_parameters
 
 log = logging.getLogger("ckptflow.pretrain")
@@ -63,18 +69,18 @@ class PretrainConfig:
 def parse_args(argv=None) -> PretrainConfig:
     p = lin.arg_parser(PretrainConfig, "python -m ckptflow.steps.pretrain", __doc__.split("\n")[0])
     cfg = PretrainConfig(**vars(p.parse_args(argv)))
-    tr.check_loop_args(p, cfg)
+    check_loop_args(p, cfg)
     return cfg
 
 
 def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -> int:
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
-    start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
+    start = state.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
     run_storage = Storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and run_storage.exists("FINISHED"):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
         run_storage.delete(["FINISHED"])
-    spec = tr.LoopSpec(
+    spec = LoopSpec(
         max_steps=cfg.max_steps,
         ckpt_every=cfg.ckpt_every,
         async_save=cfg.async_save,
@@ -89,7 +95,7 @@ def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -
         "model_config": mcfg.to_dict(),
         "task": cfg.task,
     }
-    loop = tr.CheckpointedLoop(
+    loop = CheckpointedLoop(
         spec,
         model=model,
         optimizer=optimizer,
@@ -105,14 +111,14 @@ def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -
     return last
 
 
-def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
-    tr.set_deterministic(cfg.seed)
+def run(cfg: PretrainConfig, dinfo: distributed.DistInfo) -> int:
+    rng.set_deterministic(cfg.seed)
     mcfg = config_for(cfg.model, seq_len=cfg.seq_len, dropout=cfg.dropout)
     if mcfg.vocab_size < len(VOCAB):
         raise ValueError(f"model vocab {mcfg.vocab_size} < {len(VOCAB)} characters")
-    model = tr.build_model(mcfg, dinfo, cfg.seed)
-    optimizer = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = tr.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    model = distributed.build_model(mcfg, dinfo, cfg.seed)
+    optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = optim.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     loader = ShardedLoader(
         Corpus(cfg.task, cfg.seed),
         seq_len=cfg.seq_len,
@@ -142,8 +148,8 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
         )
     try:
         last = _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader)
-    except tr.SimulatedKill:
-        return tr.KILLED_EXIT  # abandon everything, as a kill would
+    except SimulatedKill:
+        return KILLED_EXIT  # abandon everything, as a kill would
     except BaseException:
         if lineage:
             lineage.close("FAILED")
@@ -160,12 +166,12 @@ def run(cfg: PretrainConfig, dinfo: tr.DistInfo) -> int:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    dinfo = tr.init_distributed()
+    dinfo = distributed.init_distributed()
     plumbing.setup_logging(dinfo.rank)
     try:
         return run(cfg, dinfo)
     finally:
-        tr.shutdown_distributed()
+        distributed.shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import logging
 import time
 
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import training as tr
+from ckptflow.steps.lib.loop import CheckpointedLoop
 
 from ckptflow.core.layout import EVAL, step_dir
 
@@ -61,7 +61,7 @@ class Recorder:
         log.info("step %d on %s: %s", step, self.task, fmt(metrics))
 
 
-class FinetuneLoop(tr.CheckpointedLoop):
+class FinetuneLoop(CheckpointedLoop):
     """`CheckpointedLoop` + evaluation of each saved step + the base's tags on each model."""
 
     def __init__(self, *args, evaluate, write_eval, base, **kw):

@@ -21,8 +21,8 @@ import pytest
 import torch
 from ckptflow.steps import finish_run, pretrain, start_run
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.lib.loop import KILLED_EXIT
 from ckptflow.steps.lib.model import GPT, ModelConfig
-from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 

@@ -1,0 +1,192 @@
+"""The checkpointed training loop shared by pretrain and finetune: train to `max_steps`, save
+every `ckpt_every` steps with metadata, record each committed checkpoint in MLflow; and the
+checks of the loop's arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from ckptflow.steps.lib import env
+from ckptflow.steps.lib.distributed import DistInfo
+from ckptflow.steps.lib.optim import train_step
+from ckptflow.steps.lib.state import rng_entry, train_state
+
+log = logging.getLogger("ckptflow.training")
+
+
+KILLED_EXIT = 75  # exit code of a simulated kill (--fail-at-step)
+
+
+class SimulatedKill(Exception):
+    """Raised at --fail-at-step in a plain (non-torchrun) process; torchrun ranks hard-exit."""
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """How the loop runs: length, checkpoint cadence, logging, and the kill hook for tests."""
+
+    max_steps: int
+    ckpt_every: int
+    async_save: bool = True
+    log_every: int = 1
+    grad_clip: float = 1.0
+    tokens_per_step: int = 0
+    fail_at_step: int | None = None
+
+
+class CheckpointedLoop:
+    """Train to `max_steps`, saving every `ckpt_every` steps (and at the end) with metadata.
+
+    Each save first creates a PENDING LoggedModel (rank 0) whose id goes into the checkpoint's
+    metadata; once the save is committed the model is finalised with its manifest hash and
+    sizes, and the save metrics are logged at that step.
+    """
+
+    def __init__(
+        self,
+        spec: LoopSpec,
+        *,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        ck,
+        dinfo: DistInfo,
+        lineage=None,
+        metadata: dict | None = None,
+    ):
+        self.spec, self.model, self.optimizer = spec, model, optimizer
+        self.scheduler, self.loader, self.ck, self.dinfo = scheduler, loader, ck, dinfo
+        self.lineage = lineage if dinfo.is_main else None
+        self.metadata = metadata or {}
+        self.pending: list[tuple] = []
+        self.skip: set[int] = set()
+        self.last_metrics: dict = {}
+
+    def run(self, start_step: int) -> int:
+        from ckptflow.steps.lib.plumbing import Progress
+
+        # Steps above the resume point are committed only when resume fell back past them as
+        # corrupt; checkpoints are immutable, so those saves are skipped (and said so).
+        self.skip = {s for s in self.ck.committed_steps() if s > start_step}
+
+        progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main)
+        for step in range(start_step, self.spec.max_steps):
+            t0 = time.perf_counter()
+            m = train_step(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.loader.next_step(),
+                self.dinfo.device,
+                self.spec.grad_clip,
+            )
+            dt = time.perf_counter() - t0
+            m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
+            done, self.last_metrics = step + 1, m
+            if self.lineage and done % self.spec.log_every == 0:
+                self.lineage.log_metrics(m, done)
+            progress.update(done, m)
+            if self.spec.fail_at_step == done:
+                self._die(done)
+            if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
+                self.save(done)
+            self._reap(block=False)
+        self._reap(block=True)
+        progress.close()
+        return self.spec.max_steps
+
+    def _die(self, step: int) -> None:
+        log.warning("--fail-at-step %d: exiting without cleanup, as if killed", step)
+        if env.torchrun_rank_info() is not None:
+            logging.shutdown()
+            os._exit(KILLED_EXIT)
+        raise SimulatedKill(step)
+
+    def save(self, step: int) -> None:
+        uri = self.ck.storage.url(f"step-{step:08d}")
+        if step in self.skip:
+            log.warning(
+                "not saving step %d: a corrupt checkpoint of that step exists (%s); "
+                "remove it with `ckptflow ckpt gc` to save there again",
+                step,
+                uri,
+            )
+            return
+        model_id = self.lineage.begin_checkpoint(step, uri) if self.lineage else None
+        state = train_state(self.model, self.optimizer, self.scheduler, self.loader, step)
+        state.update(rng_entry(self.dinfo.rank, self.dinfo.device))
+        meta = {
+            **self.metadata,
+            "data": self.loader.state_dict(),
+            "world_size": self.dinfo.world_size,
+            "metrics": self.last_metrics,
+            "mlflow": {
+                "model_id": model_id,
+                "run_id": self.lineage.run_id if self.lineage else None,
+            },
+        }
+        try:
+            handle = self.ck.save(step, state, block=not self.spec.async_save, metadata=meta)
+        except Exception as exc:
+            if self.lineage:
+                self.lineage.fail_checkpoint(model_id, str(exc))
+            raise
+        self.pending.append((handle, step, uri, model_id))
+
+    def _reap(self, block: bool) -> None:
+        """Finish the saves that are done (all when `block`): lineage for committed ones."""
+        while self.pending and (block or self.pending[0][0].done()):
+            handle, step, uri, model_id = self.pending.pop(0)
+            try:
+                stats = handle.wait()
+            except Exception as exc:
+                if self.lineage:
+                    self.lineage.fail_checkpoint(model_id, str(exc))
+                raise
+            log.info(
+                "checkpoint %d committed: %s stall %.3fs, background %.3fs, %d bytes written",
+                step,
+                stats.kind,
+                stats.stall_s,
+                stats.background_s,
+                stats.bytes_written,
+            )
+            if self.lineage:
+                self._log_committed(step, uri, model_id, stats)
+
+    def _log_committed(self, step: int, uri: str, model_id: str | None, stats) -> None:
+        from ckptflow.core import rootreader
+
+        m = self.ck.manifest(step)
+        digest = rootreader.read_commit(self.ck.storage, step)["manifest_xxh3"]
+        sizes = {"kind": m["kind"], "world_size": m["world_size"], **m["stats"]}
+        self.lineage.log_checkpoint(step, uri, digest, sizes, model_id=model_id)
+        self.lineage.log_metrics(
+            {
+                "save_stall_s": stats.stall_s,
+                "save_background_s": stats.background_s,
+                "save_wait_s": stats.wait_s,
+                "save_bytes_raw": stats.bytes_raw,
+                "save_bytes_written": stats.bytes_written,
+                "save_gib_per_s": stats.gib_per_s,
+                "ckpt_stored_bytes": m["stats"]["stored_bytes"],
+            },
+            step,
+        )
+
+
+def check_loop_args(parser, cfg) -> None:
+    """Reject loop settings a user can get wrong (task name, step counts) with parser.error."""
+    from ckptflow.steps.lib.data import check_task
+
+    try:
+        check_task(cfg.task)
+    except ValueError as exc:
+        parser.error(f"--task: {exc}")
+    if cfg.max_steps < 1 or cfg.ckpt_every < 1:
+        parser.error("--max-steps and --ckpt-every must be at least 1")
