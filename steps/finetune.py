@@ -24,12 +24,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CheckpointError, Storage
-from ckptflow.steps.lib import distributed, evaluation, optim, plumbing, rng, state
-from ckptflow.steps.lib import finetune_base as fb
-from ckptflow.steps.lib import finetune_loop as fl
+from ckptflow.steps.lib import distributed, eval_results, evaluation, optim, plumbing, rng, state
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib.base_checkpoint import BaseRef, base_tags, pin_base, resolve_base
 from ckptflow.steps.lib.data import Corpus, ShardedLoader
-from ckptflow.steps.lib.loop import KILLED_EXIT, LoopSpec, SimulatedKill, check_loop_args
+from ckptflow.steps.lib.loop import (
+    KILLED_EXIT,
+    FinetuneLoop,
+    LoopSpec,
+    SimulatedKill,
+    check_loop_args,
+)
 from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -115,7 +120,7 @@ def build_model(mcfg: ModelConfig, cfg: FinetuneConfig, dinfo: distributed.DistI
     return module, module, trainable
 
 
-def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
+def load_base(model, base_ck: Checkpointer, base: BaseRef) -> None:
     """The base weights into this job's layout (resharded; cooperative when replicated)."""
     state = {"model": get_model_state_dict(model)}
     base_ck.load(state, step=base.step)
@@ -132,14 +137,14 @@ def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
 
 
 # -- lineage -------------------------------------------------------------------------------------
-def start_lineage(cfg: FinetuneConfig, base: fb.BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
+def start_lineage(cfg: FinetuneConfig, base: BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
     lineage = lin.Lineage.for_run_root(cfg.run_root)
     lineage.start_run(
         "finetune",
         experiment=cfg.experiment,
         step_kind="finetune",
         parent_run_id=cfg.mlflow_parent_run_id or None,
-        tags=fl.base_tags(base),
+        tags=base_tags(base),
         params={
             **asdict(cfg),
             "model_config": mcfg.to_dict(),
@@ -160,18 +165,18 @@ def start_lineage(cfg: FinetuneConfig, base: fb.BaseRef, mcfg, dinfo, trainable)
 
 
 # -- the run -------------------------------------------------------------------------------------
-def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, fb.BaseRef]:
+def open_base(cfg: FinetuneConfig) -> tuple[Checkpointer, BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
     parent = rootreader.read_parent(Storage(cfg.ckpt_root))
     if parent is None:
-        st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
+        st, spec = eval_results.ckpt_storage(cfg.base_root), cfg.base_step
     else:
         st, spec = Storage(parent["uri"]), str(parent["step"])
         log.info("resuming a fine-tune of %s step %s (its root names that base)", st.uri, spec)
     base_ck = Checkpointer(st.uri, storage=st)
-    return base_ck, fb.resolve_base(base_ck, spec)
+    return base_ck, resolve_base(base_ck, spec)
 
 
 def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
@@ -219,7 +224,7 @@ def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
         if lineage:
             lineage.log_metrics({f"base_{k}": v for k, v in base_metrics.items()}, 0)
             try:
-                fb.pin_base(base, cfg.run_root)
+                pin_base(base, cfg.run_root)
             except Exception as exc:  # noqa: BLE001 - a read-only base is usable, only unprotected
                 log.warning("could not pin base step %d (%s): pin it by hand", base.step, exc)
     if dinfo.is_main:
@@ -231,9 +236,9 @@ def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
             ", ".join(trainable),
             cfg.task,
             start,
-            fl.fmt(base_metrics),
+            evaluation.fmt(base_metrics),
         )
-    record = fl.Recorder(ck, cfg.task, lineage, base_metrics)
+    record = evaluation.Recorder(ck, cfg.task, lineage, base_metrics)
     if resuming and start and not ck.storage.exists(f"{step_dir(start)}/{EVAL}"):
         metrics = evaluate()  # killed between the commit and its eval.json
         mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
@@ -255,7 +260,7 @@ def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
         "trainable": trainable,
         "base": {**base.as_dict(), "metrics_on_task": base_metrics},
     }
-    loop = fl.FinetuneLoop(
+    loop = FinetuneLoop(
         spec,
         model=model,
         optimizer=optimizer,
@@ -283,7 +288,7 @@ def run(cfg: FinetuneConfig, dinfo: distributed.DistInfo) -> int:
     return 0
 
 
-def finish(cfg: FinetuneConfig, ck: Checkpointer, base: fb.BaseRef, last: int, lineage) -> None:
+def finish(cfg: FinetuneConfig, ck: Checkpointer, base: BaseRef, last: int, lineage) -> None:
     """FINISHED, outputs, and the stored size of the checkpoints relative to the base."""
     sizes = {s: ck.manifest(s)["stats"] for s in ck.committed_steps()}
     own = {s: st["new_bytes"] for s, st in sizes.items()}

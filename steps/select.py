@@ -21,9 +21,8 @@ import logging
 import posixpath
 from dataclasses import asdict, dataclass, fields
 
-from ckptflow.steps.lib import finetune_base as fb
+from ckptflow.steps.lib import eval_results, plumbing, registry
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import plumbing, registry
 from ckptflow.steps.lib.export import DTYPES, export_weights, load_model_weights
 
 from ckptflow.core import rootreader
@@ -91,19 +90,19 @@ def variant_name(uri: str) -> str:
 def assess(uri: str, cfg: SelectConfig) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
     run = Storage(uri)
-    ckpt = fb.ckpt_storage(uri)
+    ckpt = eval_results.ckpt_storage(uri)
     if not rootreader.committed_steps(ckpt):
         raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
     if cfg.require_finished and not run.exists("FINISHED"):
         raise ValueError(f"no FINISHED marker under {run.url()}: the variant did not finish")
-    evals = fb.read_evals(ckpt)
+    evals = eval_results.read_evals(ckpt)
     failed = sorted(s for s, r in evals.items() if r.get("status", "ok") != "ok")
-    best = fb.best_step(evals, cfg.metric, cfg.mode)
+    best = eval_results.best_step(evals, cfg.metric, cfg.mode)
     if best is None:
         why = f"no successful evaluation with metric {cfg.metric!r}"
         if failed:
             why += f"; evaluation failed at steps {failed}: {evals[failed[-1]].get('error', '?')}"
-        found = fb.known_metrics(evals)
+        found = eval_results.known_metrics(evals)
         raise ValueError(f"{ckpt.url()}: {why} (metrics found: {', '.join(found) or 'none'})")
     step, value = best
     return Candidate(variant_name(uri), run.url(), ckpt.url(), step, value, evals[step])
@@ -125,7 +124,7 @@ def choose(cfg: SelectConfig) -> tuple[Candidate | None, list[Candidate], dict[s
         ok.append(cand)
     winner = None
     for cand in ok:  # the first listed wins a tie
-        if winner is None or fb.better(cand.value, winner.value, cfg.mode):
+        if winner is None or eval_results.better(cand.value, winner.value, cfg.mode):
             winner = cand
     return winner, ok, failures
 

@@ -1,10 +1,21 @@
-"""Evaluation of a model on fixed validation data: validation loss and exact match."""
+"""Evaluation of a model on fixed validation data (validation loss and exact match), and the
+fine-tune's record of an evaluated step: `eval.json` next to its checkpoint (what
+`ckptflow.steps.select` reads), its metrics linked to the checkpoint's MLflow LoggedModel.
+"""
 
 from __future__ import annotations
+
+import json
+import logging
+import time
 
 import torch
 from ckptflow.steps.lib.data import Corpus, decode, encode
 from ckptflow.steps.lib.model import GPT
+
+from ckptflow.core.layout import EVAL, step_dir
+
+log = logging.getLogger("ckptflow.finetune")
 
 
 @torch.no_grad()
@@ -44,3 +55,34 @@ def evaluate(
         "val_loss": sum(losses) / len(losses),
         "exact_match": correct / max(1, len(problems)),
     }
+
+
+def fmt(metrics: dict) -> str:
+    return " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+class Recorder:
+    """Writes a step's eval.json (rank 0 only) and links its metrics to its LoggedModel."""
+
+    def __init__(self, ck, task: str, lineage, base_metrics: dict):
+        self.ck, self.task, self.lineage, self.base_metrics = ck, task, lineage, base_metrics
+
+    def __call__(self, step: int, metrics: dict, model_id: str | None) -> None:
+        if self.lineage is None:  # not the main rank
+            return
+        if model_id:
+            self.lineage.log_metrics(metrics, step, model_id=model_id)
+        record = {
+            "step": step,
+            "status": "ok",
+            "metrics": metrics,
+            "task": self.task,
+            "base_metrics": self.base_metrics,
+            "model_id": model_id,
+            "mlflow_run_id": self.lineage.run_id,
+            "uri": self.ck.storage.url(step_dir(step)),
+            "evaluated_at": time.time(),
+            "evaluator": "ckptflow.steps.finetune",
+        }
+        self.ck.storage.write(f"{step_dir(step)}/{EVAL}", json.dumps(record, indent=1).encode())
+        log.info("step %d on %s: %s", step, self.task, fmt(metrics))

@@ -1,6 +1,11 @@
 """The checkpointed training loop shared by pretrain and finetune: train to `max_steps`, save
-every `ckpt_every` steps with metadata, record each committed checkpoint in MLflow; and the
-checks of the loop's arguments.
+every `ckpt_every` steps with metadata, record each committed checkpoint in MLflow; the
+fine-tune's variant of it; and the checks of the loop's arguments.
+
+The fine-tune's loop also evaluates each saved step on the fine-tune task right away, by every
+rank (FSDP2 gathers parameters collectively), while the model is still at that step; once the
+checkpoint is committed, rank 0 writes the result next to it as `eval.json` and links the
+metrics to the checkpoint's MLflow LoggedModel, which also gets the base's tags.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from ckptflow.steps.lib import env
+from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib.base_checkpoint import base_tags
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.optim import train_step
 from ckptflow.steps.lib.state import rng_entry, train_state
@@ -178,6 +185,36 @@ class CheckpointedLoop:
             },
             step,
         )
+
+
+class FinetuneLoop(CheckpointedLoop):
+    """`CheckpointedLoop` + evaluation of each saved step + the base's tags on each model."""
+
+    def __init__(self, *args, evaluate, write_eval, base, **kw):
+        super().__init__(*args, **kw)
+        self.evaluate_now, self.write_eval, self.base = evaluate, write_eval, base
+        self.results: dict[int, dict] = {}
+
+    def save(self, step: int) -> None:
+        super().save(step)
+        if step not in self.skip:
+            self.results[step] = self.evaluate_now()  # every rank: the model is at `step` now
+
+    def _reap(self, block: bool) -> None:
+        before = {p[1]: p[3] for p in self.pending}  # step -> model_id of saves in flight
+        super()._reap(block)
+        left = {p[1] for p in self.pending}
+        for step, model_id in before.items():
+            if step not in left and step in self.results:  # committed just now
+                self.write_eval(step, self.results.pop(step), model_id)
+
+    def _log_committed(self, step, uri, model_id, stats) -> None:
+        super()._log_committed(step, uri, model_id, stats)
+        if model_id and self.lineage:
+            tags, client = lin.scrub(base_tags(self.base)), self.lineage.client
+            self.lineage._call(
+                "tag logged model", lambda: client.set_logged_model_tags(model_id, tags)
+            )
 
 
 def check_loop_args(parser, cfg) -> None:
