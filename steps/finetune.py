@@ -153,14 +153,7 @@ def start_lineage(cfg: FinetuneConfig, base: BaseRef, mcfg, dinfo, trainable) ->
             "base": {k: v for k, v in base.as_dict().items() if k != "model_config"},
         },
     )
-    if lineage.run_id and base.model_id:
-        from mlflow.entities import LoggedModelInput
-
-        rid = lineage.run_id
-        lineage._call(  # the base LoggedModel as an input of this run: MLflow's own lineage
-            "log base model input",
-            lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(base.model_id)]),
-        )
+    lineage.log_input_model(base.model_id, "base")  # MLflow's own lineage
     return lineage
 
 

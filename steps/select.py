@@ -162,19 +162,6 @@ def lineage_tags(cand: Candidate, meta: dict, manifest_hash: str, exported) -> d
     return {k: v for k, v in tags.items() if v != ""}
 
 
-def link_input(lineage: lin.Lineage, model_id: str | None) -> None:
-    """The chosen checkpoint's LoggedModel as an input of this run (MLflow's own lineage)."""
-    if not (model_id and lineage.run_id):
-        return
-    from mlflow.entities import LoggedModelInput
-
-    rid = lineage.run_id
-    lineage._call(
-        "log chosen model input",
-        lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
-    )
-
-
 def export_dir(cfg: SelectConfig, cand: Candidate) -> str:
     return Storage(cfg.export_uri).url(f"{cand.name}-{step_dir(cand.step)}-{cfg.dtype}")
 
@@ -235,7 +222,7 @@ def run(cfg: SelectConfig) -> int:
     lineage.log_metrics({cfg.metric: winner.value}, winner.step)
     tags = lineage_tags(winner, meta, digest, exported)
     lineage.set_tags({"ckptflow.chosen": chosen_uri})
-    link_input(lineage, tags.get("ckptflow.source_model_id"))
+    lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
     version = ""
     uri = lineage.tracking_uri
     if uri is None:

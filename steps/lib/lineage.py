@@ -371,6 +371,28 @@ class Lineage:
                 ),
             )
 
+    def set_model_tags(self, model_id: str | None, tags: dict) -> None:
+        """Tags on a checkpoint's LoggedModel (scrubbed); nothing without a model_id."""
+        if model_id:
+            clean = scrub(tags)
+            self._call(
+                "tag logged model",
+                lambda: self.client.set_logged_model_tags(model_id, clean),
+            )
+
+    def log_input_model(self, model_id: str | None, role: str) -> None:
+        """A LoggedModel as an input of this run (MLflow's own lineage: the checkpoint it used,
+        e.g. the `base` of a fine-tune or the `chosen` one of select)."""
+        if not (model_id and self.run_id):
+            return
+        from mlflow.entities import LoggedModelInput
+
+        rid = self.run_id
+        self._call(
+            f"log {role} model input",
+            lambda: self.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
+        )
+
     def _log_external_spec(self, model_id: str) -> None:
         """The stub MLmodel file create_external_model writes, so the model can be registered."""
         from mlflow.models.utils import get_external_mlflow_model_spec

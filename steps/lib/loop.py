@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 from ckptflow.steps.lib import env
-from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.base_checkpoint import base_tags
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.optim import train_step
@@ -210,11 +209,8 @@ class FinetuneLoop(CheckpointedLoop):
 
     def _log_committed(self, step, uri, model_id, stats) -> None:
         super()._log_committed(step, uri, model_id, stats)
-        if model_id and self.lineage:
-            tags, client = lin.scrub(base_tags(self.base)), self.lineage.client
-            self.lineage._call(
-                "tag logged model", lambda: client.set_logged_model_tags(model_id, tags)
-            )
+        if self.lineage:
+            self.lineage.set_model_tags(model_id, base_tags(self.base))
 
 
 def check_loop_args(parser, cfg) -> None:
