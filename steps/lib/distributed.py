@@ -1,15 +1,19 @@
-"""Where this process sits in the job: the process group (torchrun's, or a group of one) and the
-model built identically on every rank and sharded with FSDP2.
+"""Where this process sits in the job: the process group (torchrun's, or a group of one), a
+step's lifecycle on every rank (`ranked_step_run`), and the model built identically on every
+rank and sharded with FSDP2.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from ckptflow.steps.lib import env
 from ckptflow.steps.lib.model import GPT, ModelConfig
+from ckptflow.steps.lib.plumbing import StepRun, step_run
 from torch.distributed.fsdp import fully_shard
 
 
@@ -50,6 +54,18 @@ def init_distributed() -> DistInfo:
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
+    """`plumbing.step_run` for a step that runs on every rank of a job: joins the process group
+    first and leaves it last; rank 0 alone records the MLflow run and writes the outputs."""
+    dinfo = init_distributed()
+    try:
+        with step_run(kind, cfg, log, rank=dinfo.rank, main=dinfo.is_main) as run:
+            yield dinfo, run
+    finally:
+        shutdown_distributed()
 
 
 def build_model(cfg: ModelConfig, dinfo: DistInfo, seed: int, *, shard: bool = True) -> GPT:

@@ -10,16 +10,22 @@ metrics to the checkpoint's MLflow LoggedModel, which also gets the base's tags.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from ckptflow.steps.lib import env
 from ckptflow.steps.lib.base_checkpoint import base_tags
+from ckptflow.steps.lib.data import Corpus, ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
-from ckptflow.steps.lib.optim import train_step
+from ckptflow.steps.lib.optim import make_optimizer, make_scheduler, train_step
+from ckptflow.steps.lib.plumbing import Abandon, Progress, StepRun
 from ckptflow.steps.lib.state import rng_entry, train_state
+
+from ckptflow.core.storage import Storage
 
 log = logging.getLogger("ckptflow.training")
 
@@ -27,8 +33,12 @@ log = logging.getLogger("ckptflow.training")
 KILLED_EXIT = 75  # exit code of a simulated kill (--fail-at-step)
 
 
-class SimulatedKill(Exception):
-    """Raised at --fail-at-step in a plain (non-torchrun) process; torchrun ranks hard-exit."""
+class SimulatedKill(Abandon):
+    """Raised at --fail-at-step in a plain (non-torchrun) process; torchrun ranks hard-exit.
+
+    `step_run` then abandons everything, as a kill would, and exits with KILLED_EXIT."""
+
+    exit_code = KILLED_EXIT
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,44 @@ class LoopSpec:
     tokens_per_step: int = 0
     fail_at_step: int | None = None
 
+    @classmethod
+    def from_config(cls, cfg, seq_len: int) -> LoopSpec:
+        """The loop settings of a pretrain or fine-tune config (the same fields in both)."""
+        return cls(
+            max_steps=cfg.max_steps,
+            ckpt_every=cfg.ckpt_every,
+            async_save=cfg.async_save,
+            log_every=cfg.log_every,
+            grad_clip=cfg.grad_clip,
+            tokens_per_step=cfg.batch_size * seq_len,
+            fail_at_step=cfg.fail_at_step or None,
+        )
+
+
+class TrainObjects(NamedTuple):
+    """The live objects a training state is made of: `state.train_state(*objs, step=...)`."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    loader: ShardedLoader
+
+    @classmethod
+    def from_config(cls, cfg, model, corpus: Corpus, seq_len: int, dinfo: DistInfo) -> TrainObjects:
+        """AdamW with warm-up and cosine decay, and this rank's loader, as a pretrain or fine-tune
+        config names them (the same fields in both)."""
+        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+        scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+        loader = ShardedLoader(
+            corpus,
+            seq_len=seq_len,
+            global_batch=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            rank=dinfo.rank,
+            world_size=dinfo.world_size,
+        )
+        return cls(model, optimizer, scheduler, loader)
+
 
 class CheckpointedLoop:
     """Train to `max_steps`, saving every `ckpt_every` steps (and at the end) with metadata.
@@ -55,18 +103,15 @@ class CheckpointedLoop:
     def __init__(
         self,
         spec: LoopSpec,
+        objs: TrainObjects,
         *,
-        model,
-        optimizer,
-        scheduler,
-        loader,
         ck,
         dinfo: DistInfo,
         lineage=None,
         metadata: dict | None = None,
     ):
-        self.spec, self.model, self.optimizer = spec, model, optimizer
-        self.scheduler, self.loader, self.ck, self.dinfo = scheduler, loader, ck, dinfo
+        self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
+        self.ck, self.dinfo = ck, dinfo
         self.lineage = lineage if dinfo.is_main else None
         self.metadata = metadata or {}
         self.pending: list[tuple] = []
@@ -74,8 +119,6 @@ class CheckpointedLoop:
         self.last_metrics: dict = {}
 
     def run(self, start_step: int) -> int:
-        from ckptflow.steps.lib.plumbing import Progress
-
         # Steps above the resume point are committed only when resume fell back past them as
         # corrupt; checkpoints are immutable, so those saves are skipped (and said so).
         self.skip = {s for s in self.ck.committed_steps() if s > start_step}
@@ -211,6 +254,14 @@ class FinetuneLoop(CheckpointedLoop):
         super()._log_committed(step, uri, model_id, stats)
         if self.lineage:
             self.lineage.set_model_tags(model_id, base_tags(self.base))
+
+
+def mark_finished(run: StepRun, run_root: str, ckpt_root: str, last: int, **extra) -> None:
+    """FINISHED under the run root (what tells the evaluator to stop) with the last step and
+    `extra`, and the step's outputs ckpt_root and last_step."""
+    doc = {"last_step": last, "finished_at": time.time(), "ckpt_root": ckpt_root, **extra}
+    Storage(run_root).write("FINISHED", json.dumps(doc).encode())
+    run.outputs.update(ckpt_root=ckpt_root, last_step=str(last))
 
 
 def check_loop_args(parser, cfg) -> None:

@@ -125,12 +125,15 @@ class Killed(plumbing.Abandon):
     exit_code = 75
 
 
-def test_abandon_leaves_everything_as_a_kill_would(cfg, tmp_path):
+@pytest.mark.parametrize("kill", ["Abandon", "SimulatedKill"])
+def test_abandon_leaves_everything_as_a_kill_would(cfg, tmp_path, kill):
+    from ckptflow.steps.lib.loop import KILLED_EXIT, SimulatedKill  # --fail-at-step, one process
+
     def body(run):
         run.outputs["answer"] = 42
-        raise Killed()
+        raise Killed() if kill == "Abandon" else SimulatedKill(3)
 
-    assert toy_step(cfg, body) == 75
+    assert toy_step(cfg, body) == KILLED_EXIT == 75
     assert runs_of(cfg.run_root, "toy")[0].info.status == "RUNNING"
     assert not (tmp_path / "out").exists()
 
