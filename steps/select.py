@@ -19,7 +19,7 @@ import argparse
 import json
 import logging
 import posixpath
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from ckptflow.steps.lib import eval_results, plumbing, registry
 from ckptflow.steps.lib import lineage as lin
@@ -166,29 +166,87 @@ def export_dir(cfg: SelectConfig, cand: Candidate) -> str:
     return Storage(cfg.export_uri).url(f"{cand.name}-{step_dir(cand.step)}-{cfg.dtype}")
 
 
-def open_lineage(cfg: SelectConfig) -> lin.Lineage:
-    """MLFLOW_TRACKING_URI, else the local store of the run that holds the export folder."""
-    parent = posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
-    return lin.Lineage.for_run_root(parent or None)
+def tracking_root(cfg: SelectConfig) -> str:
+    """The run that holds the export folder: its local MLflow store is the one used when
+    MLFLOW_TRACKING_URI is unset ("" for none)."""
+    return posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
 
 
-def run(cfg: SelectConfig) -> int:
-    lineage = open_lineage(cfg)
-    lineage.start_run(
-        "select",
-        experiment=cfg.experiment,
-        step_kind="select",
-        parent_run_id=cfg.mlflow_parent_run_id or None,
-        params=asdict(cfg),
+def export(cfg: SelectConfig, winner: Candidate, chosen_uri: str):
+    """The winner's weights (exported to safetensors with --export-uri): (its manifest's
+    metadata, its manifest hash, the Exported or None)."""
+    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
+    digest = rootreader.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
+    if not cfg.export_uri:
+        return meta, digest, None
+    info = {
+        "source_checkpoint": chosen_uri,
+        "source_step": str(winner.step),
+        "manifest_hash": digest,
+        "metric": cfg.metric,
+        "metric_value": repr(winner.value),
+    }
+    exported = export_weights(
+        tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
     )
+    log.info(
+        "exported %d tensors (%s, %d bytes) to %s",
+        exported.tensors,
+        cfg.dtype,
+        exported.bytes,
+        exported.weights_uri,
+    )
+    return meta, digest, exported
+
+
+def register(cfg: SelectConfig, lineage: lin.Lineage, winner: Candidate, exported, tags) -> str:
+    """A new model version in the MLflow registry (the export, else the chosen checkpoint),
+    aliases moved on evidence; its version ("" when MLflow is not configured)."""
+    uri = lineage.tracking_uri
+    if uri is None:
+        log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
+        return ""
+    try:
+        decision = registry.register(
+            registry.client_for(uri),
+            cfg.model_name,
+            source=exported.uri if exported else tags["ckptflow.source_checkpoint"],
+            run_id=lineage.run_id,
+            metric=cfg.metric,
+            value=winner.value,
+            mode=cfg.mode,
+            tags=tags,
+            force=cfg.force,
+        )
+    except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
+        raise plumbing.StepError(
+            f"could not register {cfg.model_name} in the MLflow registry at {uri} "
+            f"({type(exc).__name__}: {str(exc)[:300]}); check MLFLOW_TRACKING_URI and rerun "
+            f"select (the export is at {exported.uri if exported else '-'})",
+            exit_code=1,
+        ) from exc
+    lineage.set_tags(
+        {"ckptflow.model_version": decision.version, "ckptflow.promoted": decision.promoted}
+    )
+    log.info(
+        "%s v%s: %s (champion v%s, fallback v%s)",
+        cfg.model_name,
+        decision.version,
+        decision.reason,
+        decision.champion,
+        decision.fallback,
+    )
+    return decision.version
+
+
+def select_variant(cfg: SelectConfig, run: plumbing.StepRun) -> None:
+    """Choose, export and register the best variant; StepError when every candidate failed."""
+    lineage = run.lineage
     winner, ok, failures = choose(cfg)
     lineage.log_params({"failed_candidates": json.dumps(failures)[: lin.MAX_PARAM_LEN]})
     if winner is None:
-        log.error(
-            "every candidate failed:\n%s", "\n".join(f"  {u}: {c}" for u, c in failures.items())
-        )
-        lineage.close("FAILED")
-        return 1
+        causes = "\n".join(f"  {u}: {c}" for u, c in failures.items())
+        raise plumbing.StepError(f"every candidate failed:\n{causes}", exit_code=1)
     chosen_uri = f"{winner.ckpt_root}/{step_dir(winner.step)}"
     log.info(
         "chosen: %s (%s %.6g, %d usable, %d failed)",
@@ -198,86 +256,25 @@ def run(cfg: SelectConfig) -> int:
         len(ok),
         len(failures),
     )
-    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
-    digest = rootreader.read_commit(Storage(winner.ckpt_root), winner.step)["manifest_xxh3"]
-    exported = None
-    if cfg.export_uri:
-        info = {
-            "source_checkpoint": chosen_uri,
-            "source_step": str(winner.step),
-            "manifest_hash": digest,
-            "metric": cfg.metric,
-            "metric_value": repr(winner.value),
-        }
-        exported = export_weights(
-            tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
-        )
-        log.info(
-            "exported %d tensors (%s, %d bytes) to %s",
-            exported.tensors,
-            cfg.dtype,
-            exported.bytes,
-            exported.weights_uri,
-        )
+    meta, digest, exported = export(cfg, winner, chosen_uri)
     lineage.log_metrics({cfg.metric: winner.value}, winner.step)
     tags = lineage_tags(winner, meta, digest, exported)
     lineage.set_tags({"ckptflow.chosen": chosen_uri})
     lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
-    version = ""
-    uri = lineage.tracking_uri
-    if uri is None:
-        log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
-    else:
-        try:
-            decision = registry.register(
-                registry.client_for(uri),
-                cfg.model_name,
-                source=exported.uri if exported else chosen_uri,
-                run_id=lineage.run_id,
-                metric=cfg.metric,
-                value=winner.value,
-                mode=cfg.mode,
-                tags=tags,
-                force=cfg.force,
-            )
-        except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
-            log.error(
-                "could not register %s in the MLflow registry at %s (%s: %s); check "
-                "MLFLOW_TRACKING_URI and rerun select (the export is at %s)",
-                cfg.model_name, uri, type(exc).__name__, str(exc)[:300],
-                exported.uri if exported else "-",
-            )  # fmt: skip
-            lineage.close("FAILED")
-            return 1
-        version = decision.version
-        lineage.set_tags(
-            {"ckptflow.model_version": version, "ckptflow.promoted": decision.promoted}
-        )
-        log.info(
-            "%s v%s: %s (champion v%s, fallback v%s)",
-            cfg.model_name,
-            version,
-            decision.reason,
-            decision.champion,
-            decision.fallback,
-        )
-    plumbing.write_outputs(
-        cfg.output_dir,
-        {
-            "chosen": chosen_uri,
-            "model_version": version,
-            "export_uri": exported.uri if exported else "",
-            "failed": json.dumps(failures),
-        },
+    version = register(cfg, lineage, winner, exported, tags)
+    run.outputs.update(
+        chosen=chosen_uri,
+        model_version=version,
+        export_uri=exported.uri if exported else "",
+        failed=json.dumps(failures),
     )
-    lineage.close("FINISHED")
-    return 0
 
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    plumbing.setup_logging()
-    return run(cfg)
+    with plumbing.step_run("select", cfg, log, run_root=tracking_root(cfg)) as run:
+        select_variant(cfg, run)
+    return run.exit_code
 
 
 if __name__ == "__main__":
