@@ -5,10 +5,10 @@ One parent run per pipeline run (`start_run`), a child run per step (nested with
 weights stay in our storage, MLflow holds its step, URI, manifest hash and sizes, and the
 evaluator logs metrics against its `model_id`, so MLflow's models view ranks checkpoints.
 
-Every call goes through `_call`: a few quick retries, then a warning, and the call is queued
-(or skipped, for lookups) while MLflow is treated as down for `cooldown_s`; the queue is
-replayed at the next call after that, and at `close()`. Values that look like secrets
-(`env.secret_values()`) are replaced before anything is sent.
+Every call goes through `mlflow_calls.MlflowCalls`: a few quick retries, then a warning, and
+the call is queued (or skipped, for lookups) while MLflow is treated as down for `cooldown_s`;
+the queue is replayed at the next call after that, and at `close()`. Values that look like
+secrets (`env.secret_values()`) are replaced before anything is sent.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import os
 import re
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 
 from ckptflow.steps.lib import env
+from ckptflow.steps.lib.mlflow_calls import MlflowCalls
 
 log = logging.getLogger("ckptflow.lineage")
 
@@ -78,20 +78,6 @@ def workflow_tags() -> dict[str, str]:
     return {f"ckptflow.{k}": v for k, v in env.argo_workflow_info().items()}
 
 
-# MLflow error codes that mean "this call is wrong", not "MLflow is down": such a call is
-# dropped with a warning instead of being retried and queued (it would block the queue forever).
-PERMANENT_ERRORS = {
-    "INVALID_PARAMETER_VALUE",
-    "RESOURCE_ALREADY_EXISTS",
-    "RESOURCE_DOES_NOT_EXIST",
-    "INVALID_STATE",
-}
-
-
-def _permanent(exc: BaseException) -> bool:
-    return getattr(exc, "error_code", None) in PERMANENT_ERRORS
-
-
 class Lineage:
     """MLflow for one step: a run, its params, metrics and checkpoint models; never raises."""
 
@@ -107,14 +93,18 @@ class Lineage:
     ):
         self.tracking_uri = tracking_uri
         self.artifact_root = artifact_root
-        self.retries, self.backoff_s, self.cooldown_s = retries, backoff_s, cooldown_s
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.run_name: str = ""
         self.warnings: list[str] = []
-        self._queue: deque[tuple[str, Callable]] = deque(maxlen=max_queue)
-        self._down_until = 0.0
-        self._outages = 0  # consecutive failed attempts: the pause doubles with each
+        self._calls = MlflowCalls(
+            tracking_uri is not None,
+            self._warn,
+            retries=retries,
+            backoff_s=backoff_s,
+            cooldown_s=cooldown_s,
+            max_queue=max_queue,
+        )
         self._client = None
         if tracking_uri is None:
             self._warn("MLflow disabled: set MLFLOW_TRACKING_URI (or use a local run root)")
@@ -130,7 +120,7 @@ class Lineage:
         )
         return cls(uri, artifact_root=art, **kw)
 
-    # -- retries and the queue -----------------------------------------------------------------
+    # -- the client and its calls --------------------------------------------------------------
     @property
     def enabled(self) -> bool:
         return self.tracking_uri is not None
@@ -149,68 +139,12 @@ class Lineage:
         log.warning("%s", msg)
 
     def _call(self, what: str, fn: Callable, *, queue: bool = True):
-        """fn() with retries; on failure warn, queue it (when `queue`) and return None."""
-        if not self.enabled:
-            return None
-        if time.monotonic() < self._down_until:
-            if queue:
-                self._queue.append((what, fn))
-            return None
-        if self._queue and not self._replay():
-            if queue:
-                self._queue.append((what, fn))
-            return None
-        return self._attempt(what, fn, queue)
-
-    def _mark_down(self) -> None:
-        """Pause MLflow calls: cooldown_s, doubling per consecutive outage up to 10 minutes, so a
-        server that hangs (rather than refuses) costs training less and less time."""
-        self._outages += 1
-        pause = min(self.cooldown_s * 2 ** (self._outages - 1), max(self.cooldown_s, 600.0))
-        self._down_until = time.monotonic() + pause
-
-    def _attempt(self, what: str, fn: Callable, queue: bool):
-        err: BaseException | None = None
-        for i in range(self.retries):
-            try:
-                out = fn()
-                self._outages = 0
-                return out
-            except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training
-                err = exc
-                if _permanent(exc):
-                    self._warn(f"MLflow rejected {what} (skipped): {str(exc)[:300]}")
-                    return None
-                if i + 1 < self.retries:
-                    time.sleep(self.backoff_s * (2**i))
-        self._mark_down()
-        fate = "queued" if queue else "skipped"
-        self._warn(f"MLflow unreachable ({what} {fate}): {type(err).__name__}: {str(err)[:300]}")
-        if queue:
-            self._queue.append((what, fn))
-        return None
-
-    def _replay(self) -> bool:
-        """Send queued calls in order; False (and keep the rest) when MLflow is still down."""
-        while self._queue:
-            what, fn = self._queue[0]
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                if _permanent(exc):
-                    self._warn(f"MLflow rejected queued {what} (dropped): {str(exc)[:300]}")
-                    self._queue.popleft()
-                    continue
-                self._mark_down()
-                self._warn(f"MLflow still unreachable ({len(self._queue)} queued): {exc!s:.200}")
-                return False
-            self._queue.popleft()
-        self._outages = 0
-        return True
+        """fn() through the retries and queue; None when it failed (see mlflow_calls)."""
+        return self._calls.call(what, fn, queue=queue)
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return self._calls.pending
 
     # -- runs ----------------------------------------------------------------------------------
     def _experiment(self, name: str) -> str:
@@ -302,12 +236,7 @@ class Lineage:
 
     def flush(self) -> bool:
         """One last attempt to send what is queued; what still fails is dropped (warned)."""
-        self._down_until = 0.0
-        if self._queue and not self._replay():
-            self._warn(f"MLflow: {len(self._queue)} call(s) could not be sent and were dropped")
-            self._queue.clear()
-            return False
-        return True
+        return self._calls.flush()
 
     def close(self, status: str = "FINISHED") -> None:
         """End the run, then flush the queue."""
