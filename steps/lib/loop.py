@@ -1,6 +1,7 @@
-"""The checkpointed training loop shared by pretrain and finetune: train to `max_steps`, save
+"""The checkpointed training loop shared by pretrain and finetune: what it trains
+(`TrainObjects`) and how (`LoopSpec`), both from the step's config; train to `max_steps`, save
 every `ckpt_every` steps with metadata, record each committed checkpoint in MLflow; the
-fine-tune's variant of it; and the checks of the loop's arguments.
+fine-tune's variant of it; FINISHED at the end; and the checks of the loop's arguments.
 
 The fine-tune's loop also evaluates each saved step on the fine-tune task right away, by every
 rank (FSDP2 gathers parameters collectively), while the model is still at that step; once the

@@ -12,8 +12,6 @@ from ckptflow.steps.lib.data import ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.rng import rng_state, set_rng_state
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
     get_state_dict,
     set_state_dict,
 )
@@ -46,11 +44,6 @@ def apply_train_state(state: dict, model, optimizer, scheduler, loader: ShardedL
     scheduler.load_state_dict(state["scheduler"])
     loader.load_state_dict(state["data"])
     return int(state["step"])
-
-
-def model_state_template(model) -> dict:
-    """{"model": ...} alone: what the evaluator and a fine-tune load from a checkpoint."""
-    return {"model": get_model_state_dict(model, options=StateDictOptions())}
 
 
 def resume(ck, model, optimizer, scheduler, loader, dinfo: DistInfo, lineage=None) -> int:
