@@ -210,3 +210,24 @@ def test_write_outputs(tmp_path):
     assert (tmp_path / "o" / "run_id").read_text() == "abc"
     assert (tmp_path / "o" / "evaluated").read_text() == "[1, 2]"
     plumbing.write_outputs("", {"x": 1})  # no --output-dir: nothing to do
+
+
+def test_the_fields_step_run_reads_are_the_contracts_field_names():
+    """step_run reads its config's fields by name (getattr, with defaults): a field renamed in
+    ckptflow.contract would silently start top-level runs or drop outputs. ToyConfig names
+    what it reads; each step's arguments dataclass carries those it relies on."""
+    from dataclasses import fields
+
+    from ckptflow.contract import stepargs
+
+    read = {f.name for f in fields(ToyConfig)}
+    relied_on = {
+        stepargs.PretrainArgs: read,
+        stepargs.FinetuneArgs: read,
+        stepargs.EvaluateArgs: read,
+        stepargs.SelectArgs: read - {"run_root"},  # select passes run_root=tracking_root(cfg)
+        stepargs.StartRunArgs: read - {"mlflow_parent_run_id"},  # it is the parent run
+        stepargs.FinishRunArgs: {"run_root", "output_dir"},  # attaches to the parent run
+    }
+    for cls, names in relied_on.items():
+        assert names <= {f.name for f in fields(cls)}, (cls.__name__, names)
