@@ -25,14 +25,14 @@ import os
 import socket
 import time
 import warnings
-from dataclasses import asdict
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 from ckptflow.steps.lib.data import Corpus
+from ckptflow.steps.lib.evaluation import evaluate
 from ckptflow.steps.lib.model import GPT, ModelConfig
-from ckptflow.steps.lib.training import evaluate
 
 from ckptflow import env
 from ckptflow.contract import EvaluateArgs, parse
@@ -194,31 +194,16 @@ class Evaluator:
         return (best[1] if best else None), failed
 
 
-def main(argv=None) -> int:
-    cfg = parse_args(argv)
-    lin.setup_logging()
-    # one process on purpose: DCP's note that it loads without a process group is noise here
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
-    lineage = lin.Lineage.for_run_root(cfg.run_root)
-    lineage.start_run(
-        "evaluate",
-        experiment=cfg.experiment,
-        step_kind="evaluate",
-        parent_run_id=cfg.mlflow_parent_run_id or None,
-        params=asdict(cfg),
-    )
-    ev = Evaluator(cfg, lineage)
+def evaluate_run(cfg: EvaluateArgs, run: plumbing.StepRun) -> None:
+    """Evaluate --step, or every committed step (following the run with --until-finished);
+    FAILED with exit code 1 when an evaluation failed."""
+    ev = Evaluator(cfg, run.lineage)
     if cfg.step >= 0:
         if cfg.step not in ev.ck.committed_steps():
-            log.error(
-                "step %d is not committed under %s (committed: %s): pick a committed step",
-                cfg.step,
-                ev.ckpt.uri,
-                ev.ck.committed_steps() or "none",
+            raise plumbing.StepError(
+                f"step {cfg.step} is not committed under {ev.ckpt.uri} "
+                f"(committed: {ev.ck.committed_steps() or 'none'}): pick a committed step"
             )
-            lineage.close("FAILED")
-            return 2
         ev.process(cfg.step)
         if not ev.evaluated and not ev.done(cfg.step):
             log.warning("step %d is claimed by another evaluator; not evaluated here", cfg.step)
@@ -227,12 +212,20 @@ def main(argv=None) -> int:
     best, failed = ev.summary()
     if cfg.step >= 0:
         failed = [s for s in failed if s == cfg.step]
-    lin.write_outputs(
-        cfg.output_dir, {"evaluated": ev.evaluated, "best_step": "" if best is None else str(best)}
-    )
+    run.outputs.update(evaluated=ev.evaluated, best_step="" if best is None else str(best))
     log.info("evaluated steps %s; failed %s; best step by val_loss %s", ev.evaluated, failed, best)
-    lineage.close("FAILED" if failed else "FINISHED")
-    return 1 if failed else 0
+    if failed:
+        run.fail(1)
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    # one process on purpose: DCP's note that it loads without a process group is noise here
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+    with plumbing.step_run("evaluate", cfg, log) as run:
+        evaluate_run(cfg, run)
+    return run.exit_code
 
 
 if __name__ == "__main__":

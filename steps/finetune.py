@@ -17,17 +17,23 @@ LoggedModel id and URI) and the pretraining run.
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 from dataclasses import asdict
 
 import torch
-from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
-from ckptflow.steps.lib import finetune_base as fb
-from ckptflow.steps.lib import finetune_loop as fl
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.lib import distributed, eval_results, evaluation, rng, state
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import training as tr
-from ckptflow.steps.lib.data import Corpus, ShardedLoader
+from ckptflow.steps.lib.base_checkpoint import BaseRef, base_tags, pin_base, resolve_base
+from ckptflow.steps.lib.data import Corpus
+from ckptflow.steps.lib.loop import (
+    FinetuneLoop,
+    LoopSpec,
+    TrainObjects,
+    check_loop_args,
+    mark_finished,
+)
 from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -41,11 +47,11 @@ log = logging.getLogger("ckptflow.finetune")
 
 
 def parse_args(argv=None) -> FinetuneArgs:
-    return parse(FinetuneArgs, argv, description=__doc__.split("\n")[0], check=tr.check_loop_args)
+    return parse(FinetuneArgs, argv, description=__doc__.split("\n")[0], check=check_loop_args)
 
 
 # -- model ---------------------------------------------------------------------------------------
-def build_model(mcfg: ModelConfig, cfg: FinetuneArgs, dinfo: tr.DistInfo):
+def build_model(mcfg: ModelConfig, cfg: FinetuneArgs, dinfo: distributed.DistInfo):
     """The decoder with its leading blocks frozen (before sharding, so FSDP2 sees it), wrapped
     for this job. Returns (wrapped model, plain module, trainable parameter names)."""
     if cfg.freeze_blocks > mcfg.n_layer:
@@ -66,7 +72,7 @@ def build_model(mcfg: ModelConfig, cfg: FinetuneArgs, dinfo: tr.DistInfo):
     return module, module, trainable
 
 
-def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
+def load_base(model, base_ck: Checkpointer, base: BaseRef) -> None:
     """The base weights into this job's layout (resharded; cooperative when replicated)."""
     state = {"model": get_model_state_dict(model)}
     base_ck.load(state, step=base.step)
@@ -83,96 +89,92 @@ def load_base(model, base_ck: Checkpointer, base: fb.BaseRef) -> None:
 
 
 # -- lineage -------------------------------------------------------------------------------------
-def start_lineage(cfg: FinetuneArgs, base: fb.BaseRef, mcfg, dinfo, trainable) -> lin.Lineage:
-    lineage = lin.Lineage.for_run_root(cfg.run_root)
-    lineage.start_run(
-        "finetune",
-        experiment=cfg.experiment,
-        step_kind="finetune",
-        parent_run_id=cfg.mlflow_parent_run_id or None,
-        tags=fl.base_tags(base),
-        params={
-            **asdict(cfg),
+def record_base(lineage: lin.Lineage, base: BaseRef, mcfg, dinfo, trainable) -> None:
+    """The base on this step's MLflow run: params, tags naming it, its LoggedModel as an input."""
+    lineage.log_params(
+        {
             "model_config": mcfg.to_dict(),
             "world_size": dinfo.world_size,
             "trainable": ",".join(trainable),
             "base": {k: v for k, v in base.as_dict().items() if k != "model_config"},
-        },
+        }
     )
-    if lineage.run_id and base.model_id:
-        from mlflow.entities import LoggedModelInput
-
-        rid = lineage.run_id
-        lineage._call(  # the base LoggedModel as an input of this run: MLflow's own lineage
-            "log base model input",
-            lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(base.model_id)]),
-        )
-    return lineage
+    lineage.set_tags(base_tags(base))
+    lineage.log_input_model(base.model_id, "base")  # MLflow's own lineage
 
 
 # -- the run -------------------------------------------------------------------------------------
-def open_base(cfg: FinetuneArgs) -> tuple[Checkpointer, fb.BaseRef]:
+def open_base(cfg: FinetuneArgs) -> tuple[Checkpointer, BaseRef]:
     """The base checkpoint: when resuming, the one this run root was started from (its marker
     names it, whatever --base-step resolves to now: the pretraining may have gone on); else
     the step --base-step names under --base-root."""
     parent = rootreader.read_parent(env.open_storage(cfg.ckpt_root))
     if parent is None:
-        st, spec = fb.ckpt_storage(cfg.base_root), cfg.base_step
+        st, spec = eval_results.ckpt_storage(cfg.base_root), cfg.base_step
     else:
         st, spec = env.open_storage(parent["uri"]), str(parent["step"])
         log.info("resuming a fine-tune of %s step %s (its root names that base)", st.uri, spec)
     base_ck = Checkpointer(st.uri, storage=st)
-    return base_ck, fb.resolve_base(base_ck, spec)
+    return base_ck, resolve_base(base_ck, spec)
 
 
-def run(cfg: FinetuneArgs, dinfo: tr.DistInfo) -> int:
-    tr.set_deterministic(cfg.seed)
+def start_point(cfg, ck, base_ck, base, objs: TrainObjects, dinfo, lineage, evaluate):
+    """(step to start from, the base's metrics on this task): a resume of this run root, else
+    the base loaded, evaluated and pinned."""
+    if ck.committed_steps():
+        prev = ck.manifest(ck.latest())["metadata"]
+        base_metrics = dict(prev.get("base", {}).get("metrics_on_task") or {})
+        return state.resume(ck, *objs, dinfo, lineage), base_metrics
+    load_base(objs.model, base_ck, base)
+    base_metrics = evaluate()
+    if lineage:
+        lineage.log_metrics({f"base_{k}": v for k, v in base_metrics.items()}, 0)
+        try:
+            pin_base(base, cfg.run_root)
+        except Exception as exc:  # noqa: BLE001 - a read-only base is usable, only unprotected
+            log.warning("could not pin base step %d (%s): pin it by hand", base.step, exc)
+    return 0, base_metrics
+
+
+def metadata(cfg: FinetuneArgs, mcfg, trainable, base: BaseRef, base_metrics: dict) -> dict:
+    """What each checkpoint's manifest records about the fine-tune and its base."""
+    return {
+        "step_kind": "finetune",
+        "config": asdict(cfg),
+        "model_config": mcfg.to_dict(),
+        "task": cfg.task,
+        "trainable": trainable,
+        "base": {**base.as_dict(), "metrics_on_task": base_metrics},
+    }
+
+
+def train(cfg: FinetuneArgs, dinfo: distributed.DistInfo, lineage):
+    """Open the base, build this job's model, optimizer, data and Checkpointer, train;
+    (last step, the Checkpointer, the base)."""
+    rng.set_deterministic(cfg.seed)
     base_ck, base = open_base(cfg)
     mcfg = ModelConfig.from_dict(base.model_config)
     seq_len = cfg.seq_len or mcfg.seq_len
     model, module, trainable = build_model(mcfg, cfg, dinfo)
+    if dinfo.is_main:
+        record_base(lineage, base, mcfg, dinfo, trainable)
     ck = Checkpointer(
         cfg.ckpt_root, full_every=cfg.full_every, compression_level=cfg.compression_level
     )
     ck.inherit(base_ck, base.step)  # frozen tensors: referenced in the base, never stored again
-    optimizer = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = tr.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     corpus = Corpus(cfg.task, cfg.seed)
-    loader = ShardedLoader(
+    objs = TrainObjects.from_config(cfg, model, corpus, seq_len, dinfo)
+    evaluate = functools.partial(
+        evaluation.evaluate,
+        module,
         corpus,
         seq_len=seq_len,
-        global_batch=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        rank=dinfo.rank,
-        world_size=dinfo.world_size,
+        n_batches=cfg.eval_batches,
+        batch_size=cfg.eval_batch_size,
+        n_exact=cfg.exact_match_n,
+        device=dinfo.device,
     )
-
-    def evaluate() -> dict:
-        return tr.evaluate(
-            module,
-            corpus,
-            seq_len=seq_len,
-            n_batches=cfg.eval_batches,
-            batch_size=cfg.eval_batch_size,
-            n_exact=cfg.exact_match_n,
-            device=dinfo.device,
-        )
-
-    lineage = start_lineage(cfg, base, mcfg, dinfo, trainable) if dinfo.is_main else None
-    resuming = bool(ck.committed_steps())
-    if resuming:
-        prev = ck.manifest(ck.latest())["metadata"]
-        base_metrics = dict(prev.get("base", {}).get("metrics_on_task") or {})
-        start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
-    else:
-        load_base(model, base_ck, base)
-        base_metrics, start = evaluate(), 0
-        if lineage:
-            lineage.log_metrics({f"base_{k}": v for k, v in base_metrics.items()}, 0)
-            try:
-                fb.pin_base(base, cfg.run_root)
-            except Exception as exc:  # noqa: BLE001 - a read-only base is usable, only unprotected
-                log.warning("could not pin base step %d (%s): pin it by hand", base.step, exc)
+    start, base_metrics = start_point(cfg, ck, base_ck, base, objs, dinfo, lineage, evaluate)
     if dinfo.is_main:
         log.info(
             "fine-tuning %s (%d parameters, trainable: %s) on %s from step %d; base on this "
@@ -182,76 +184,45 @@ def run(cfg: FinetuneArgs, dinfo: tr.DistInfo) -> int:
             ", ".join(trainable),
             cfg.task,
             start,
-            fl.fmt(base_metrics),
+            evaluation.fmt(base_metrics),
         )
-    record = fl.Recorder(ck, cfg.task, lineage, base_metrics)
-    if resuming and start and not runroot.has_eval(ck.storage, start):
-        metrics = evaluate()  # killed between the commit and its eval.json
+    record = evaluation.Recorder(ck, cfg.task, lineage, base_metrics)
+    if start and not runroot.has_eval(ck.storage, start):
+        metrics = evaluate()  # a resume, killed between the commit and its eval.json
         mid = (ck.manifest(start)["metadata"].get("mlflow") or {}).get("model_id")
         record(start, metrics, mid)
-    spec = tr.LoopSpec(
-        max_steps=cfg.max_steps,
-        ckpt_every=cfg.ckpt_every,
-        async_save=cfg.async_save,
-        log_every=cfg.log_every,
-        grad_clip=cfg.grad_clip,
-        tokens_per_step=cfg.batch_size * seq_len,
-        fail_at_step=cfg.fail_at_step or None,
-    )
-    meta = {
-        "step_kind": "finetune",
-        "config": asdict(cfg),
-        "model_config": mcfg.to_dict(),
-        "task": cfg.task,
-        "trainable": trainable,
-        "base": {**base.as_dict(), "metrics_on_task": base_metrics},
-    }
-    loop = fl.FinetuneLoop(
-        spec,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        loader=loader,
+    loop = FinetuneLoop(
+        LoopSpec.from_config(cfg, seq_len),
+        objs,
         ck=ck,
         dinfo=dinfo,
         lineage=lineage,
-        metadata=meta,
+        metadata=metadata(cfg, mcfg, trainable, base, base_metrics),
         evaluate=evaluate,
         write_eval=record,
         base=base,
     )
-    try:
-        last = loop.run(start)
-        ck.close()
-    except tr.SimulatedKill:
-        return tr.KILLED_EXIT  # abandon everything, as a kill would
-    except BaseException:
-        if lineage:
-            lineage.close("FAILED")
-        raise
-    if dinfo.is_main:
-        finish(cfg, ck, base, last, lineage)
-    return 0
+    last = loop.run(start)
+    ck.close()
+    return last, ck, base
 
 
-def finish(cfg: FinetuneArgs, ck: Checkpointer, base: fb.BaseRef, last: int, lineage) -> None:
+def finish(cfg: FinetuneArgs, run, ck: Checkpointer, base: BaseRef, last: int) -> None:
     """FINISHED, outputs, and the stored size of the checkpoints relative to the base."""
     sizes = {s: ck.manifest(s)["stats"] for s in ck.committed_steps()}
     own = {s: st["new_bytes"] for s, st in sizes.items()}
     ratio = max(own.values()) / base.stored_bytes if own and base.stored_bytes else 0.0
-    doc = {
-        "last_step": last,
-        "finished_at": time.time(),
-        "ckpt_root": cfg.ckpt_root,
-        "base": base.uri,
-        "stored_bytes": own,
-        "base_stored_bytes": base.stored_bytes,
-        "max_fraction_of_base": ratio,
-    }
-    runroot.write_finished(env.open_storage(cfg.run_root), doc)
-    lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
-    lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
-    lineage.close("FINISHED")
+    mark_finished(
+        run,
+        cfg.run_root,
+        cfg.ckpt_root,
+        last,
+        base=base.uri,
+        stored_bytes=own,
+        base_stored_bytes=base.stored_bytes,
+        max_fraction_of_base=ratio,
+    )
+    run.lineage.log_metrics({"ckpt_fraction_of_base": ratio}, last)
     log.info(
         "finished at step %d; each checkpoint stored at most %.1f%% of the base's %d bytes "
         "(frozen tensors referenced from %s)",
@@ -264,15 +235,11 @@ def finish(cfg: FinetuneArgs, ck: Checkpointer, base: fb.BaseRef, last: int, lin
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    dinfo = tr.init_distributed()
-    lin.setup_logging(dinfo.rank)
-    try:
-        return run(cfg, dinfo)
-    except (CheckpointError, ValueError) as exc:  # a wrong base or argument: say what to fix
-        log.error("%s", exc)
-        return 2
-    finally:
-        tr.shutdown_distributed()
+    with distributed.ranked_step_run("finetune", cfg, log) as (dinfo, run):
+        last, ck, base = train(cfg, dinfo, run.lineage)
+        if dinfo.is_main:
+            finish(cfg, run, ck, base, last)
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 
 from ckptflow.contract import FinishRunArgs, parse
 
@@ -22,17 +22,15 @@ def parse_args(argv=None) -> FinishRunArgs:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
-    if not cfg.run_id:
-        log.warning("no parent run id (MLflow was unavailable at start_run): nothing to close")
-        return 0
     status = STATUS.get(cfg.status.strip().lower(), "FAILED")
-    lineage = lin.Lineage.for_run_root(cfg.run_root or None)
-    lineage.attach(cfg.run_id)
-    lineage.set_tags({"ckptflow.workflow_status": cfg.status})
-    lineage.close(status)
-    log.info("closed run %s as %s (workflow %s)", cfg.run_id, status, cfg.status)
-    return 0
+    with plumbing.step_run("finish_run", cfg, log, attach=cfg.run_id) as run:
+        if run.lineage is None:
+            log.warning("no parent run id (MLflow was unavailable at start_run): nothing to close")
+        else:
+            run.lineage.set_tags({"ckptflow.workflow_status": cfg.status})
+            run.status = status  # what step_run ends the run with
+            log.info("closing run %s as %s (workflow %s)", cfg.run_id, status, cfg.status)
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -13,13 +13,18 @@ MLflow LoggedModel, and finally writes `<run-root>/FINISHED` so the evaluator kn
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import training as tr
-from ckptflow.steps.lib.data import VOCAB, Corpus, ShardedLoader
+from ckptflow.steps.lib import distributed, rng, state
+from ckptflow.steps.lib.data import VOCAB, Corpus
+from ckptflow.steps.lib.loop import (
+    CheckpointedLoop,
+    LoopSpec,
+    TrainObjects,
+    check_loop_args,
+    mark_finished,
+)
 from ckptflow.steps.lib.model import config_for, count_parameters
 
 from ckptflow import env
@@ -30,108 +35,59 @@ log = logging.getLogger("ckptflow.pretrain")
 
 
 def parse_args(argv=None) -> PretrainArgs:
-    return parse(PretrainArgs, argv, description=__doc__.split("\n")[0], check=tr.check_loop_args)
+    return parse(PretrainArgs, argv, description=__doc__.split("\n")[0], check=check_loop_args)
 
 
-def _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader) -> int:
+def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
-    start = tr.resume(ck, model, optimizer, scheduler, loader, dinfo, lineage)
+    start = state.resume(ck, *objs, dinfo, lineage)
     run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
         runroot.clear_finished(run_storage)
-    spec = tr.LoopSpec(
-        max_steps=cfg.max_steps,
-        ckpt_every=cfg.ckpt_every,
-        async_save=cfg.async_save,
-        log_every=cfg.log_every,
-        grad_clip=cfg.grad_clip,
-        tokens_per_step=cfg.batch_size * cfg.seq_len,
-        fail_at_step=cfg.fail_at_step or None,
-    )
+    spec = LoopSpec.from_config(cfg, cfg.seq_len)
     meta = {
         "step_kind": "pretrain",
         "config": asdict(cfg),
         "model_config": mcfg.to_dict(),
         "task": cfg.task,
     }
-    loop = tr.CheckpointedLoop(
-        spec,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        loader=loader,
-        ck=ck,
-        dinfo=dinfo,
-        lineage=lineage,
-        metadata=meta,
-    )
+    loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
     last = loop.run(start)
     ck.close()
     return last
 
 
-def run(cfg: PretrainArgs, dinfo: tr.DistInfo) -> int:
-    tr.set_deterministic(cfg.seed)
+def train(cfg: PretrainArgs, dinfo: distributed.DistInfo, lineage) -> int:
+    """Build the model, optimizer, data and Checkpointer from `cfg`, train; the last step."""
+    rng.set_deterministic(cfg.seed)
     mcfg = config_for(cfg.model, seq_len=cfg.seq_len, dropout=cfg.dropout)
     if mcfg.vocab_size < len(VOCAB):
         raise ValueError(f"model vocab {mcfg.vocab_size} < {len(VOCAB)} characters")
-    model = tr.build_model(mcfg, dinfo, cfg.seed)
-    optimizer = tr.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = tr.make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
-    loader = ShardedLoader(
-        Corpus(cfg.task, cfg.seed),
-        seq_len=cfg.seq_len,
-        global_batch=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        rank=dinfo.rank,
-        world_size=dinfo.world_size,
-    )
+    model = distributed.build_model(mcfg, dinfo, cfg.seed)
+    objs = TrainObjects.from_config(cfg, model, Corpus(cfg.task, cfg.seed), cfg.seq_len, dinfo)
     ck = Checkpointer(
         cfg.ckpt_root, full_every=cfg.full_every, compression_level=cfg.compression_level
     )
-    lineage = None
     if dinfo.is_main:
-        lineage = lin.Lineage.for_run_root(cfg.run_root)
-        lineage.start_run(
-            "pretrain",
-            experiment=cfg.experiment,
-            step_kind="pretrain",
-            parent_run_id=cfg.mlflow_parent_run_id or None,
-            params={**asdict(cfg), "model_config": mcfg.to_dict(), "world_size": dinfo.world_size},
-        )
+        lineage.log_params({"model_config": mcfg.to_dict(), "world_size": dinfo.world_size})
         log.info(
             "model %s: %d parameters, %d ranks",
             cfg.model,
             count_parameters(model),
             dinfo.world_size,
         )
-    try:
-        last = _train(cfg, dinfo, mcfg, ck, lineage, model, optimizer, scheduler, loader)
-    except tr.SimulatedKill:
-        return tr.KILLED_EXIT  # abandon everything, as a kill would
-    except BaseException:
-        if lineage:
-            lineage.close("FAILED")
-        raise
-    run_storage = env.open_storage(cfg.run_root)
-    if dinfo.is_main:
-        finish = {"last_step": last, "finished_at": time.time(), "ckpt_root": cfg.ckpt_root}
-        runroot.write_finished(run_storage, finish)
-        lin.write_outputs(cfg.output_dir, {"ckpt_root": cfg.ckpt_root, "last_step": str(last)})
-        lineage.close("FINISHED")
-        log.info("finished at step %d; FINISHED written under %s", last, cfg.run_root)
-    return 0
+    return _train(cfg, dinfo, mcfg, ck, lineage, objs)
 
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    dinfo = tr.init_distributed()
-    lin.setup_logging(dinfo.rank)
-    try:
-        return run(cfg, dinfo)
-    finally:
-        tr.shutdown_distributed()
+    with distributed.ranked_step_run("pretrain", cfg, log) as (dinfo, run):
+        last = train(cfg, dinfo, run.lineage)
+        if dinfo.is_main:
+            mark_finished(run, cfg.run_root, cfg.ckpt_root, last)
+            log.info("finished at step %d; FINISHED written under %s", last, cfg.run_root)
+    return run.exit_code
 
 
 if __name__ == "__main__":

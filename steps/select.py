@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from ckptflow.steps.lib import finetune_base as fb
+from ckptflow.steps.lib import eval_results, plumbing, registry
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib import registry
 from ckptflow.steps.lib.export import export_weights, load_model_weights
 
 from ckptflow import env
@@ -62,19 +61,19 @@ def variant_name(uri: str) -> str:
 def assess(uri: str, cfg: SelectArgs) -> Candidate:
     """A candidate's best step; raises ValueError naming why the variant cannot be used."""
     run = env.open_storage(uri)
-    ckpt = fb.ckpt_storage(uri)
+    ckpt = eval_results.ckpt_storage(uri)
     if not rootreader.committed_steps(ckpt):
         raise ValueError(f"no committed checkpoint under {ckpt.url()} (the variant failed early)")
     if cfg.require_finished and not runroot.finished(run):
         raise ValueError(f"no FINISHED marker under {run.url()}: the variant did not finish")
-    evals = fb.read_evals(ckpt)
+    evals = eval_results.read_evals(ckpt)
     failed = sorted(s for s, r in evals.items() if not r.ok)
-    best = fb.best_step(evals, cfg.metric, cfg.mode)
+    best = eval_results.best_step(evals, cfg.metric, cfg.mode)
     if best is None:
         why = f"no successful evaluation with metric {cfg.metric!r}"
         if failed:
             why += f"; evaluation failed at steps {failed}: {evals[failed[-1]].error or '?'}"
-        found = fb.known_metrics(evals)
+        found = eval_results.known_metrics(evals)
         raise ValueError(f"{ckpt.url()}: {why} (metrics found: {', '.join(found) or 'none'})")
     step, value = best
     return Candidate(variant_name(uri), run.url(), ckpt.url(), step, value, evals[step])
@@ -96,7 +95,7 @@ def choose(cfg: SelectArgs) -> tuple[Candidate | None, list[Candidate], dict[str
         ok.append(cand)
     winner = None
     for cand in ok:  # the first listed wins a tie
-        if winner is None or fb.better(cand.value, winner.value, cfg.mode):
+        if winner is None or eval_results.better(cand.value, winner.value, cfg.mode):
             winner = cand
     return winner, ok, failures
 
@@ -134,46 +133,92 @@ def lineage_tags(cand: Candidate, meta: dict, manifest_hash: str, exported) -> d
     return {k: v for k, v in tags.items() if v != ""}
 
 
-def link_input(lineage: lin.Lineage, model_id: str | None) -> None:
-    """The chosen checkpoint's LoggedModel as an input of this run (MLflow's own lineage)."""
-    if not (model_id and lineage.run_id):
-        return
-    from mlflow.entities import LoggedModelInput
-
-    rid = lineage.run_id
-    lineage._call(
-        "log chosen model input",
-        lambda: lineage.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
-    )
-
-
 def export_dir(cfg: SelectArgs, cand: Candidate) -> str:
     return join_uri(cfg.export_uri, runroot.export_name(cand.name, cand.step, cfg.dtype))
 
 
-def open_lineage(cfg: SelectArgs) -> lin.Lineage:
-    """MLFLOW_TRACKING_URI, else the local store of the run that holds the export folder."""
-    parent = posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
-    return lin.Lineage.for_run_root(parent or None)
+def tracking_root(cfg: SelectArgs) -> str:
+    """The run that holds the export folder: its local MLflow store is the one used when
+    MLFLOW_TRACKING_URI is unset ("" for none)."""
+    return posixpath.dirname(cfg.export_uri.rstrip("/")) if cfg.export_uri else ""
 
 
-def run(cfg: SelectArgs) -> int:
-    lineage = open_lineage(cfg)
-    lineage.start_run(
-        "select",
-        experiment=cfg.experiment,
-        step_kind="select",
-        parent_run_id=cfg.mlflow_parent_run_id or None,
-        params=asdict(cfg),
+def export(cfg: SelectArgs, winner: Candidate, chosen_uri: str):
+    """The winner's weights (exported to safetensors with --export-uri): (its manifest's
+    metadata, its manifest hash, the Exported or None)."""
+    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
+    winner_root = env.open_storage(winner.ckpt_root)
+    digest = rootreader.read_commit(winner_root, winner.step)["manifest_xxh3"]
+    if not cfg.export_uri:
+        return meta, digest, None
+    info = {
+        "source_checkpoint": chosen_uri,
+        "source_step": str(winner.step),
+        "manifest_hash": digest,
+        "metric": cfg.metric,
+        "metric_value": repr(winner.value),
+    }
+    exported = export_weights(
+        tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
     )
+    log.info(
+        "exported %d tensors (%s, %d bytes) to %s",
+        exported.tensors,
+        cfg.dtype,
+        exported.bytes,
+        exported.weights_uri,
+    )
+    return meta, digest, exported
+
+
+def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported, tags) -> str:
+    """A new model version in the MLflow registry (the export, else the chosen checkpoint),
+    aliases moved on evidence; its version ("" when MLflow is not configured)."""
+    uri = lineage.tracking_uri
+    if uri is None:
+        log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
+        return ""
+    try:
+        decision = registry.register(
+            registry.client_for(uri),
+            cfg.model_name,
+            source=exported.uri if exported else tags["ckptflow.source_checkpoint"],
+            run_id=lineage.run_id,
+            metric=cfg.metric,
+            value=winner.value,
+            mode=cfg.mode,
+            tags=tags,
+            force=cfg.force,
+        )
+    except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
+        raise plumbing.StepError(
+            f"could not register {cfg.model_name} in the MLflow registry at {uri} "
+            f"({type(exc).__name__}: {str(exc)[:300]}); check MLFLOW_TRACKING_URI and rerun "
+            f"select (the export is at {exported.uri if exported else '-'})",
+            exit_code=1,
+        ) from exc
+    lineage.set_tags(
+        {"ckptflow.model_version": decision.version, "ckptflow.promoted": decision.promoted}
+    )
+    log.info(
+        "%s v%s: %s (champion v%s, fallback v%s)",
+        cfg.model_name,
+        decision.version,
+        decision.reason,
+        decision.champion,
+        decision.fallback,
+    )
+    return decision.version
+
+
+def select_variant(cfg: SelectArgs, run: plumbing.StepRun) -> None:
+    """Choose, export and register the best variant; StepError when every candidate failed."""
+    lineage = run.lineage
     winner, ok, failures = choose(cfg)
     lineage.log_params({"failed_candidates": json.dumps(failures)[: lin.MAX_PARAM_LEN]})
     if winner is None:
-        log.error(
-            "every candidate failed:\n%s", "\n".join(f"  {u}: {c}" for u, c in failures.items())
-        )
-        lineage.close("FAILED")
-        return 1
+        causes = "\n".join(f"  {u}: {c}" for u, c in failures.items())
+        raise plumbing.StepError(f"every candidate failed:\n{causes}", exit_code=1)
     chosen_uri = f"{winner.ckpt_root}/{step_dir(winner.step)}"
     log.info(
         "chosen: %s (%s %.6g, %d usable, %d failed)",
@@ -183,87 +228,25 @@ def run(cfg: SelectArgs) -> int:
         len(ok),
         len(failures),
     )
-    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
-    winner_root = env.open_storage(winner.ckpt_root)
-    digest = rootreader.read_commit(winner_root, winner.step)["manifest_xxh3"]
-    exported = None
-    if cfg.export_uri:
-        info = {
-            "source_checkpoint": chosen_uri,
-            "source_step": str(winner.step),
-            "manifest_hash": digest,
-            "metric": cfg.metric,
-            "metric_value": repr(winner.value),
-        }
-        exported = export_weights(
-            tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
-        )
-        log.info(
-            "exported %d tensors (%s, %d bytes) to %s",
-            exported.tensors,
-            cfg.dtype,
-            exported.bytes,
-            exported.weights_uri,
-        )
+    meta, digest, exported = export(cfg, winner, chosen_uri)
     lineage.log_metrics({cfg.metric: winner.value}, winner.step)
     tags = lineage_tags(winner, meta, digest, exported)
     lineage.set_tags({"ckptflow.chosen": chosen_uri})
-    link_input(lineage, tags.get("ckptflow.source_model_id"))
-    version = ""
-    uri = lineage.tracking_uri
-    if uri is None:
-        log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
-    else:
-        try:
-            decision = registry.register(
-                registry.client_for(uri),
-                cfg.model_name,
-                source=exported.uri if exported else chosen_uri,
-                run_id=lineage.run_id,
-                metric=cfg.metric,
-                value=winner.value,
-                mode=cfg.mode,
-                tags=tags,
-                force=cfg.force,
-            )
-        except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
-            log.error(
-                "could not register %s in the MLflow registry at %s (%s: %s); check "
-                "MLFLOW_TRACKING_URI and rerun select (the export is at %s)",
-                cfg.model_name, uri, type(exc).__name__, str(exc)[:300],
-                exported.uri if exported else "-",
-            )  # fmt: skip
-            lineage.close("FAILED")
-            return 1
-        version = decision.version
-        lineage.set_tags(
-            {"ckptflow.model_version": version, "ckptflow.promoted": decision.promoted}
-        )
-        log.info(
-            "%s v%s: %s (champion v%s, fallback v%s)",
-            cfg.model_name,
-            version,
-            decision.reason,
-            decision.champion,
-            decision.fallback,
-        )
-    lin.write_outputs(
-        cfg.output_dir,
-        {
-            "chosen": chosen_uri,
-            "model_version": version,
-            "export_uri": exported.uri if exported else "",
-            "failed": json.dumps(failures),
-        },
+    lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
+    version = register(cfg, lineage, winner, exported, tags)
+    run.outputs.update(
+        chosen=chosen_uri,
+        model_version=version,
+        export_uri=exported.uri if exported else "",
+        failed=json.dumps(failures),
     )
-    lineage.close("FINISHED")
-    return 0
 
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
-    return run(cfg)
+    with plumbing.step_run("select", cfg, log, run_root=tracking_root(cfg)) as run:
+        select_variant(cfg, run)
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from ckptflow.steps.lib import lineage as lin
+from ckptflow.steps.lib import plumbing
 
 from ckptflow import env
 from ckptflow.contract import StartRunArgs, parse
@@ -35,30 +35,30 @@ def parse_args(argv=None) -> StartRunArgs:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    lin.setup_logging()
     argo = env.argo_workflow_info()
     tags = {
         "ckptflow.workflow_name": cfg.workflow_name or argo.get("workflow_name", ""),
         "ckptflow.workflow_uid": cfg.workflow_uid or argo.get("workflow_uid", ""),
         "ckptflow.namespace": cfg.namespace or argo.get("namespace", ""),
     }
-    lineage = lin.Lineage.for_run_root(cfg.run_root or None)
-    run_id = lineage.start_run(
-        cfg.run_name,
-        experiment=cfg.experiment,
-        step_kind="pipeline",
-        tags={k: v for k, v in tags.items() if v},
+    with plumbing.step_run(
+        "pipeline",
+        cfg,
+        log,
+        run_name=cfg.run_name,
         params=jsonfile.loads(cfg.config_json, what="--config-json"),
-    )
-    lineage.flush()
-    lin.write_outputs(cfg.output_dir, {"run_id": run_id or ""})
-    log.info(
-        "parent run %s in experiment %r (%s)",
-        run_id or "(none: MLflow unavailable)",
-        cfg.experiment,
-        lineage.tracking_uri,
-    )
-    return 0
+        tags={k: v for k, v in tags.items() if v},
+        keep_open=True,  # the later steps nest under it; finish_run closes it
+    ) as run:
+        run_id = run.lineage.run_id
+        run.outputs["run_id"] = run_id or ""
+        log.info(
+            "parent run %s in experiment %r (%s)",
+            run_id or "(none: MLflow unavailable)",
+            cfg.experiment,
+            run.lineage.tracking_uri,
+        )
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ One parent run per pipeline run (`start_run`), a child run per step (nested with
 weights stay in our storage, MLflow holds its step, URI, manifest hash and sizes, and the
 evaluator logs metrics against its `model_id`, so MLflow's models view ranks checkpoints.
 
-Every call goes through `_call`: a few quick retries, then a warning, and the call is queued
-(or skipped, for lookups) while MLflow is treated as down for `cooldown_s`; the queue is
-replayed at the next call after that, and at `close()`. Values that look like secrets
-(`env.secret_values()`) are replaced before anything is sent.
+Every call goes through `mlflow_calls.MlflowCalls`: a few quick retries, then a warning, and
+the call is queued (or skipped, for lookups) while MLflow is treated as down for `cooldown_s`;
+the queue is replayed at the next call after that, and at `close()`. Values that look like
+secrets (`env.secret_values()`) are replaced before anything is sent.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import logging
 import os
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
+
+from ckptflow.steps.lib.mlflow_calls import MlflowCalls
 
 from ckptflow import env
 from ckptflow.core.layout import step_dir
@@ -75,20 +76,6 @@ def workflow_tags() -> dict[str, str]:
     return {f"ckptflow.{k}": v for k, v in env.argo_workflow_info().items()}
 
 
-# MLflow error codes that mean "this call is wrong", not "MLflow is down": such a call is
-# dropped with a warning instead of being retried and queued (it would block the queue forever).
-PERMANENT_ERRORS = {
-    "INVALID_PARAMETER_VALUE",
-    "RESOURCE_ALREADY_EXISTS",
-    "RESOURCE_DOES_NOT_EXIST",
-    "INVALID_STATE",
-}
-
-
-def _permanent(exc: BaseException) -> bool:
-    return getattr(exc, "error_code", None) in PERMANENT_ERRORS
-
-
 class Lineage:
     """MLflow for one step: a run, its params, metrics and checkpoint models; never raises."""
 
@@ -104,14 +91,18 @@ class Lineage:
     ):
         self.tracking_uri = tracking_uri
         self.artifact_root = artifact_root
-        self.retries, self.backoff_s, self.cooldown_s = retries, backoff_s, cooldown_s
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.run_name: str = ""
         self.warnings: list[str] = []
-        self._queue: deque[tuple[str, Callable]] = deque(maxlen=max_queue)
-        self._down_until = 0.0
-        self._outages = 0  # consecutive failed attempts: the pause doubles with each
+        self._calls = MlflowCalls(
+            tracking_uri is not None,
+            self._warn,
+            retries=retries,
+            backoff_s=backoff_s,
+            cooldown_s=cooldown_s,
+            max_queue=max_queue,
+        )
         self._client = None
         if tracking_uri is None:
             self._warn("MLflow disabled: set MLFLOW_TRACKING_URI (or use a local run root)")
@@ -127,7 +118,7 @@ class Lineage:
         )
         return cls(uri, artifact_root=art, **kw)
 
-    # -- plumbing ------------------------------------------------------------------------------
+    # -- the client and its calls --------------------------------------------------------------
     @property
     def enabled(self) -> bool:
         return self.tracking_uri is not None
@@ -146,68 +137,12 @@ class Lineage:
         log.warning("%s", msg)
 
     def _call(self, what: str, fn: Callable, *, queue: bool = True):
-        """fn() with retries; on failure warn, queue it (when `queue`) and return None."""
-        if not self.enabled:
-            return None
-        if time.monotonic() < self._down_until:
-            if queue:
-                self._queue.append((what, fn))
-            return None
-        if self._queue and not self._replay():
-            if queue:
-                self._queue.append((what, fn))
-            return None
-        return self._attempt(what, fn, queue)
-
-    def _mark_down(self) -> None:
-        """Pause MLflow calls: cooldown_s, doubling per consecutive outage up to 10 minutes, so a
-        server that hangs (rather than refuses) costs training less and less time."""
-        self._outages += 1
-        pause = min(self.cooldown_s * 2 ** (self._outages - 1), max(self.cooldown_s, 600.0))
-        self._down_until = time.monotonic() + pause
-
-    def _attempt(self, what: str, fn: Callable, queue: bool):
-        err: BaseException | None = None
-        for i in range(self.retries):
-            try:
-                out = fn()
-                self._outages = 0
-                return out
-            except Exception as exc:  # noqa: BLE001 - any MLflow failure must not stop training
-                err = exc
-                if _permanent(exc):
-                    self._warn(f"MLflow rejected {what} (skipped): {str(exc)[:300]}")
-                    return None
-                if i + 1 < self.retries:
-                    time.sleep(self.backoff_s * (2**i))
-        self._mark_down()
-        fate = "queued" if queue else "skipped"
-        self._warn(f"MLflow unreachable ({what} {fate}): {type(err).__name__}: {str(err)[:300]}")
-        if queue:
-            self._queue.append((what, fn))
-        return None
-
-    def _replay(self) -> bool:
-        """Send queued calls in order; False (and keep the rest) when MLflow is still down."""
-        while self._queue:
-            what, fn = self._queue[0]
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                if _permanent(exc):
-                    self._warn(f"MLflow rejected queued {what} (dropped): {str(exc)[:300]}")
-                    self._queue.popleft()
-                    continue
-                self._mark_down()
-                self._warn(f"MLflow still unreachable ({len(self._queue)} queued): {exc!s:.200}")
-                return False
-            self._queue.popleft()
-        self._outages = 0
-        return True
+        """fn() through the retries and queue; None when it failed (see mlflow_calls)."""
+        return self._calls.call(what, fn, queue=queue)
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return self._calls.pending
 
     # -- runs ----------------------------------------------------------------------------------
     def _experiment(self, name: str) -> str:
@@ -299,12 +234,7 @@ class Lineage:
 
     def flush(self) -> bool:
         """One last attempt to send what is queued; what still fails is dropped (warned)."""
-        self._down_until = 0.0
-        if self._queue and not self._replay():
-            self._warn(f"MLflow: {len(self._queue)} call(s) could not be sent and were dropped")
-            self._queue.clear()
-            return False
-        return True
+        return self._calls.flush()
 
     def close(self, status: str = "FINISHED") -> None:
         """End the run, then flush the queue."""
@@ -368,6 +298,28 @@ class Lineage:
                 ),
             )
 
+    def set_model_tags(self, model_id: str | None, tags: dict) -> None:
+        """Tags on a checkpoint's LoggedModel (scrubbed); nothing without a model_id."""
+        if model_id:
+            clean = scrub(tags)
+            self._call(
+                "tag logged model",
+                lambda: self.client.set_logged_model_tags(model_id, clean),
+            )
+
+    def log_input_model(self, model_id: str | None, role: str) -> None:
+        """A LoggedModel as an input of this run (MLflow's own lineage: the checkpoint it used,
+        e.g. the `base` of a fine-tune or the `chosen` one of select)."""
+        if not (model_id and self.run_id):
+            return
+        from mlflow.entities import LoggedModelInput
+
+        rid = self.run_id
+        self._call(
+            f"log {role} model input",
+            lambda: self.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
+        )
+
     def _log_external_spec(self, model_id: str) -> None:
         """The stub MLmodel file create_external_model writes, so the model can be registered."""
         from mlflow.models.utils import get_external_mlflow_model_spec
@@ -389,54 +341,3 @@ class Lineage:
             return min(found, key=lambda m: m.creation_timestamp).model_id if found else None
 
         return self._call("search logged models", search, queue=False)
-
-
-# -- what a step reports besides MLflow ----------------------------------------------------------
-def write_outputs(output_dir: str | None, values: dict) -> None:
-    """One small text file per value in --output-dir: Argo reads them as output parameters."""
-    if not output_dir:
-        return
-    os.makedirs(output_dir, exist_ok=True)
-    for name, value in values.items():
-        text = value if isinstance(value, str) else json.dumps(value)
-        with open(os.path.join(output_dir, name), "w") as f:
-            f.write(text)
-
-
-def setup_logging(rank: int = 0) -> None:
-    """Plain timestamped lines on stderr, prefixed with the rank (logs, not terminals)."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s [rank{rank}] %(name)s %(levelname)s %(message)s",
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    # its SQLAlchemy store logs a full traceback per failed call; our own warning says enough
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-
-
-class Progress:
-    """A one-line progress display on a terminal; plain log lines (every `every` steps) otherwise."""
-
-    def __init__(self, total: int, *, enabled: bool = True, every: int = 10, stream=None):
-        import sys
-
-        self.total, self.enabled, self.every = total, enabled, every
-        self.stream = stream or sys.stderr
-        self.tty = enabled and self.stream.isatty()
-
-    def update(self, step: int, metrics: dict) -> None:
-        if not self.enabled:
-            return
-        text = f"step {step}/{self.total} " + " ".join(
-            f"{k} {v:.4g}" for k, v in metrics.items() if k in ("train_loss", "lr", "tokens_per_s")
-        )
-        if self.tty:
-            self.stream.write("\r" + text.ljust(80))
-            self.stream.flush()
-        elif step % self.every == 0 or step == self.total:
-            log.info("%s", text)
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
-from ckptflow.steps.lib.finetune_base import better
+from ckptflow.steps.lib.eval_results import better
 
 log = logging.getLogger("ckptflow.registry")
 CHAMPION, FALLBACK = "champion", "fallback"

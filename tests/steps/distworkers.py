@@ -31,6 +31,28 @@ def rank_env(rank: int, world: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
+def exit_with(main, argv: list[str]) -> None:
+    """A step's main(argv) as the whole life of a forked process: it exits with main's exit
+    code, or 1 after printing the traceback of what main raised."""
+    try:
+        code = main(argv)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+
+
+def run_all(procs, timeout: float) -> list[int]:
+    """Start the processes, wait up to `timeout` s for each (killing it then); exit codes."""
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]
+
+
 def _entry(rank: int, world: int, port: int, fn, args, errq) -> None:
     rank_env(rank, world, port)
     warnings.filterwarnings("ignore")

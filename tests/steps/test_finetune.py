@@ -14,15 +14,14 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 from ckptflow.steps import evaluate, finetune, pretrain
 from ckptflow.steps.checkpoint import Checkpointer, Storage
+from ckptflow.steps.lib.loop import KILLED_EXIT
 from ckptflow.steps.lib.model import GPT, ModelConfig
-from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 
 from ckptflow.core import listing, rootreader
@@ -69,12 +68,7 @@ B = ["--base-step", "latest", "--lr", "1e-2", "--freeze-blocks", "2", "--paralle
 
 def _rank(main, rank: int, world: int, port: int, argv: list[str]) -> None:
     dw.rank_env(rank, world, port)
-    try:
-        code = main(argv)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
+    dw.exit_with(main, argv)
 
 
 def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]:
@@ -84,34 +78,19 @@ def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]
     ctx = mp.get_context("forkserver")
     port = dw.free_port()
     procs = [ctx.Process(target=_rank, args=(main, r, world, port, argv)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-        if p.is_alive():
-            p.kill()
-    return [p.exitcode for p in procs]
+    return dw.run_all(procs, timeout)
 
 
 def _plain_target(main, argv: list[str]) -> None:
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(k, None)
-    try:
-        code = main(argv)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
+    dw.exit_with(main, argv)
 
 
 def _plain(main, argv: list[str]) -> int:
     """main(argv) in one child process without torchrun's environment (a plain step)."""
     p = mp.get_context("forkserver").Process(target=_plain_target, args=(main, argv))
-    p.start()
-    p.join(240)
-    if p.is_alive():
-        p.kill()
-    return p.exitcode
+    return dw.run_all([p], 240)[0]
 
 
 # Built once per session: test_select imports these fixtures, which pytest would run again.

@@ -182,8 +182,29 @@ def test_a_rejected_call_is_skipped_not_queued(run_root):
     assert run.data.params["lr"] == "0.1" and run.data.metrics["loss"] == 1.0
 
 
-def test_write_outputs(tmp_path):
-    lin.write_outputs(str(tmp_path / "o"), {"run_id": "abc", "evaluated": [1, 2]})
-    assert (tmp_path / "o" / "run_id").read_text() == "abc"
-    assert (tmp_path / "o" / "evaluated").read_text() == "[1, 2]"
-    lin.write_outputs("", {"x": 1})  # no --output-dir: nothing to do
+def test_input_models_and_model_tags_through_public_methods(run_root, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
+    lg = lin.Lineage.for_run_root(run_root)
+    lg.start_run("pretrain")
+    model_id = lg.log_checkpoint(4, f"{run_root}/ckpt/step-00000004", "h", {})
+    user = lin.Lineage.for_run_root(run_root)
+    run_id = user.start_run("select")
+    user.log_input_model(model_id, "chosen")
+    user.log_input_model(None, "chosen")  # no model: nothing to link
+    user.set_model_tags(model_id, {"ckptflow.base_step": 4, "note": "key s3cr3t-value"})
+    user.set_model_tags(None, {"x": "y"})  # no model: nothing to tag
+    lg.close()
+    user.close()
+    assert user.warnings == [] and user.pending == 0
+
+    c = client_for(run_root)
+    assert [m.model_id for m in c.get_run(run_id).inputs.model_inputs] == [model_id]
+    tags = c.get_logged_model(model_id).tags
+    assert tags["ckptflow.base_step"] == "4" and tags["note"] == "key ***"
+
+
+def test_public_methods_without_a_run_or_server_send_nothing():
+    lg = lin.Lineage(None)  # MLflow disabled
+    lg.log_input_model("m-1", "base")
+    lg.set_model_tags("m-1", {"a": 1})
+    assert lg.pending == 0 and len(lg.warnings) == 1 and "disabled" in lg.warnings[0]

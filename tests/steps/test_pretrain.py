@@ -14,15 +14,14 @@ import os
 import shutil
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 from ckptflow.steps import finish_run, pretrain, start_run
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.lib.loop import KILLED_EXIT
 from ckptflow.steps.lib.model import GPT, ModelConfig
-from ckptflow.steps.lib.training import KILLED_EXIT
 from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 
@@ -57,12 +56,7 @@ TRAIN = [
 
 def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
     dw.rank_env(rank, world, port)
-    try:
-        code = pretrain.main(argv)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
+    dw.exit_with(pretrain.main, argv)
 
 
 def launch(world: int, argv: list[str], timeout: float = 240) -> list[int]:
@@ -76,13 +70,7 @@ def launch(world: int, argv: list[str], timeout: float = 240) -> list[int]:
     ctx.set_forkserver_preload([__name__])
     port = dw.free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, argv)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout)
-        if p.is_alive():
-            p.kill()
-    return [p.exitcode for p in procs]
+    return dw.run_all(procs, timeout)
 
 
 def final_state(root: str, step: int = STEPS) -> dict:

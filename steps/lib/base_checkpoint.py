@@ -1,71 +1,20 @@
-"""What fine-tuning and selection read from a run's storage: evaluation results and the base.
+"""The base checkpoint of a fine-tune: which step `--base-root`/`--base-step` name, its lineage.
 
-`eval.json` files (written next to each checkpoint by `ckptflow.steps.evaluate` or `ckptflow.steps.finetune`) are
-the one source of metrics: `--base-step best:METRIC` and `ckptflow.steps.select` rank steps with them,
-never with values passed through Argo. `resolve_base` turns `--base-root`/`--base-step` into a
-committed step and the lineage of that checkpoint (its MLflow LoggedModel and run), and
-`pin_base` keeps that step from being deleted while fine-tunes reference its objects.
+`resolve_base` turns `--base-root`/`--base-step` into a committed step and the lineage of that
+checkpoint (its MLflow LoggedModel and run), `pin_base` keeps that step from being deleted
+while fine-tunes reference its objects, and `base_tags` names it on MLflow runs and models.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass, field
+
+from ckptflow.steps.lib.eval_results import best_step, direction, known_metrics, read_evals
 
 from ckptflow import env
 from ckptflow.core import layout, rootreader, runroot
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import Storage
-
-log = logging.getLogger("ckptflow.finetune_base")
-
-
-def ckpt_storage(uri: str) -> Storage:
-    """The checkpoint root of `uri`: a run root (its `ckpt/`) or a checkpoint root itself."""
-    st = env.open_storage(uri)
-    if st.exists(layout.ROOT_MARKER):
-        return st
-    return runroot.ckpt_root(st)
-
-
-def direction(metric: str, mode: str = "") -> str:
-    """'min' or 'max' for a metric: `mode` when given, else min for losses, max otherwise."""
-    if mode:
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be min or max, got {mode!r}")
-        return mode
-    return "min" if "loss" in metric.lower() else "max"
-
-
-def better(a: float, b: float, mode: str) -> bool:
-    """True when value `a` is strictly better than `b` in direction `mode`."""
-    return a < b if mode == "min" else a > b
-
-
-def read_evals(ckpt: Storage) -> dict[int, runroot.EvalRecord]:
-    """step -> eval record, for every committed step that has one (unreadable ones skipped,
-    with a warning naming the file)."""
-    problems: list[str] = []
-    evals = runroot.read_evals(ckpt, rootreader.committed_steps(ckpt), problems)
-    for p in problems:
-        log.warning("skipping an evaluation record: %s", p)
-    return evals
-
-
-def best_step(
-    evals: dict[int, runroot.EvalRecord], metric: str, mode: str
-) -> tuple[int, float] | None:
-    """(step, value) of the best evaluated step; the earliest step wins a tie."""
-    best = None
-    for step in sorted(evals):
-        value = evals[step].metric(metric)
-        if value is not None and (best is None or better(value, best[1], mode)):
-            best = (step, value)
-    return best
-
-
-def known_metrics(evals: dict[int, runroot.EvalRecord]) -> list[str]:
-    return sorted({k for r in evals.values() for k in r.metrics})
 
 
 @dataclass(frozen=True)
@@ -159,3 +108,13 @@ def pin_base(base: BaseRef, user: str) -> bool:
     references. Returns True when this call pinned it."""
     st = env.open_storage(base.ckpt_root)
     return runroot.pin(st, base.step, f"base of fine-tune {user}", exclusive=True)
+
+
+def base_tags(base) -> dict:
+    """Tags naming the base checkpoint (LoggedModel id and URI) and the pretraining run."""
+    tags = {"ckptflow.base_ckpt_uri": base.uri, "ckptflow.base_step": base.step}
+    if base.model_id:
+        tags["ckptflow.base_model_id"] = base.model_id
+    if base.run_id:
+        tags["ckptflow.base_run_id"] = base.run_id
+    return tags

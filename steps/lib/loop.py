@@ -1,0 +1,276 @@
+"""The checkpointed training loop shared by pretrain and finetune: what it trains
+(`TrainObjects`) and how (`LoopSpec`), both from the step's config; train to `max_steps`, save
+every `ckpt_every` steps with metadata, record each committed checkpoint in MLflow; the
+fine-tune's variant of it; FINISHED at the end; and the checks of the loop's arguments.
+
+The fine-tune's loop also evaluates each saved step on the fine-tune task right away, by every
+rank (FSDP2 gathers parameters collectively), while the model is still at that step; once the
+checkpoint is committed, rank 0 writes the result next to it as `eval.json` and links the
+metrics to the checkpoint's MLflow LoggedModel, which also gets the base's tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from ckptflow.steps.lib.base_checkpoint import base_tags
+from ckptflow.steps.lib.data import Corpus, ShardedLoader
+from ckptflow.steps.lib.distributed import DistInfo
+from ckptflow.steps.lib.optim import make_optimizer, make_scheduler, train_step
+from ckptflow.steps.lib.plumbing import Abandon, Progress, StepRun
+from ckptflow.steps.lib.state import rng_entry, train_state
+
+from ckptflow import env
+from ckptflow.core import runroot
+from ckptflow.core.layout import step_dir
+
+log = logging.getLogger("ckptflow.training")
+
+
+KILLED_EXIT = 75  # exit code of a simulated kill (--fail-at-step)
+
+
+class SimulatedKill(Abandon):
+    """Raised at --fail-at-step in a plain (non-torchrun) process; torchrun ranks hard-exit.
+
+    `step_run` then abandons everything, as a kill would, and exits with KILLED_EXIT."""
+
+    exit_code = KILLED_EXIT
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """How the loop runs: length, checkpoint cadence, logging, and the kill hook for tests."""
+
+    max_steps: int
+    ckpt_every: int
+    async_save: bool = True
+    log_every: int = 1
+    grad_clip: float = 1.0
+    tokens_per_step: int = 0
+    fail_at_step: int | None = None
+
+    @classmethod
+    def from_config(cls, cfg, seq_len: int) -> LoopSpec:
+        """The loop settings of a pretrain or fine-tune config (the same fields in both)."""
+        return cls(
+            max_steps=cfg.max_steps,
+            ckpt_every=cfg.ckpt_every,
+            async_save=cfg.async_save,
+            log_every=cfg.log_every,
+            grad_clip=cfg.grad_clip,
+            tokens_per_step=cfg.batch_size * seq_len,
+            fail_at_step=cfg.fail_at_step or None,
+        )
+
+
+class TrainObjects(NamedTuple):
+    """The live objects a training state is made of: `state.train_state(*objs, step=...)`."""
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    loader: ShardedLoader
+
+    @classmethod
+    def from_config(cls, cfg, model, corpus: Corpus, seq_len: int, dinfo: DistInfo) -> TrainObjects:
+        """AdamW with warm-up and cosine decay, and this rank's loader, as a pretrain or fine-tune
+        config names them (the same fields in both)."""
+        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+        scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+        loader = ShardedLoader(
+            corpus,
+            seq_len=seq_len,
+            global_batch=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            rank=dinfo.rank,
+            world_size=dinfo.world_size,
+        )
+        return cls(model, optimizer, scheduler, loader)
+
+
+class CheckpointedLoop:
+    """Train to `max_steps`, saving every `ckpt_every` steps (and at the end) with metadata.
+
+    Each save first creates a PENDING LoggedModel (rank 0) whose id goes into the checkpoint's
+    metadata; once the save is committed the model is finalised with its manifest hash and
+    sizes, and the save metrics are logged at that step.
+    """
+
+    def __init__(
+        self,
+        spec: LoopSpec,
+        objs: TrainObjects,
+        *,
+        ck,
+        dinfo: DistInfo,
+        lineage=None,
+        metadata: dict | None = None,
+    ):
+        self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
+        self.ck, self.dinfo = ck, dinfo
+        self.lineage = lineage if dinfo.is_main else None
+        self.metadata = metadata or {}
+        self.pending: list[tuple] = []
+        self.skip: set[int] = set()
+        self.last_metrics: dict = {}
+
+    def run(self, start_step: int) -> int:
+        # Steps above the resume point are committed only when resume fell back past them as
+        # corrupt; checkpoints are immutable, so those saves are skipped (and said so).
+        self.skip = {s for s in self.ck.committed_steps() if s > start_step}
+
+        progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main)
+        for step in range(start_step, self.spec.max_steps):
+            t0 = time.perf_counter()
+            m = train_step(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.loader.next_step(),
+                self.dinfo.device,
+                self.spec.grad_clip,
+            )
+            dt = time.perf_counter() - t0
+            m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
+            done, self.last_metrics = step + 1, m
+            if self.lineage and done % self.spec.log_every == 0:
+                self.lineage.log_metrics(m, done)
+            progress.update(done, m)
+            if self.spec.fail_at_step == done:
+                self._die(done)
+            if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
+                self.save(done)
+            self._reap(block=False)
+        self._reap(block=True)
+        progress.close()
+        return self.spec.max_steps
+
+    def _die(self, step: int) -> None:
+        log.warning("--fail-at-step %d: exiting without cleanup, as if killed", step)
+        if env.torchrun_rank_info() is not None:
+            logging.shutdown()
+            os._exit(KILLED_EXIT)
+        raise SimulatedKill(step)
+
+    def save(self, step: int) -> None:
+        uri = self.ck.storage.url(step_dir(step))
+        if step in self.skip:
+            log.warning(
+                "not saving step %d: a corrupt checkpoint of that step exists (%s); "
+                "remove it with `ckptflow ckpt gc` to save there again",
+                step,
+                uri,
+            )
+            return
+        model_id = self.lineage.begin_checkpoint(step, uri) if self.lineage else None
+        state = train_state(self.model, self.optimizer, self.scheduler, self.loader, step)
+        state.update(rng_entry(self.dinfo.rank, self.dinfo.device))
+        meta = {
+            **self.metadata,
+            "data": self.loader.state_dict(),
+            "world_size": self.dinfo.world_size,
+            "metrics": self.last_metrics,
+            "mlflow": {
+                "model_id": model_id,
+                "run_id": self.lineage.run_id if self.lineage else None,
+            },
+        }
+        try:
+            handle = self.ck.save(step, state, block=not self.spec.async_save, metadata=meta)
+        except Exception as exc:
+            if self.lineage:
+                self.lineage.fail_checkpoint(model_id, str(exc))
+            raise
+        self.pending.append((handle, step, uri, model_id))
+
+    def _reap(self, block: bool) -> None:
+        """Finish the saves that are done (all when `block`): lineage for committed ones."""
+        while self.pending and (block or self.pending[0][0].done()):
+            handle, step, uri, model_id = self.pending.pop(0)
+            try:
+                stats = handle.wait()
+            except Exception as exc:
+                if self.lineage:
+                    self.lineage.fail_checkpoint(model_id, str(exc))
+                raise
+            log.info(
+                "checkpoint %d committed: %s stall %.3fs, background %.3fs, %d bytes written",
+                step,
+                stats.kind,
+                stats.stall_s,
+                stats.background_s,
+                stats.bytes_written,
+            )
+            if self.lineage:
+                self._log_committed(step, uri, model_id, stats)
+
+    def _log_committed(self, step: int, uri: str, model_id: str | None, stats) -> None:
+        from ckptflow.core import rootreader
+
+        m = self.ck.manifest(step)
+        digest = rootreader.read_commit(self.ck.storage, step)["manifest_xxh3"]
+        sizes = {"kind": m["kind"], "world_size": m["world_size"], **m["stats"]}
+        self.lineage.log_checkpoint(step, uri, digest, sizes, model_id=model_id)
+        self.lineage.log_metrics(
+            {
+                "save_stall_s": stats.stall_s,
+                "save_background_s": stats.background_s,
+                "save_wait_s": stats.wait_s,
+                "save_bytes_raw": stats.bytes_raw,
+                "save_bytes_written": stats.bytes_written,
+                "save_gib_per_s": stats.gib_per_s,
+                "ckpt_stored_bytes": m["stats"]["stored_bytes"],
+            },
+            step,
+        )
+
+
+class FinetuneLoop(CheckpointedLoop):
+    """`CheckpointedLoop` + evaluation of each saved step + the base's tags on each model."""
+
+    def __init__(self, *args, evaluate, write_eval, base, **kw):
+        super().__init__(*args, **kw)
+        self.evaluate_now, self.write_eval, self.base = evaluate, write_eval, base
+        self.results: dict[int, dict] = {}
+
+    def save(self, step: int) -> None:
+        super().save(step)
+        if step not in self.skip:
+            self.results[step] = self.evaluate_now()  # every rank: the model is at `step` now
+
+    def _reap(self, block: bool) -> None:
+        before = {p[1]: p[3] for p in self.pending}  # step -> model_id of saves in flight
+        super()._reap(block)
+        left = {p[1] for p in self.pending}
+        for step, model_id in before.items():
+            if step not in left and step in self.results:  # committed just now
+                self.write_eval(step, self.results.pop(step), model_id)
+
+    def _log_committed(self, step, uri, model_id, stats) -> None:
+        super()._log_committed(step, uri, model_id, stats)
+        if self.lineage:
+            self.lineage.set_model_tags(model_id, base_tags(self.base))
+
+
+def mark_finished(run: StepRun, run_root: str, ckpt_root: str, last: int, **extra) -> None:
+    """FINISHED under the run root (what tells the evaluator to stop) with the last step and
+    `extra`, and the step's outputs ckpt_root and last_step."""
+    doc = {"last_step": last, "finished_at": time.time(), "ckpt_root": ckpt_root, **extra}
+    runroot.write_finished(env.open_storage(run_root), doc)
+    run.outputs.update(ckpt_root=ckpt_root, last_step=str(last))
+
+
+def check_loop_args(parser, cfg) -> None:
+    """Reject a task name the corpus does not know with parser.error (`parse`'s check: the
+    step counts' minimums are checked by the contract, `at_least=1` on LoopArgs)."""
+    from ckptflow.steps.lib.data import check_task
+
+    try:
+        check_task(cfg.task)
+    except ValueError as exc:
+        parser.error(f"--task: {exc}")

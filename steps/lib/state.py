@@ -1,0 +1,77 @@
+"""The full training state as one nested dict for the Checkpointer (model, optimizer, scheduler,
+data position, step, every rank's RNG under a rank-qualified key `rng/rank{r}/...`), and the
+resume that loads it back from the newest valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from ckptflow.steps.lib.data import ShardedLoader
+from ckptflow.steps.lib.distributed import DistInfo
+from ckptflow.steps.lib.rng import rng_state, set_rng_state
+from torch.distributed.checkpoint.state_dict import (
+    get_state_dict,
+    set_state_dict,
+)
+
+log = logging.getLogger("ckptflow.training")
+
+
+def train_state(model, optimizer, scheduler, loader: ShardedLoader, step: int) -> dict:
+    """Everything a resume needs, except RNG (see `rng_entry`): nested dict for ck.save/ck.load."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "scheduler": scheduler.state_dict(),
+        "data": loader.state_dict(),
+        "step": step,
+    }
+
+
+def rng_entry(rank: int, device: torch.device) -> dict:
+    """This rank's RNG states under its rank-qualified key: {"rng": {"rank{r}": {...}}}."""
+    return {"rng": {f"rank{rank}": rng_state(device)}}
+
+
+def apply_train_state(state: dict, model, optimizer, scheduler, loader: ShardedLoader) -> int:
+    """Push a loaded training state into the live objects; returns its step."""
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    scheduler.load_state_dict(state["scheduler"])
+    loader.load_state_dict(state["data"])
+    return int(state["step"])
+
+
+def resume(ck, model, optimizer, scheduler, loader, dinfo: DistInfo, lineage=None) -> int:
+    """Load the newest valid checkpoint (model, optimizer, scheduler, data, RNG); its step or 0.
+
+    The Checkpointer falls back past a corrupt newest checkpoint; that is logged and tagged.
+    RNG states are loaded in a second, small load because which ranks saved one depends on
+    the world size of that checkpoint; ranks beyond it keep their seeded RNG.
+    """
+    if not ck.committed_steps():
+        return 0
+    state = train_state(model, optimizer, scheduler, loader, 0)
+    step = ck.load(state)
+    fell = [s for s, _ in ck.last_load.fell_back_from] if ck.last_load else []
+    apply_train_state(state, model, optimizer, scheduler, loader)
+    saved_world = int(ck.manifest(step).get("world_size", 1))
+    rng = rng_entry(dinfo.rank, dinfo.device) if dinfo.rank < saved_world else {}
+    ck.load(rng, step=step)
+    if rng:
+        set_rng_state(rng["rng"][f"rank{dinfo.rank}"], dinfo.device)
+    log.info(
+        "resumed from step %d (saved by %d ranks, now %d)", step, saved_world, dinfo.world_size
+    )
+    if fell and dinfo.is_main:
+        log.warning("newest checkpoint(s) %s are corrupt: resumed from step %d instead", fell, step)
+    if lineage is not None:
+        tags = {"ckptflow.resumed_from_step": step, "ckptflow.resume_world_size": saved_world}
+        if fell:
+            tags["ckptflow.resume_fell_back_from"] = ",".join(map(str, fell))
+        lineage.set_tags(tags)
+    return step
