@@ -30,7 +30,7 @@ from ckptflow.workflows.runner.pods import (
 )
 from ckptflow.workflows.runner.substitution import to_str
 
-__all__ = ["Isolation", "IsolationError", "open_isolation", "pod_hostname", "pod_probe"]
+__all__ = ["Isolation", "IsolationError", "new_node", "open_isolation", "pod_hostname", "pod_probe"]
 
 # Paths a pod has of its own: a runner directory there (a script, the cwd) must be shared
 # explicitly or the pod does not see it.
@@ -70,18 +70,21 @@ def _secret_names(spec: dict) -> frozenset[str]:
     return frozenset(names)
 
 
+def new_node() -> Node:
+    """A pod node for one run; IsolationError (one line) where pods cannot work here."""
+    why = available()
+    if why:
+        raise IsolationError(f"--isolate: {why} (without --isolate tasks run as processes)")
+    try:
+        return Node()
+    except (OSError, PodError, NetError) as exc:
+        raise IsolationError(f"--isolate: cannot create the pod node: {exc}") from exc
+
+
 def open_isolation(spec: dict, node: Node | None = None) -> Isolation:
-    """The isolation of a run: `node` if given (the caller closes it), else a new Node.
-    IsolationError (one line) where pods cannot work on this machine."""
+    """The isolation of a run: `node` if given (the caller closes it), else a new Node."""
     if node is None:
-        why = available()
-        if why:
-            raise IsolationError(f"--isolate: {why} (without --isolate tasks run as processes)")
-        try:
-            node = Node()
-        except (OSError, PodError, NetError) as exc:
-            raise IsolationError(f"--isolate: cannot create the pod node: {exc}") from exc
-        return Isolation(node, True, _secret_names(spec))
+        return Isolation(new_node(), True, _secret_names(spec))
     return Isolation(node, False, _secret_names(spec))
 
 
