@@ -169,3 +169,23 @@ def test_ctrl_c_of_ckptflow_run_isolate_leaves_nothing(tmp_path):
         not Path(f"/proc/{task_pid}").exists() or "Z" in Path(f"/proc/{task_pid}/stat").read_text()
     )
     nothing_left(runner.pid)
+
+
+def test_a_secret_reference_reaches_only_the_pods_that_name_it(tmp_path):
+    show = "import os; print(os.environ.get('KEY', '-'))"
+    ref = {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    wf = {
+        "metadata": {"name": "sec"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {"name": "main", "steps": [[{"name": "a", "template": "a"}, {"name": "b", "template": "b"}]]},
+                {"name": "a", "container": {"command": ["python", "-c", show], "env": [ref]}},
+                {"name": "b", "container": {"command": ["python", "-c", show]}},
+            ],
+        },
+    }  # fmt: skip
+    result = run(wf, tmp_path, "sec", env={**os.environ, "KEY": "s3cret"})
+    assert result.phase == "Succeeded", result.table
+    assert result.node("a")["outputs"]["result"] == "s3cret"
+    assert result.node("b")["outputs"]["result"] == "-"
