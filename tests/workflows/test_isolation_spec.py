@@ -73,3 +73,15 @@ def test_secret_references_are_the_names_only_their_pods_see():
         ]
     }  # fmt: skip
     assert isolation._secret_names(spec) == {"KEY", "CFG"}
+
+
+def test_run_pipeline_local_isolate_where_pods_cannot_work_is_one_line(
+    monkeypatch, capsys, tmp_path
+):
+    from ckptflow.workflows.local import main
+
+    monkeypatch.setattr(isolation, "available", lambda: "pods need root; run as root")
+    rc = main(["pretrain", "--local", "--isolate", "--runs-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and "--isolate: pods need root" in err
