@@ -85,3 +85,22 @@ def test_run_pipeline_local_isolate_where_pods_cannot_work_is_one_line(
     err = capsys.readouterr().err
     assert rc == 2
     assert err.strip().count("\n") == 0 and "--isolate: pods need root" in err
+
+
+def test_the_isolate_config_reaches_services_only_through_the_manifest(tmp_path):
+    from ckptflow.workflows.local import local_config
+    from ckptflow.workflows.render import manifests
+
+    cfg = local_config(
+        tmp_path,
+        s3_endpoint="http://10.244.0.1:9000",
+        overrides=[],
+        mlflow_uri="http://10.244.0.1:5000",
+    )
+    assert cfg.platform.mlflow_tracking_uri == "http://10.244.0.1:5000"  # a server, no SQLite file
+    assert cfg.platform.storage_root.startswith("s3://")
+    tpl = {t["name"]: t for t in manifests("pretrain", cfg)[0]["spec"]["templates"]}
+    env = {e["name"]: e for e in tpl["pretrain-rank"]["container"]["env"]}
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://10.244.0.1:9000"
+    assert env["MLFLOW_TRACKING_URI"]["value"] == "http://10.244.0.1:5000"
+    assert "secretKeyRef" in env["AWS_ACCESS_KEY_ID"]["valueFrom"]  # keys by reference only
