@@ -83,11 +83,13 @@ class MlflowServer:
         argv += ["--backend-store-uri", self.store_uri]
         argv += ["--artifacts-destination", str(self.dir / "artifacts")]
         argv += ["--allowed-hosts", f"{self.host}:{self.port},{self.host}"]
+        # No job runner: a dozen worker processes (GenAI jobs) the pipeline never uses.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         log = open(self.dir / "server.log", "ab")  # noqa: SIM115 - the child holds it
         try:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.dir,
+                start_new_session=True, cwd=self.dir, env=env,
             )  # fmt: skip
         finally:
             log.close()

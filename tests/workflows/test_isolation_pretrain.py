@@ -89,3 +89,42 @@ def test_pretrain_ranks_form_their_group_across_pods(tmp_path):
     assert len(ips) == 2 and not any(ip.startswith("127.") for ip in ips)
     assert "pretrain: 2 committed checkpoints  (s3://" in text, text  # through S3 only
     assert (tmp_path / "pre-fix" / "mlflow" / "mlflow.db").stat().st_size > 0
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if text.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+    return found
+
+
+def test_ctrl_c_of_run_pipeline_local_isolate_stops_pods_and_services(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ckptflow.cli", "run", "pretrain", "--local", "--isolate",
+         "--runs-dir", str(runs), "--name", "pre-int", *(f"--set={s}" for s in SMALL)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    logs = runs / "pre-int" / "argo" / "logs"
+    deadline = time.monotonic() + 240
+    while not any(logs.glob("*rank*")):  # the ranks run: pods, S3 and MLflow are all up
+        assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read()
+        time.sleep(0.2)
+    assert _processes_mentioning(str(runs / "pre-int" / "mlflow"))  # the tracking server
+    os.kill(runner.pid, signal.SIGINT)
+    out, _ = runner.communicate(timeout=60)
+    assert runner.returncode == 130, out
+    left = {k: v for k, v in leftovers(PREFIX + base36(runner.pid, PID_DIGITS)).items() if v}
+    assert not left, left
+    end = time.monotonic() + 10
+    while _processes_mentioning(str(runs / "pre-int")) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _processes_mentioning(str(runs / "pre-int"))  # no server, no pod left running
