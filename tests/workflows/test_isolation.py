@@ -189,3 +189,18 @@ def test_a_secret_reference_reaches_only_the_pods_that_name_it(tmp_path):
     assert result.phase == "Succeeded", result.table
     assert result.node("a")["outputs"]["result"] == "s3cret"
     assert result.node("b")["outputs"]["result"] == "-"
+
+
+def test_resource_limits_are_the_pods_cgroup_limits(tmp_path):
+    script = (
+        "import json\n"
+        "own = dict(l.strip().split(':', 2)[1:] for l in open('/proc/self/cgroup'))\n"
+        "def read(ctl, f): return int(open(f'/sys/fs/cgroup/{ctl}{own[ctl]}/{f}').read())\n"
+        "print(json.dumps([read('memory', 'memory.limit_in_bytes'), read('cpu', 'cpu.cfs_quota_us'),"
+        " read('cpu', 'cpu.cfs_period_us')]))"
+    )
+    wf = leaf("limits", script, resources={"limits": {"memory": "96Mi", "cpu": "250m"}})
+    result = run(wf, tmp_path, "limits")
+    assert result.phase == "Succeeded", result.table
+    memory, quota, period = json.loads(result.node("limits")["outputs"]["result"])
+    assert memory == 96 << 20 and quota == period // 4
