@@ -1,9 +1,9 @@
 """`ckptflow run`: run a workflow on this machine, from one of two kinds of target.
 
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
-  [--shared-tmp]`: a rendered manifest, handed to the local runner's API
+  [--shared-tmp] [--isolate]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
-- `ckptflow run pipeline --local [--s3] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
+- `ckptflow run pipeline --local [--s3] [--isolate] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
 
 A file of that name wins over the builder name. Only the second kind imports hera.
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ckptflow.workflows.runner import (
     REFUSED_EXIT,
+    IsolationError,
     SpecError,
     load_manifest,
     run_workflow,
@@ -56,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-tmp", action="store_true",
         help="do not give each task a private /tmp (paths under /tmp are used as written)",
     )  # fmt: skip
+    p.add_argument(
+        "--isolate", action="store_true",
+        help="run every task as a pod (own network namespace and IP, hostname, /tmp, volumes, "
+        "memory limit; needs root, see docs/pods.md)",
+    )  # fmt: skip
     return p
 
 
@@ -88,6 +94,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         status_file=args.status_file,
         name=name,
         private_tmp=not args.shared_tmp,
+        isolate=args.isolate,
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""
@@ -113,6 +120,9 @@ def run_file(argv: list[str]) -> int:
     except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return REFUSED_EXIT
+    except IsolationError as exc:
+        print(f"ckptflow run: {exc}", file=sys.stderr)
+        return 2
 
 
 def run_builder(argv: list[str]) -> int:

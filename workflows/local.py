@@ -1,4 +1,5 @@
-"""`ckptflow run pipeline --local [--s3] [--set key=value ...]`: the real manifest, run here.
+"""`ckptflow run pipeline --local [--s3] [--isolate] [--set key=value ...]`: the real manifest,
+run here.
 
 Renders `build_pipeline` (or `pretrain`, `finetune`) with a small configuration and runs the
 rendered manifest through the local runner (`ckptflow.workflows.runner.run_workflow`), exactly the
@@ -9,6 +10,10 @@ YAML `ckptflow submit` would send. Embedded defaults, each overridable with `--s
 - MLflow: the SQLite store `./runs/mlflow.db` (all local runs in one place, for one UI);
 - no Kubernetes-only settings: no S3 Secret (keys, if any, come from this environment), no
   /dev/shm volume; one thread per process (OMP_NUM_THREADS=1) so ranks share few cores.
+- `--isolate`: every task is a pod (docs/pods.md) and, as on a cluster, reaches the shared
+  services only over the pods' bridge and only through the manifest's env: the in-process S3
+  (implied) and a real `mlflow server` (store: `./runs/<workflow>/mlflow/`) listen on the node
+  address, and the S3 keys go by Secret reference to the steps that ask for them.
 
 It ends with what was produced (checkpoints, metrics, the champion) and the command that
 opens the MLflow UI on it.
@@ -17,21 +22,22 @@ opens the MLflow UI on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
-import socket
 import string
 import sys
 from pathlib import Path
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
+from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
 from ckptflow.workflows.render import builder, manifests, to_yaml
-from ckptflow.workflows.runner import REFUSED_EXIT, SpecError, run_workflow
+from ckptflow.workflows.runner import REFUSED_EXIT, IsolationError, SpecError, run_workflow
+from ckptflow.workflows.runner.isolation import new_node
 
 from ckptflow.core import runroot
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
-S3_BUCKET = "ckptflow-local"
 
 # Small enough for a couple of minutes on 2 CPU cores, big enough to show every stage.
 SMALL = (
@@ -61,56 +67,27 @@ SMALL = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def local_config(
-    runs_dir: Path, *, s3_endpoint: str | None, overrides: list[str]
+    runs_dir: Path,
+    *,
+    s3_endpoint: str | None,
+    overrides: list[str],
+    mlflow_uri: str | None = None,
 ) -> PipelineConfig:
-    """The small local configuration; `overrides` (the user's --set) come last and win."""
+    """The small local configuration; `overrides` (the user's --set) come last and win.
+    `mlflow_uri`: a tracking server (under --isolate; the keys then go by Secret reference)."""
     storage = f"s3://{S3_BUCKET}/runs" if s3_endpoint else str(runs_dir)
+    tracking = mlflow_uri or f"sqlite:///{runs_dir / 'mlflow.db'}"
     computed = [
         f"platform.storage_root={storage}",
-        f"platform.mlflow_tracking_uri=sqlite:///{runs_dir / 'mlflow.db'}",
-        f"pretrain.rdzv_port={_free_port()}",
+        f"platform.mlflow_tracking_uri={tracking}",
+        f"pretrain.rdzv_port={free_port()}",
     ]
     if s3_endpoint:
         computed.append(f"platform.s3_endpoint={s3_endpoint}")
+    if mlflow_uri:
+        computed.append(f"platform.s3_secret={PipelineConfig().platform.s3_secret}")
     return apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
-
-
-def _start_s3(env: dict[str, str]):
-    """An in-process S3 server (moto) with the bucket; its env goes into `env`."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    # werkzeug logs every request at INFO: thousands of lines that bury the run's progress.
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    # Fake keys for the fake server; a real deployment's come from the Secret.
-    env.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="ckptflow-local",
-        AWS_SECRET_ACCESS_KEY="ckptflow-local-secret",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    import boto3
-
-    boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name="us-east-1",
-    ).create_bucket(Bucket=S3_BUCKET)
-    return server, endpoint
 
 
 def _outputs(result, display: str) -> list[dict[str, str]]:
@@ -152,8 +129,16 @@ def _fmt(metrics: dict) -> str:
     )
 
 
-def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[str, str]) -> str:
-    """What the run produced, and how to look at it (`env`: the steps' S3 settings)."""
+def summary(
+    cfg: PipelineConfig,
+    name: str,
+    result,
+    runs_dir: Path,
+    env: dict[str, str],
+    mlflow_db: Path | None = None,
+) -> str:
+    """What the run produced, and how to look at it (`env`: the steps' S3 settings;
+    `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
     s3_endpoint = cfg.platform.s3_endpoint
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
     from ckptflow.workflows.finetune import variants
@@ -181,7 +166,7 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
             f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
         )
         lines.append(f"  exported: {chosen.get('export_uri', '?')}")
-    db = runs_dir / "mlflow.db"
+    db = mlflow_db or runs_dir / "mlflow.db"
     if db.is_relative_to(Path.cwd()):
         db = db.relative_to(Path.cwd())
     lines.append(f"\nMLflow UI:  .venv/bin/mlflow ui --backend-store-uri sqlite:///{db}")
@@ -192,16 +177,43 @@ def summary(cfg: PipelineConfig, name: str, result, runs_dir: Path, env: dict[st
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Render TARGET with the local configuration and run it through the local runner."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ckptflow run", description=__doc__.split("\n")[0])
     ap.add_argument("target", choices=LOCAL_TARGETS, help="the workflow to render and run")
     ap.add_argument("--local", action="store_true", help="run here (required; cf. submit)")
     ap.add_argument("--s3", action="store_true", help="store checkpoints on an in-process S3")
+    ap.add_argument(
+        "--isolate", action="store_true",
+        help="every task a pod; S3 (implied) and an MLflow server on the pods' bridge",
+    )  # fmt: skip
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--runs-dir", default="runs", help="where runs and mlflow.db go")
     ap.add_argument("--name", help="workflow name (default: <name>-<random>)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
+    """The pod node (--isolate) and the S3 server (--s3, --isolate), closed by `stack`;
+    (node, S3 endpoint, MLflow server URI) with None for what is not there."""
+    node = endpoint = mlflow_uri = None
+    if args.isolate:
+        node = new_node()
+        stack.callback(node.close)
+    host = node.address if node is not None else "127.0.0.1"
+    if args.s3 or args.isolate:
+        server, endpoint = start_s3(host)
+        stack.callback(server.stop)
+        env.update(S3_KEYS)  # under --isolate only the steps whose env asks get them
+        if not args.isolate:  # process mode: the steps inherit this environment
+            env.update(AWS_ENDPOINT_URL=endpoint, AWS_DEFAULT_REGION="us-east-1")
+    if args.isolate:
+        mlflow_uri = f"http://{host}:{free_port(host)}"
+    return node, endpoint, mlflow_uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render TARGET with the local configuration and run it through the local runner."""
+    args = _parser().parse_args(argv)
     if not args.local:
         print(
             f"ckptflow run {args.target}: add --local to run it on this machine; "
@@ -213,15 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks, evaluator and agents share the cores
-    server = endpoint = None
-    try:
-        if args.s3:
-            server, endpoint = _start_s3(env)
+    with contextlib.ExitStack() as stack:
         try:
-            cfg = local_config(runs_dir, s3_endpoint=endpoint, overrides=args.overrides)
+            node, endpoint, mlflow_uri = _services(stack, args, env)
+            cfg = local_config(
+                runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
+            )
             builder(args.target)
             manifest = manifests(args.target, cfg)[0]
-        except ConfigError as exc:
+        except (ConfigError, IsolationError) as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 2
         suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
@@ -229,9 +241,16 @@ def main(argv: list[str] | None = None) -> int:
         workdir = runs_dir / name / "argo"
         (runs_dir / name).mkdir(parents=True, exist_ok=True)
         (runs_dir / name / "workflow.yaml").write_text(to_yaml([manifest]))
+        mlflow_db = None
+        if mlflow_uri:
+            port = int(mlflow_uri.rsplit(":", 1)[1])
+            tracking = stack.enter_context(
+                MlflowServer(node.address, runs_dir / name / "mlflow", port)
+            )
+            mlflow_db = tracking.dir / "mlflow.db"
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
-            result = run_workflow(manifest, workdir=str(workdir), name=name, env=env)
+            result = run_workflow(manifest, workdir=str(workdir), name=name, env=env, pod_node=node)
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return REFUSED_EXIT
@@ -241,8 +260,5 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ({result.message})" if result.message else "")
         )
         print(f"logs: {workdir / 'logs'}")
-        print(summary(cfg, name, result, runs_dir, env))
+        print(summary(cfg, name, result, runs_dir, env, mlflow_db))
         return result.exit_code
-    finally:
-        if server is not None:
-            server.stop()

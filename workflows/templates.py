@@ -15,6 +15,7 @@ from hera.workflows import (
     Container,
     EmptyDirVolume,
     Env,
+    FieldEnv,
     Parameter,
     RetryStrategy,
     SecretEnv,
@@ -133,6 +134,12 @@ def step(
     target = module if "." in module else f"ckptflow.steps.{module}"
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
+    env = step_env(platform) if with_env else None
+    if launcher:
+        # torchrun's c10d rendezvous publishes the agent's address for the workers' store:
+        # its hostname (socket.getfqdn()) unless given one, and a pod's hostname does not
+        # resolve from other pods. The pod's IP from the downward API does (--local-addr).
+        env = [*(env or []), FieldEnv(name="PET_LOCAL_ADDR", field_path="status.podIP")]
     volumes = []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
@@ -147,7 +154,7 @@ def step(
         image_pull_policy=platform.image_pull_policy,
         command=command,
         args=args or None,
-        env=step_env(platform) if with_env else None,
+        env=env,
         resources=hera_resources(resources or platform.step_resources),
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),

@@ -131,6 +131,16 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     assert "--until-finished" in eval_args
 
 
+def test_rank_agents_publish_their_pod_ip_not_their_hostname():
+    # torchrun's c10d rendezvous publishes the agent's address for the workers' store:
+    # socket.getfqdn() (the pod's hostname, which no other pod resolves) unless a local
+    # address is given. PET_LOCAL_ADDR (= --local-addr) from the downward API gives the IP.
+    pod_ip = {"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    tpl = templates(render("pipeline")[0])
+    for name in ("pretrain-rank", "finetune-variant"):
+        assert pod_ip in tpl[name]["container"]["env"], name
+
+
 def test_rank_pods_retry_and_are_scheduled_as_configured():
     doc = render(
         "pretrain",

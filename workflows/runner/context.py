@@ -105,6 +105,7 @@ class Run:
     pod_slots: threading.BoundedSemaphore | None
     dispatch: Dispatch
     private_tmp: bool = True
+    isolation: Any = None  # isolation.Isolation when tasks run as pods, else None
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     global_outputs: dict[str, str] = field(default_factory=dict)

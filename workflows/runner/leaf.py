@@ -2,7 +2,8 @@
 
 The image is ignored; `command` + `args` run with the template's `env` added to the runner's
 environment. Output files a template declares under `/tmp` are private to the node, as they
-are to a pod (see `map_tmp`).
+are to a pod (see `map_tmp`). Under isolation (`run.isolation`) the process is a pod instead
+(`isolation.py`): nothing is rewritten, the pod has its own /tmp, volumes and IP.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import time
 from pathlib import Path
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import volumes
+from ckptflow.workflows.runner import isolation, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner.pods.spec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
 from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
 
@@ -83,17 +85,20 @@ def map_tmp(tmpl: dict, root: Path) -> dict:
     return out
 
 
-def _env(run: cx.Run, node: Node, container: dict) -> dict[str, str]:
-    env = dict(run.env)
-    fields = {"status.podIP": cx.LOCAL_IP, "metadata.name": node.id}
-    fields["metadata.namespace"] = run.namespace
+def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[str, str]:
+    """The runner's environment, the template's env and the downward API (`ip`: the pod's).
+    A pod gets a variable the manifest hands out by secretKeyRef/configMapKeyRef only when its
+    own env asks for it (validated to be set in the runner's environment)."""
+    hidden = run.isolation.secret_names if run.isolation is not None else frozenset()
+    env = {k: v for k, v in run.env.items() if k not in hidden}
     for e in container.get("env") or []:
         name, vf = e["name"], e.get("valueFrom")
         if vf is None:
             env[name] = to_str(e.get("value", ""))
-        elif "fieldRef" in vf:
-            env[name] = fields[vf["fieldRef"]["fieldPath"]]
-        # secretKeyRef / configMapKeyRef: validated to be set in the runner's environment
+        elif "fieldRef" not in vf and name in run.env:
+            env[name] = run.env[name]
+    labels, annotations = isolation.pod_metadata(run, body, node.name)
+    env.update(downward_env(node.id, run.namespace, ip, labels, annotations, container.get("env")))
     return env
 
 
@@ -107,16 +112,21 @@ def _argv(container: dict, script_path: str | None) -> list[str]:
     return argv
 
 
-def _collect_outputs(body: dict, stdout: str, ok: bool) -> tuple[dict, str | None]:
-    """Output parameters (from files) and result (stdout); an error message if one is missing."""
+def _read(path: str) -> str:
+    return Path(path).read_text()
+
+
+def _collect_outputs(body: dict, stdout: str, ok: bool, read=_read) -> tuple[dict, str | None]:
+    """Output parameters (from files, `read`) and result (stdout); an error message if one is
+    missing."""
     params, problem = [], None
     for p in (body.get("outputs") or {}).get("parameters") or []:
         vf = p.get("valueFrom") or {}
         if "path" in vf:
             path = to_str(vf["path"])
             try:
-                value = Path(path).read_text()
-            except OSError as exc:
+                value = read(path)
+            except (OSError, RuntimeError) as exc:  # RuntimeError: PodError, a link out
                 if vf.get("default") is None:
                     problem = problem or f"failed to read output parameter {p['name']!r}: {exc}"
                     continue
@@ -154,11 +164,12 @@ def run_template(
 ) -> None:
     """One attempt of a container/script template as `node` (the leaves' Kind `run`): private
     /tmp paths, substitution, volume mounts, then the process."""
-    if run.private_tmp:
+    if run.private_tmp and run.isolation is None:
         tmpl = map_tmp(tmpl, pod_dir(run, node))
     body = substitute(tmpl, values)
-    mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
-    body = volumes.apply_mounts(body, mapping)
+    if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
+        mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
+        body = volumes.apply_mounts(body, mapping)
     missing = unresolved(body, skip=("outputs",))
     if missing:
         run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
@@ -179,8 +190,9 @@ def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, o
             run.pod_slots.release()
 
 
-def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon) -> None:
-    container = body.get("container") or body.get("script")
+def _spawn(run: cx.Run, node: Node, body: dict, container: dict):
+    """Start the attempt's process (or pod); (proc, env, cwd), or None when it cannot start
+    (the node is then Error)."""
     root = pod_dir(run, node)
     root.mkdir(parents=True, exist_ok=True)
     script_path = None
@@ -188,27 +200,54 @@ def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon
         script_path = str(root / "script")
         Path(script_path).write_text(to_str(container.get("source", "")))
     argv = _argv(container, script_path)
-    env = _env(run, node, container)
+    iso = run.isolation
+    ip = iso.node.new_ip() if iso is not None else cx.LOCAL_IP  # a new IP for every attempt
     cwd = to_str(container.get("workingDir") or run.cwd)
     log_path = str(Path(run.workdir) / "logs" / f"{_safe(node.name)}.log")
     node.log_file = log_path
     try:
-        proc = run.registry.spawn(argv, env, os.path.join(run.cwd, cwd), log_path)
-    except (OSError, RuntimeError) as exc:
+        env = _env(run, node, body, container, ip)
+        where = os.path.join(run.cwd, cwd)
+        if iso is None:
+            proc = run.registry.spawn(argv, env, where, log_path)
+        else:
+            proc = isolation.start(run, node, body, argv, env, where, log_path, ip, script_path)
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: PodError, stopping
         run.store.update(node, phase=ERROR, message=f"failed to start {argv[0]!r}: {exc}")
+        return None
+    run.store.update(node, phase=RUNNING, pod_ip=ip)
+    return proc, env, cwd
+
+
+def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon) -> None:
+    container = body.get("container") or body.get("script")
+    started = _spawn(run, node, body, container)
+    if started is None:
         return
-    run.store.update(node, phase=RUNNING, pod_ip=cx.LOCAL_IP)
+    proc, env, cwd = started
     try:
-        reason = _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon)
+        try:
+            reason = _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon)
+        finally:
+            if proc.poll() is None:
+                proc.stop(run.registry.grace)
+            run.registry.release(proc)
+        _record(run, node, body, proc, reason)
     finally:
-        if proc.poll() is None:
-            proc.stop(run.registry.grace)
-        run.registry.release(proc)
+        if run.isolation is not None:
+            proc.release()  # after its outputs were read: processes, mounts, veth, files
+
+
+def _record(run: cx.Run, node: Node, body: dict, proc, reason) -> None:
+    """The outcome of an ended process (or pod): phase, message, outputs, exit code."""
     stdout = proc.finish()
     rc = proc.poll()
     rc = 128 - rc if rc is not None and rc < 0 else rc
-    outputs, problem = _collect_outputs(body, stdout, ok=(rc == 0 and reason is None))
-    phase, message = (SUCCEEDED, "") if rc == 0 else (FAILED, f"Error (exit code {rc})")
+    pod = run.isolation is not None
+    read = isolation.output_reader(proc) if pod else _read
+    outputs, problem = _collect_outputs(body, stdout, ok=(rc == 0 and reason is None), read=read)
+    failed = isolation.exit_message(proc, rc) if pod else f"Error (exit code {rc})"
+    phase, message = (SUCCEEDED, "") if rc == 0 else (FAILED, failed)
     if reason is not None:
         kind, text = reason
         stopped_daemon = kind == cx.SCOPE_END and node.daemoned
@@ -230,6 +269,8 @@ def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon):
     """Wait for the process; return why it was stopped early (kind, message) or None."""
     if body.get("daemon"):
         probe = container.get("readinessProbe")
+        if probe is not None and run.isolation is not None:
+            probe = isolation.pod_probe(probe, proc)  # the pod's IP, inside its namespaces
         ready = probe is None or wait_ready(
             probe, proc, container.get("ports") or [], env, cwd, lambda: scope.reason() is not None
         )

@@ -103,6 +103,14 @@ class ProcessRegistry:
             self._live.add(proc)
             return proc
 
+    def add(self, proc) -> None:
+        """Register a process started elsewhere (a pod: same interface); RuntimeError once the
+        run is stopping, so nothing started late escapes stop_all()."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the run is stopping; no new processes")
+            self._live.add(proc)
+
     def release(self, proc: Proc) -> None:
         with self._lock:
             self._live.discard(proc)

@@ -10,6 +10,7 @@ template, so a run never silently differs from the cluster.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ _PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
 _RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity"}
 _POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
 _FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace")
+_FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
 
 _WHY = {
     "resource": "resource templates need a Kubernetes API",
@@ -189,8 +191,13 @@ class _Checker:
             if vf is None:
                 continue
             if "fieldRef" in vf:
-                if (vf["fieldRef"] or {}).get("fieldPath") not in _FIELD_REFS:
-                    self.err(where, f"env.{name}.valueFrom.fieldRef", f"only {_FIELD_REFS} work")
+                path = (vf["fieldRef"] or {}).get("fieldPath")
+                if path not in _FIELD_REFS and not _FIELD_KEY.match(str(path)):
+                    self.err(
+                        where,
+                        f"env.{name}.valueFrom.fieldRef",
+                        f"only {_FIELD_REFS} and metadata.labels/annotations['KEY'] work",
+                    )
             elif "secretKeyRef" in vf or "configMapKeyRef" in vf:
                 if name not in self.env:
                     kind = "secretKeyRef" if "secretKeyRef" in vf else "configMapKeyRef"

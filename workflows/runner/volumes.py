@@ -14,13 +14,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["volume_problems", "mounts", "apply_mounts"]
+__all__ = ["volume_problems", "declared", "mounts", "apply_mounts"]
 
 KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath")
 _MOUNT_OK = {"name", "mountPath", "subPath", "readOnly", "mountPropagation"}
 
 
-def _declared(spec: dict, tmpl: dict) -> dict[str, dict]:
+def declared(spec: dict, tmpl: dict) -> dict[str, dict]:
+    """The volumes a template can mount, by name: the workflow's, its own, claim templates."""
     vols = {v.get("name"): v for v in spec.get("volumes") or [] if isinstance(v, dict)}
     vols.update({v.get("name"): v for v in tmpl.get("volumes") or [] if isinstance(v, dict)})
     for claim in spec.get("volumeClaimTemplates") or []:
@@ -44,7 +45,7 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
             if not (claim.get("metadata") or {}).get("name"):
                 problems.append(("volumeClaimTemplates", "each claim template needs metadata.name"))
         return problems
-    known = _declared(spec, tmpl)
+    known = declared(spec, tmpl)
     for key in ("container", "script"):
         for m in (tmpl.get(key) or {}).get("volumeMounts") or []:
             extra = set(m) - _MOUNT_OK
@@ -61,7 +62,7 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
 
 def mounts(spec: dict, tmpl: dict, workdir: str, pod_dir: Path) -> list[tuple[str, str]]:
     """(mountPath, local directory) for each mount of a template; the directories exist."""
-    known = _declared(spec, tmpl)
+    known = declared(spec, tmpl)
     container = tmpl.get("container") or tmpl.get("script") or {}
     out = []
     for m in container.get("volumeMounts") or []:

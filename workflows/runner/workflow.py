@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec
+from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
@@ -200,6 +200,8 @@ def run_workflow(
     private_tmp: bool = True,
     kill_grace: float = 3.0,
     env: dict[str, str] | None = None,
+    isolate: bool = False,
+    pod_node=None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -209,6 +211,9 @@ def run_workflow(
     cwd: the working directory of processes without workingDir (default: the current one).
     env: the environment the template `env` is added to (default: this process's); variables of
     `secretKeyRef`/`configMapKeyRef` entries must be set in it.
+    isolate: run every container/script task as a pod (`isolation.py`, docs/pods.md); raises
+    IsolationError (one line) where pods cannot work. pod_node: a `pods.Node` the caller made
+    (and closes) to run the pods on, e.g. to bind shared services to its address first.
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
@@ -225,14 +230,20 @@ def run_workflow(
         manifest, spec, params, store, name=wf_name, workdir=str(work), cwd=cwd,
         kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
     )  # fmt: skip
+    if isolate or pod_node is not None:
+        run.isolation = isolation.open_isolation(spec, pod_node)
     reporter.status = lambda: write_status(status_path, _document(run, state))
-    reporter.start(store)
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
     try:
+        reporter.start(store)
         phase, message, interrupted = _run_to_end(run, scope)
     finally:
-        _stop_everything(run)
+        try:
+            _stop_everything(run)
+        finally:
+            if run.isolation is not None:
+                run.isolation.close()  # no pod, link, mount or cgroup outlives the run
         state["finished"] = time.time()
     state["phase"], state["message"] = phase, message
     reporter.stop()

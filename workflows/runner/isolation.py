@@ -1,0 +1,212 @@
+"""Tasks as pods: the glue between the runner's leaves and `pods` (`run_workflow(isolate=True)`,
+`ckptflow run FILE --isolate`).
+
+Under isolation each container/script attempt (daemons too) becomes a pod of one `Node`
+per run: its own network namespace and IP on the node's bridge (a new one per attempt, known
+before the start so `status.podIP` and `{{tasks.X.ip}}` are that address), its own hostname
+(the pod name), its own `/tmp`, `/dev/shm` and volumes as real mounts at their `mountPath`, and
+the memory/cpu limits of `resources.limits`. Nothing is rewritten: the template's paths mean
+what they mean in a container. Outputs are read from the pod's storage after it ended
+(`Pod.path`), then the pod is released. What a process-mode task inherits from the runner's
+environment a pod gets too (there is no image), except the variables the manifest delivers by
+`secretKeyRef`/`configMapKeyRef`: a pod sees those only where its own `env` asks for them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptflow.workflows.runner import volumes
+from ckptflow.workflows.runner.pods import (
+    NetError,
+    Node,
+    PodError,
+    Volume,
+    available,
+    parse_quantity,
+)
+from ckptflow.workflows.runner.substitution import to_str
+
+__all__ = ["Isolation", "IsolationError", "new_node", "open_isolation", "pod_hostname", "pod_probe"]
+
+# Paths a pod has of its own: a runner directory there (a script, the cwd) must be shared
+# explicitly or the pod does not see it.
+POD_OWN = ("/tmp", "/dev/shm")
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
+
+
+class IsolationError(RuntimeError):
+    """`--isolate` cannot work here; the message is one line naming what is missing."""
+
+
+@dataclass
+class Isolation:
+    """The pods backend of one run: the node, and whether the run owns (closes) it."""
+
+    node: Node
+    owned: bool
+    secret_names: frozenset[str]  # delivered only through a template's own env entry
+
+    def close(self) -> None:
+        """Release every pod and, when the run created it, the node (bridge, cgroups, mounts)."""
+        if self.owned:
+            self.node.close()
+        else:
+            for pod in self.node.pods():
+                pod.release()
+
+
+def _secret_names(spec: dict) -> frozenset[str]:
+    names = set()
+    for tmpl in spec.get("templates") or []:
+        for key in ("container", "script"):
+            for e in (tmpl.get(key) or {}).get("env") or []:
+                vf = e.get("valueFrom") or {}
+                if "secretKeyRef" in vf or "configMapKeyRef" in vf:
+                    names.add(e["name"])
+    return frozenset(names)
+
+
+def new_node() -> Node:
+    """A pod node for one run; IsolationError (one line) where pods cannot work here."""
+    why = available()
+    if why:
+        raise IsolationError(f"--isolate: {why} (without --isolate tasks run as processes)")
+    try:
+        return Node()
+    except (OSError, PodError, NetError) as exc:
+        raise IsolationError(f"--isolate: cannot create the pod node: {exc}") from exc
+
+
+def open_isolation(spec: dict, node: Node | None = None) -> Isolation:
+    """The isolation of a run: `node` if given (the caller closes it), else a new Node."""
+    if node is None:
+        return Isolation(new_node(), True, _secret_names(spec))
+    return Isolation(node, False, _secret_names(spec))
+
+
+def pod_hostname(pod_name: str) -> str:
+    """The pod's hostname: its name cut to 63 characters, as Kubernetes does."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "-", pod_name)[:63].strip("-.")
+    return name or "pod"
+
+
+def pod_metadata(run, tmpl: dict, node_name: str) -> tuple[dict, dict]:
+    """(labels, annotations) of a pod: spec.podMetadata, then the template's metadata."""
+    labels = {WORKFLOW_LABEL: run.name}
+    annotations = {"workflows.argoproj.io/node-name": node_name}
+    for meta in ((run.spec.get("podMetadata") or {}), (tmpl.get("metadata") or {})):
+        labels.update({k: to_str(v) for k, v in (meta.get("labels") or {}).items()})
+        annotations.update({k: to_str(v) for k, v in (meta.get("annotations") or {}).items()})
+    return labels, annotations
+
+
+def _hidden(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in POD_OWN)
+
+
+def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
+    """The pod's mounts: the template's volumeMounts at their mountPath (emptyDir as its own
+    storage, a claim's or hostPath's directory shared), plus `extra` runner directories at
+    their own path (read-only: a script, or a cwd the pod's /tmp would cover)."""
+    known = volumes.declared(run.spec, body)
+    container = body.get("container") or body.get("script") or {}
+    out = []
+    for m in container.get("volumeMounts") or []:
+        vol, name = known[m["name"]], m["name"]
+        read_only = bool(m.get("readOnly"))
+        if "emptyDir" in vol:
+            if m.get("subPath"):
+                raise ValueError(f"volume {name}: an emptyDir subPath is not supported in a pod")
+            empty = vol.get("emptyDir") or {}
+            size = empty.get("sizeLimit")
+            out.append(
+                Volume(
+                    str(m["mountPath"]),
+                    memory=empty.get("medium") == "Memory",
+                    size_limit=None if size is None else parse_quantity(size, "sizeLimit"),
+                    read_only=read_only,
+                    name=name,
+                )
+            )
+            continue
+        if "hostPath" in vol:
+            local = Path(vol["hostPath"]["path"])
+        else:
+            local = Path(run.workdir) / "volumes" / vol["persistentVolumeClaim"]["claimName"]
+        if m.get("subPath"):
+            local = local / m["subPath"]
+        local.mkdir(parents=True, exist_ok=True)
+        out.append(Volume(str(m["mountPath"]), host_path=str(local), read_only=read_only))
+    taken = {v.target for v in out}
+    for path in extra:
+        if path not in taken:
+            out.append(Volume(path, host_path=path, read_only=True, name="runner"))
+    return out
+
+
+def _limits(container: dict) -> tuple[str | None, str | None]:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    memory, cpu = limits.get("memory"), limits.get("cpu")
+    return (None if memory is None else to_str(memory)), (None if cpu is None else to_str(cpu))
+
+
+def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, script: str | None):
+    """Start one attempt of `node` as a pod with address `ip`; register it with the run's
+    process registry (so Ctrl-C and deadlines stop it). PodError/ValueError if it cannot."""
+    container = body.get("container") or body.get("script")
+    extra = [os.path.dirname(script)] if script else []
+    if _hidden(cwd):
+        extra.append(cwd)
+    memory, cpu = _limits(container)
+    pod = run.isolation.node.start_pod(
+        node.id,
+        argv,
+        env,
+        cwd,
+        hostname=pod_hostname(node.id),
+        volumes=pod_volumes(run, body, extra),
+        memory_limit=memory,
+        cpu_limit=cpu,
+        log_path=log_path,
+        ip=ip,
+    )
+    try:
+        run.registry.add(pod)
+    except RuntimeError:
+        pod.release()
+        raise
+    return pod
+
+
+def pod_probe(probe: dict, pod) -> dict:
+    """A readiness probe aimed at the pod: TCP/HTTP at its IP, exec inside its namespaces."""
+    out = dict(probe)
+    for key in ("tcpSocket", "httpGet"):
+        if key in out and not out[key].get("host"):
+            out[key] = {**out[key], "host": pod.ip}
+    if "exec" in out:
+        command = [to_str(a) for a in out["exec"].get("command") or []]
+        out["exec"] = {**out["exec"], "command": pod.enter_argv(command)}
+    return out
+
+
+def output_reader(pod):
+    """How the runner reads a pod's output file: from the pod's storage (its /tmp, /dev/shm or
+    a volume); a path outside them is the host's, which the pod shares (there is no image)."""
+
+    def read(path: str) -> str:
+        where = pod.path(path)
+        return Path(path if where is None else where).read_text()
+
+    return read
+
+
+def exit_message(pod, rc: int | None) -> str:
+    """The message of a failed pod, as a node reports it (OOMKilled over its memory limit)."""
+    if pod.oom_killed():
+        return f"OOMKilled (exit code {rc})"
+    return f"Error (exit code {rc})"
