@@ -140,6 +140,20 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     return copied
 
 
+def _mark_archived(st: Storage, dst: Storage, step: int) -> None:
+    """Write the step's ARCHIVED marker with an exclusive create, as COMMIT is: a killed
+    archiver leaves no marker or a whole one, never an empty one that reads as damage."""
+    marker = {"uri": dst.uri, "archived_at": time.time(), "id": uuid.uuid4().hex}
+    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
+    try:
+        st.write(rel, json.dumps(marker).encode(), exclusive=True)
+    except AlreadyExists:
+        raise CheckpointError(
+            f"{st.url(rel)} appeared while this archive ran (another archiver?); "
+            "run one archive per root at a time"
+        ) from None
+
+
 def archive(
     root_uri: str,
     to_uri: str,
@@ -176,8 +190,7 @@ def archive(
             print(f"\rarchiving step {step} ({i + 1}/{len(chosen)})", end="", file=sys.stderr)
         report.bytes_copied += copy_step(st, dst, step, present)
         present = {**present, **{k: _Sized(v) for k, v in by_step[step].objects.items()}}
-        marker = {"uri": dst.uri, "archived_at": time.time(), "id": uuid.uuid4().hex}
-        st.write(f"{layout.step_dir(step)}/{layout.ARCHIVED}", json.dumps(marker).encode())
+        _mark_archived(st, dst, step)
         by_step[step].tier = "archive"
         moved |= set(by_step[step].objects)
     if progress and chosen:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.retention import Policy, plan_retention
-from ckptflow.core.storage import Storage
+from ckptflow.core.storage import Storage, is_temporary
 
 DEFAULT_GRACE_S = 3600.0
 
@@ -130,13 +130,17 @@ def gc(
 
 
 def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:
-    """Manifests and intents in committed steps that COMMIT does not name (a losing racer)."""
+    """Manifests and intents in committed steps that COMMIT does not name (a losing racer),
+    and temporary files of atomic writes a crash left behind."""
     out = []
     for row in kept:
         if row.save_id is None:
             continue
         for e in listing.step_files(st, row.step):
             name = e.path.rsplit("/", 1)[-1]
+            if is_temporary(name) and e.mtime < cutoff:
+                out.append(e)
+                continue
             stem = name.removesuffix(".json")
             for prefix in ("manifest-", "saving-"):
                 if (
