@@ -174,6 +174,7 @@ def archive(
         raise CheckpointError(
             f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"
         )
+    rootreader.require_marker(st)  # the archive root gets this id: never a guessed one
     rows = listing.build_rows(st, now=now, check=True)
     chosen = select_for_archive(listing.entries(rows), older_than_s, now)
     by_step = {r.step: r for r in rows}

@@ -92,6 +92,7 @@ def gc(
     now = time.time() if now is None else now
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     st = listing.open_root(root_uri, storage, must_exist=False)
+    rootreader.require_marker(st)  # never delete on a guessed root id (all steps "foreign")
     report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
     rows = listing.build_rows(st, now=now, check=True)
     plan = plan_retention(listing.entries(rows), policy, now)

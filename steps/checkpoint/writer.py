@@ -275,6 +275,7 @@ class CkptStorageWriter(StorageWriter):
             "save_id": job.save_id,
             "manifest": name,
             "manifest_xxh3": codec.digest(blob),
+            "root_id": job.root_id,  # the root's id survives a lost root marker (rootreader)
             "step": job.step,
             "committed_at": time.time(),
         }

@@ -159,3 +159,30 @@ def test_archive_of_a_fine_tune_copies_the_objects_it_borrows(tmp_path):
     assert needed <= set(listing.list_objects(Storage(arch)))  # self-contained copy
     assert_loads(child_root, 1, states[1])
     assert_loads(child_root, 2, states[2])
+
+
+# -- issue 14: trusting markers and root identity ------------------------------------------------
+def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = save_steps(root, range(1, 4), full_every=1)
+    real = Storage._write_fd
+
+    def killed(path, data, flags, durable):
+        if "ARCHIVED" in os.path.basename(path):
+            os.close(os.open(path, flags, 0o644))  # opened, then the process is killed
+            raise KeyboardInterrupt("archiver killed")
+        return real(path, data, flags, durable)
+
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(killed))
+    with pytest.raises(KeyboardInterrupt):
+        archive(root, arch, 0.001, apply=True, now=time.time() + 10, grace_s=0)
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(real))
+    assert not Storage(root).exists(f"{layout.step_dir(1)}/{layout.ARCHIVED}")
+    rows = rows_of(root)
+    assert [rows[s].state for s in (1, 2, 3)] == ["committed"] * 3 and rows[1].tier == "hot"
+    report = gc(root, "last=3", apply=True, now=time.time() + 7200)
+    assert report.delete_steps == [] and rootreader.committed_steps(Storage(root)) == [1, 2, 3]
+    assert archive(root, arch, 0.001, apply=True, now=time.time() + 10, grace_s=0).steps == [1, 2]
+    assert rows_of(root)[1].tier == "archive"
+    for step in (1, 2, 3):
+        assert_loads(root, step, states[step])

@@ -346,3 +346,44 @@ def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
     assert report.delete_steps == [1, 2] and "step 3 was pinned during gc; kept" in report.warnings
     assert rootreader.committed_steps(Storage(root)) == [3, 4]
     assert_loads(root, 3, states[3])
+
+
+# -- issue 14: what GC trusts ----------------------------------------------------------------------
+def test_a_lost_root_marker_makes_gc_refuse_and_keeps_every_step(tmp_path, capsys):
+    from ckptflow.ckpt_cli import main
+    from ckptflow.core.errors import CheckpointError as CoreError
+
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 4), full_every=1)
+    marker = os.path.join(root, layout.ROOT_MARKER)
+    for damage in ("lost", "garbled"):
+        if damage == "lost":
+            os.remove(marker)
+        else:
+            with open(marker, "wb") as f:
+                f.write(b'{"format": "ckptf')  # torn
+        before = tree(root)
+        with pytest.raises(CoreError, match="root marker"):
+            gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+        rc = main(["gc", root, "--policy", "last=1", "--grace", "0", "--yes"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "repair" in err and "Traceback" not in err
+        assert tree(root) == before  # nothing deleted
+        assert rootreader.committed_steps(Storage(root)) == [1, 2, 3]
+        for step in (1, 3):
+            assert_loads(root, step, states[step])  # every manifest agrees on the root id
+        target = blank()
+        assert Checkpointer(root).load(target) == 3
+        with pytest.raises(CheckpointError, match="root marker"):
+            Checkpointer(root).save(4, state(4))  # never a fresh root id over old steps
+        assert tree(root) == before
+    assert main(["repair", root]) == 0 and "would restore" in capsys.readouterr().out
+    assert main(["repair", root, "--yes"]) == 0
+    assert (
+        rootreader.read_root_id(Storage(root))
+        == rootreader.read_manifest(Storage(root), 1)["root_id"]
+    )
+    save_steps(root, [4], full_every=1)
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.delete_steps == [1, 2, 3]
+    assert_loads(root, 4, state(4))
