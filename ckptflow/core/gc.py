@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CorruptCheckpoint
-from ckptflow.core.retention import Policy, plan_retention
+from ckptflow.core.retention import Policy, RetentionPlan, plan_retention
 from ckptflow.core.storage import Storage, is_temporary
 
 DEFAULT_GRACE_S = 3600.0
@@ -95,7 +95,7 @@ def gc(
     rootreader.require_marker(st)  # never delete on a guessed root id (all steps "foreign")
     report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
     rows = listing.build_rows(st, now=now, check=True)
-    plan = plan_retention(listing.entries(rows), policy, now)
+    plan = plan_on_sound_latest(st, rows, policy, now, report.warnings)
     report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
     report.warnings += plan.warnings
     by_step = {r.step: r for r in rows}
@@ -128,6 +128,34 @@ def gc(
     keys, size = free_objects(st, rows, set(plan.delete), now - grace_s, report.warnings, apply)
     report.objects, report.bytes_freed = keys, report.bytes_freed + size
     return report
+
+
+def plan_on_sound_latest(
+    st: Storage, rows: list[listing.StepRow], policy: Policy, now: float, warnings: list[str]
+) -> RetentionPlan:
+    """The retention plan, once the latest valid step it keeps has passed a content check.
+
+    Rows are checked cheaply (existence and size), which a flipped byte passes. Before older
+    valid steps are deleted, the step that recovery would then rely on is read in full and
+    every object's checksum checked (a deep verify of that one step); a step that fails is
+    marked corrupt and the plan made again, so the next older sound step is kept instead."""
+    by_step = {r.step: r for r in rows}
+    while True:
+        plan = plan_retention(listing.entries(rows), policy, now)
+        latest = next((s for s, why in plan.reasons.items() if "latest-valid" in why), None)
+        older = [s for s in plan.delete if latest is not None and s < latest]
+        if latest is None or not any(by_step[s].valid for s in older):
+            return plan  # nothing that recovery could fall back to is deleted
+        _, bad = listing.verify_step(st, latest)
+        if not bad:
+            return plan
+        row = by_step[latest]
+        row.state, row.problems = "corrupt", bad
+        warnings.append(
+            f"step {latest} failed its content check and is treated as corrupt: "
+            + "; ".join(bad[:3])
+            + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else "")
+        )
 
 
 def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:

@@ -387,3 +387,22 @@ def test_a_lost_root_marker_makes_gc_refuse_and_keeps_every_step(tmp_path, capsy
     report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
     assert report.delete_steps == [1, 2, 3]
     assert_loads(root, 4, state(4))
+
+
+def flip_byte(path: str, at: int = 0) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_a_flipped_byte_in_the_newest_step_keeps_the_last_good_one(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 4), full_every=1)
+    victim = sorted(objects_of(root, 3) - objects_of(root, 2))[0]
+    flip_byte(os.path.join(root, layout.object_path(victim)), 5)  # same size, other content
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.keep == {2: ["last-1", "latest-valid"]} and report.delete_steps == [1, 3]
+    assert any("step 3" in w and "checksum" in w for w in report.warnings), report.warnings
+    assert_loads(root, 2, states[2])
