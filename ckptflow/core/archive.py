@@ -168,6 +168,7 @@ def archive(
 ) -> ArchiveReport:
     """Archive hot steps older than `older_than_s` to `to_uri` (dry run unless `apply`)."""
     now = time.time() if now is None else now
+    grace_s = gc.check_grace(grace_s)
     st = listing.open_root(root_uri, storage)
     dst = dest or st.peer(to_uri)
     if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
@@ -197,6 +198,6 @@ def archive(
     if progress and chosen:
         print(file=sys.stderr)
     report.objects, report.bytes_freed = gc.free_objects(
-        st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved
+        st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved, now=now
     )
     return report

@@ -172,6 +172,27 @@ def check_objects(
         row.state = "corrupt"
 
 
+def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
+    """The objects of `sizes` (key -> stored size) that are absent or of another size, in the
+    root (one listing) or, for objects it borrows, in its parent roots. What a save checks
+    before it commits."""
+    present = list_objects(storage)
+    fallbacks: list[Storage] | None = None
+    bad = []
+    for key, size in sorted(sizes.items()):
+        found = present.get(key)
+        have = found.size if found is not None else None
+        if found is None:
+            fallbacks = rootreader.parent_stores(storage) if fallbacks is None else fallbacks
+            have = _size_in(fallbacks, key)
+        url = storage.url(layout.object_path(key))
+        if have is None:
+            bad.append(f"{url} (missing)")
+        elif have != size:
+            bad.append(f"{url} (size {have}, expected {size})")
+    return bad
+
+
 def _size_in(stores: list[Storage], key: str) -> int | None:
     for st in stores:
         try:

@@ -196,6 +196,15 @@ class Storage:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
 
+    def mtime(self, rel: str) -> float:
+        """A file's modification time by the storage's own clock (the clock GC compares)."""
+        try:
+            return _mtime(self.fs.info(self.path(rel)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
+
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:

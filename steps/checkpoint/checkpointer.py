@@ -249,16 +249,19 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.rank == 0:
             job.root_id = rootreader.ensure_root(self.storage, self._parent)
+        writer = CkptStorageWriter(job)
         try:
             dcp.save(
                 state_dict,
-                storage_writer=CkptStorageWriter(job),
+                storage_writer=writer,
                 planner=SafeSavePlanner(),
                 process_group=self._pg,
                 no_dist=not self._distributed,
             )
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
+        finally:
+            writer.close()  # a failed save stops its heartbeat too: GC may collect it later
         self._after_commit(job)
         stats.background_s = time.perf_counter() - t0
         stats.bytes_raw, stats.bytes_written, stats.bytes_reused = (
