@@ -96,6 +96,32 @@ def claim_archive_root(dst: Storage, root_id: str, hot_uri: str, create: bool = 
         )
 
 
+def refuse_hot_root(st: Storage, dst: Storage, to_uri: str) -> None:
+    """Refuse an archive root that is the hot root itself or lies inside it, however it is
+    spelled: archiving there would free the objects it just "copied", the only copy. Told by
+    where the roots really are (Storage.location: symlinks, `..`, doubled slashes resolved)
+    and by the root marker found there: a hot root's own marker (this id, no `archive_of`)
+    is the hot root seen through another path (a bind mount, another endpoint) or a copy."""
+    fix = "give another bucket or prefix"
+    if st.contains(dst):
+        raise CheckpointError(f"--to {to_uri} is the hot root {st.uri} or inside it: {fix}")
+    try:
+        theirs = rootreader.read_marker(dst)
+    except CheckpointError:
+        return  # not a root marker: claim_archive_root refuses it with its own message
+    mine = rootreader.read_marker(st)
+    if (
+        theirs is not None
+        and mine is not None
+        and theirs["root_id"] == mine["root_id"]
+        and "archive_of" not in theirs
+    ):
+        raise CheckpointError(
+            f"--to {to_uri} holds this run's hot root marker (root id {mine['root_id']}): it is "
+            f"the hot root {st.uri} under another name, or a copy of it; {fix}"
+        )
+
+
 def _copy_object(src: Storage, dst: Storage, key: str, size: int, fallbacks: list) -> int:
     """Copy one object, checking it first (a fine-tune's borrowed objects come from its parent
     root, so the archive copy is self-contained). Returns the bytes written."""
@@ -171,11 +197,8 @@ def archive(
     grace_s = gc.check_grace(grace_s)
     st = listing.open_root(root_uri, storage)
     dst = dest or st.peer(to_uri)
-    if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
-        raise CheckpointError(
-            f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"
-        )
-    rootreader.require_marker(st)  # the archive root gets this id: never a guessed one
+    rootreader.require_marker(st)
+    refuse_hot_root(st, dst, to_uri)  # the archive root gets this id: never a guessed one
     rows = listing.build_rows(st, now=now, check=True)
     chosen = select_for_archive(listing.entries(rows), older_than_s, now)
     by_step = {r.step: r for r in rows}

@@ -28,8 +28,9 @@ class RootMarkerError(CheckpointError):
     """The root marker is missing or damaged although the root holds committed steps."""
 
 
-def _marker_doc(storage: Storage) -> dict | None:
-    """The parsed root marker; None when absent; CheckpointError when it is not one."""
+def read_marker(storage: Storage) -> dict | None:
+    """The parsed root marker (bounded read, fields checked); None when absent;
+    CheckpointError when it is not one."""
     url = storage.url(layout.ROOT_MARKER)
     try:
         blob = storage.read(layout.ROOT_MARKER, limit=MAX_MARKER + 1)
@@ -57,7 +58,7 @@ def read_root_id(storage: Storage) -> str | None:
     holds committed steps, the id their commit markers and manifests agree on is returned
     (reads keep working); tools that change the root refuse instead (`require_marker`)."""
     try:
-        doc = _marker_doc(storage)
+        doc = read_marker(storage)
     except CheckpointError as exc:
         damage: CheckpointError | None = exc
         doc = None
@@ -124,7 +125,7 @@ def marker_problem(storage: Storage) -> str | None:
     root holds no committed step). GC, archive and saves refuse on it: acting on a guessed
     id could delete every step or orphan them under a fresh id."""
     try:
-        doc = _marker_doc(storage)
+        doc = read_marker(storage)
     except CheckpointError:
         doc, state = None, "damaged"
     else:
@@ -287,7 +288,7 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
 def read_parent(storage: Storage) -> dict | None:
     """The root marker's `parent` ({"uri", "step", "root_id"}), or None (the usual case)."""
     try:
-        doc = _marker_doc(storage)
+        doc = read_marker(storage)
     except CheckpointError:
         return None
     parent = doc.get("parent") if isinstance(doc, dict) else None

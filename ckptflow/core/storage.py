@@ -163,6 +163,20 @@ class Storage:
         p = self.path(rel)
         return p if self.protocol == "file" else f"{self.protocol}://{p}"
 
+    def location(self) -> tuple[str, ...]:
+        """Where this root really is, for telling two roots apart (never their spelling):
+        local disk: the real path (symlinks and `..` resolved); S3: the bucket and the
+        normalized key; memory: the normalized path."""
+        if self.protocol in ("file", "local"):
+            return ("file", *os.path.realpath(self._base).strip("/").split("/"))
+        norm = posixpath.normpath("/" + self._base).strip("/")
+        return (self.protocol, *[p for p in norm.split("/") if p])
+
+    def contains(self, other: Storage) -> bool:
+        """True when `other` is this root or lies inside it (by `location`)."""
+        mine, theirs = self.location(), other.location()
+        return theirs[: len(mine)] == mine
+
     def child(self, rel: str) -> Storage:
         """A Storage rooted at `rel` below this one, sharing the filesystem."""
         return Storage(self.url(rel), fs=self.fs, options=self.options)

@@ -162,6 +162,53 @@ def test_archive_of_a_fine_tune_copies_the_objects_it_borrows(tmp_path):
 
 
 # -- issue 14: trusting markers and root identity ------------------------------------------------
+@pytest.mark.parametrize("alias", ["symlink", "spelling", "inside via symlink"])
+def test_archive_to_an_alias_of_the_hot_root_is_refused(tmp_path, capsys, alias):
+    root = str(tmp_path / "hot")
+    states = save_steps(root, range(1, 4), full_every=1)
+    if alias == "symlink":
+        os.symlink(root, tmp_path / "link")
+        to = str(tmp_path / "link")
+    elif alias == "spelling":
+        os.mkdir(tmp_path / "sub")
+        to = str(tmp_path / "sub" / ".." / "hot") + "/"
+    else:
+        os.symlink(tmp_path, tmp_path / "up")
+        to = str(tmp_path / "up" / "hot" / "cold")
+    before = listing.list_objects(Storage(root))
+    rc = main(["archive", root, "--older-than", "0.001s", "--to", to, "--grace", "0", "--yes"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hot root" in err and "Traceback" not in err, err
+    assert listing.list_objects(Storage(root)) == before
+    for step in (1, 2, 3):
+        assert not Storage(root).exists(f"{layout.step_dir(step)}/{layout.ARCHIVED}")
+        assert_loads(root, step, states[step])
+
+
+def test_archive_to_the_hot_root_under_another_path_is_told_by_its_marker(tmp_path):
+    import shutil
+
+    from ckptflow.core.errors import CheckpointError
+
+    root = str(tmp_path / "hot")
+    save_steps(root, range(1, 3), full_every=1)
+    shutil.copytree(root, tmp_path / "mirror")  # what a bind mount or a second endpoint shows
+    with pytest.raises(CheckpointError, match="hot root marker"):
+        archive(root, str(tmp_path / "mirror"), 0.001, apply=True, now=time.time() + 10)
+    assert not os.path.exists(os.path.join(root, layout.step_dir(1), layout.ARCHIVED))
+
+
+@pytest.mark.s3
+def test_archive_to_another_spelling_of_the_hot_s3_root_is_refused(s3_bucket, capsys):
+    root = f"s3://{s3_bucket}/run/ckpt"
+    save_steps(root, range(1, 3), full_every=1)
+    before = listing.list_objects(Storage(root))
+    for to in (f"s3://{s3_bucket}/run//ckpt/", f"s3://{s3_bucket}/run/./ckpt/cold"):
+        rc = main(["archive", root, "--older-than", "0.001s", "--to", to, "--yes"])
+        assert rc == 2 and "hot root" in capsys.readouterr().err
+    assert listing.list_objects(Storage(root)) == before
+
+
 def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
     root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
     states = save_steps(root, range(1, 4), full_every=1)
