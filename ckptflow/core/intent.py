@@ -42,6 +42,14 @@ def write_intent(storage: Storage, step: int, save_id: str, world_size: int) -> 
     return rel, blob
 
 
+def end_intent(storage: Storage, rel: str, blob: bytes) -> None:
+    """Mark a save's intent ended (the save failed and will not commit): GC then treats its
+    folder as a leftover without waiting for the lease to run out."""
+    doc = json.loads(blob)
+    doc["ended_at"] = time.time()
+    storage.write(rel, json.dumps(doc).encode(), atomic=True)
+
+
 def _number(doc: dict, key: str, low: float, high: float) -> float | None:
     v = doc.get(key)
     if isinstance(v, bool) or not isinstance(v, int | float):
@@ -71,8 +79,8 @@ def live_starts(storage: Storage, step: int, now: float) -> list[float]:
             continue
         doc = _read(storage, e.path)
         lease = _number(doc, "lease_s", 0.0, MAX_LEASE_S) or layout.SAVE_LEASE_S
-        if e.mtime < now - lease:
-            continue  # no heartbeat within its lease: the save is dead (a crash leftover)
+        if e.mtime < now - lease or "ended_at" in doc:
+            continue  # no heartbeat within its lease, or it failed: a leftover
         out.append(_start(doc, e.mtime))
     return out
 

@@ -258,10 +258,12 @@ class Checkpointer:
                 process_group=self._pg,
                 no_dist=not self._distributed,
             )
-        except CheckpointException as exc:
-            raise _unwrap(exc) from exc
-        finally:
-            writer.close()  # a failed save stops its heartbeat too: GC may collect it later
+        except BaseException as exc:
+            writer.close(failed=True)  # a failed save is no longer live: GC may collect it
+            if isinstance(exc, CheckpointException):
+                raise _unwrap(exc) from exc
+            raise
+        writer.close(failed=False)
         self._after_commit(job)
         stats.background_s = time.perf_counter() - t0
         stats.bytes_raw, stats.bytes_written, stats.bytes_reused = (

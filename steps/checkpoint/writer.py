@@ -288,14 +288,18 @@ class CkptStorageWriter(StorageWriter):
                 "save ran; nothing of the other checkpoint was changed: save under a new step number"
             ) from None
         finally:
-            self.close()
+            self.close(failed=False)
         job.metadata["_manifest_xxh3"] = commit["manifest_xxh3"]
 
-    def close(self) -> None:
-        """Stop the intent's heartbeat (committed or failed: the save is no longer live)."""
+    def close(self, failed: bool) -> None:
+        """Stop the intent's heartbeat: the save committed, or `failed` (then the intent is
+        marked ended, so GC collects the leftover without waiting for the lease to run out)."""
         hb, self._heartbeat = self._heartbeat, None
-        if hb is not None:
-            hb.stop()
+        if hb is None:
+            return
+        hb.stop()
+        if failed:
+            hb.end()
 
 
 class _Heartbeat:
@@ -303,6 +307,7 @@ class _Heartbeat:
     (ckptflow.core.intent) however long it runs and whatever GC's grace period."""
 
     def __init__(self, storage: Storage, rel: str, blob: bytes):
+        self.storage, self.rel, self.blob = storage, rel, blob
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(storage, rel, blob), name="ckpt-heartbeat", daemon=True
@@ -319,6 +324,13 @@ class _Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def end(self) -> None:
+        """Mark the intent ended (a failed save); best effort: a lapsed lease ends it too."""
+        try:
+            intent.end_intent(self.storage, self.rel, self.blob)
+        except Exception as exc:
+            log.warning("could not mark the save intent %s ended: %s", self.rel, exc)
 
 
 def _check_objects_present(storage: Storage, manifest: dict) -> None:
