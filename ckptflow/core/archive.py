@@ -104,7 +104,10 @@ def refuse_hot_root(st: Storage, dst: Storage, to_uri: str) -> None:
     is the hot root seen through another path (a bind mount, another endpoint) or a copy."""
     fix = "give another bucket or prefix"
     if st.contains(dst):
-        raise CheckpointError(f"--to {to_uri} is the hot root {st.uri} or inside it: {fix}")
+        raise CheckpointError(
+            f"--to {to_uri} is the hot root itself or inside it ({st.uri}, symlinks and `..` "
+            f"resolved): {fix}"
+        )
     try:
         theirs = rootreader.read_marker(dst)
     except CheckpointError:

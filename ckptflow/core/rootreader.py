@@ -15,7 +15,7 @@ import uuid
 from ckptflow.core import codec, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.storage import AlreadyExists, Storage, StorageError, supported
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
 
@@ -344,17 +344,65 @@ def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> 
 
 def locate(storage: Storage, step: int) -> Storage:
     """The storage that holds a step's data: its archive root when the step folder has an
-    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself."""
+    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself.
+
+    A redirect is proved before it is followed: it must use a supported URI scheme and name a
+    root whose marker has this root's id and whose copy of the step is committed as the same
+    save (save id and manifest checksum) as here. A torn, dangling or foreign redirect makes
+    the step corrupt (CorruptCheckpoint naming the marker: loads fall back), never a way to
+    read another run's data, and never a failure of the whole root."""
     rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
     try:
-        blob = storage.read(rel)
+        blob = storage.read(rel, limit=MAX_MARKER + 1)
     except FileNotFoundError:
         return storage
+    url = storage.url(rel)
+    uri = _redirect_uri(blob)
+    if uri is None:
+        raise CorruptCheckpoint(f"{url}: archive marker is malformed (torn or not JSON)", [url])
+    if not supported(uri):
+        raise CorruptCheckpoint(
+            f"{url}: archive marker names {uri[:100]!r}, not a supported storage URI", [url]
+        )
+    archive = storage.peer(uri)
+    why = _not_the_copy(storage, archive, step)
+    if why:
+        raise CorruptCheckpoint(
+            f"{url}: ARCHIVED names {archive.uri}, which {why}; the step is not read there", [url]
+        )
+    return archive
+
+
+def _redirect_uri(blob: bytes) -> str | None:
+    """The `uri` of an ARCHIVED marker's bytes, or None when they are not a marker."""
     try:
-        uri = json.loads(blob)["uri"]
-        if not isinstance(uri, str) or not uri:
-            raise ValueError("uri")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        url = storage.url(rel)
-        raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url]) from exc
-    return storage.peer(uri)
+        doc = json.loads(blob) if len(blob) <= MAX_MARKER else None
+    except (ValueError, RecursionError):
+        return None
+    uri = doc.get("uri") if isinstance(doc, dict) else None
+    return uri if isinstance(uri, str) and uri and len(uri) <= 4096 else None
+
+
+def _not_the_copy(storage: Storage, archive: Storage, step: int) -> str | None:
+    """Why `archive` is not this root's copy of `step` (None when it is)."""
+    try:
+        here = read_commit(storage, step)
+    except FileNotFoundError:
+        return "cannot be checked: the step has no commit marker here"
+    try:
+        marker = read_marker(archive)
+        there = read_commit(archive, step)
+    except FileNotFoundError:
+        return "holds no committed copy of this step"
+    except (CheckpointError, StorageError, OSError) as exc:
+        return f"cannot be read as an archive root ({type(exc).__name__}: {str(exc)[:200]})"
+    if marker is None:
+        return "has no root marker"
+    if marker["root_id"] != read_root_id(storage):
+        return f"belongs to another run (root id {marker['root_id'][:64]})"
+    if (there.get("save_id"), there.get("manifest_xxh3")) != (
+        here["save_id"],
+        here["manifest_xxh3"],
+    ):
+        return f"holds a different save of step {step}"
+    return None

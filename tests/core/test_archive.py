@@ -209,6 +209,42 @@ def test_archive_to_another_spelling_of_the_hot_s3_root_is_refused(s3_bucket, ca
     assert listing.list_objects(Storage(root)) == before
 
 
+def _redirect(root: str, step: int, uri: str) -> None:
+    Storage(root).write(
+        f"{layout.step_dir(step)}/{layout.ARCHIVED}", json.dumps({"uri": uri}).encode()
+    )
+
+
+def test_an_archived_marker_naming_another_run_is_a_corrupt_step(tmp_path, capsys):
+    root, other = str(tmp_path / "hot"), str(tmp_path / "other")
+    states = save_steps(root, range(1, 3), full_every=1)
+    save_steps(other, range(1, 3), full_every=1)  # same steps, same shapes, other tensors
+    _redirect(root, 2, other)
+    target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
+    with pytest.raises(CorruptCheckpoint, match="ARCHIVED"):
+        Checkpointer(root).load(target, step=2)
+    assert Checkpointer(root).load(target) == 1  # fallback, never the other run's step 2
+    assert torch.equal(target["w"], states[1]["w"])
+    assert main(["verify", root, "--step", "2"]) == 1
+    assert "CORRUPT" in capsys.readouterr().out
+    assert rows_of(root)[2].state == "corrupt"
+
+
+@pytest.mark.parametrize("uri", ["dangling", "http://example.com/x", "ftp://h/x", ""])
+def test_a_dangling_or_unsupported_archived_marker_costs_only_its_step(tmp_path, capsys, uri):
+    root = str(tmp_path / "hot")
+    states = save_steps(root, range(1, 4), full_every=1)
+    _redirect(root, 3, str(tmp_path / "gone") if uri == "dangling" else uri)
+    target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
+    assert Checkpointer(root).load(target) == 2  # falls back past the bad redirect
+    assert torch.equal(target["w"], states[2]["w"])
+    assert main(["ls", root]) == 0
+    out = capsys.readouterr().out
+    assert "corrupt" in out and "ARCHIVED" in out
+    report = gc(root, "last=2", now=time.time() + 7200)
+    assert report.keep == {1: ["last-2"], 2: ["last-2", "latest-valid"]}
+
+
 def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
     root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
     states = save_steps(root, range(1, 4), full_every=1)
