@@ -475,3 +475,25 @@ def test_a_commit_over_a_missing_object_fails_the_save(tmp_path):
     with pytest.raises(CheckpointError, match="not committed.*missing"):
         ck.close()  # waits for the save and re-raises its failure
     assert handle.done() and rootreader.committed_steps(Storage(root)) == [1]
+
+
+@pytest.mark.s3
+def test_gc_with_zero_grace_on_s3_leaves_a_heartbeating_save_whole(s3_bucket, monkeypatch):
+    from ckptflow.steps.checkpoint import writer
+
+    monkeypatch.setattr(writer, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(layout, "SAVE_LEASE_S", 1.5)  # S3 times have whole seconds
+    root = f"s3://{s3_bucket}/run/ckpt"
+    save_steps(root, range(1, 3), full_every=1)
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(3)
+    handle = ck.save(3, new, block=False)
+    assert paused.reached.wait(30)
+    time.sleep(3.0)  # two leases: only the heartbeat (a put of the same intent) keeps it live
+    report = gc(root, "last=1", apply=True, grace_s=0)
+    assert report.in_progress == [3] and report.delete_steps == [1], report.lines()
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 3, new)
