@@ -155,7 +155,7 @@ def _check_marker_matches(storage: Storage, root_id: str) -> None:
     root id must name this one, or some older step must (a single foreign step is damage of
     that step, not of the marker). Usually costs one small read."""
     others: set[str] = set()
-    for step in reversed(committed_steps(storage)):
+    for step in sorted(step_names(storage), reverse=True):  # uncommitted ones read as None
         found = step_root_id(storage, step)
         if found == root_id:
             return
