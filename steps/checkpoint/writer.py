@@ -287,8 +287,7 @@ class CkptStorageWriter(StorageWriter):
                 f"step {job.step} under {job.storage.uri} was committed by another writer while this "
                 "save ran; nothing of the other checkpoint was changed: save under a new step number"
             ) from None
-        finally:
-            self.close(failed=False)
+        self.close(failed=False)  # committed: no longer a live save (a failure: Checkpointer)
         job.metadata["_manifest_xxh3"] = commit["manifest_xxh3"]
 
     def close(self, failed: bool) -> None:
@@ -309,17 +308,15 @@ class _Heartbeat:
     def __init__(self, storage: Storage, rel: str, blob: bytes):
         self.storage, self.rel, self.blob = storage, rel, blob
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(storage, rel, blob), name="ckpt-heartbeat", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="ckpt-heartbeat", daemon=True)
         self._thread.start()
 
-    def _run(self, storage: Storage, rel: str, blob: bytes) -> None:
+    def _run(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                storage.touch(rel, blob)
+                self.storage.touch(self.rel, self.blob)
             except Exception as exc:  # the commit's object check still guards the save
-                log.warning("could not refresh the save intent %s: %s", storage.url(rel), exc)
+                log.warning("could not refresh the save intent %s: %s", self.rel, exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -341,7 +338,8 @@ def _check_objects_present(storage: Storage, manifest: dict) -> None:
         raise CheckpointError(
             f"step {manifest['step']} under {storage.uri} was not committed: "
             f"{len(bad)} object(s) it needs are missing or damaged ({'; '.join(bad[:3])}); "
-            "save again (was a `ckptflow ckpt gc` run with a grace shorter than the save?)"
+            "save again (were they freed by a `ckptflow ckpt gc` while this save's heartbeat "
+            "lapsed, or lost by the storage?)"
         )
 
 
