@@ -230,11 +230,14 @@ def test_an_archived_marker_naming_another_run_is_a_corrupt_step(tmp_path, capsy
     assert rows_of(root)[2].state == "corrupt"
 
 
-@pytest.mark.parametrize("uri", ["dangling", "http://example.com/x", "ftp://h/x", ""])
+@pytest.mark.parametrize("uri", ["dangling", "http://example.com/x", "ftp://h/x", "", "torn"])
 def test_a_dangling_or_unsupported_archived_marker_costs_only_its_step(tmp_path, capsys, uri):
     root = str(tmp_path / "hot")
     states = save_steps(root, range(1, 4), full_every=1)
-    _redirect(root, 3, str(tmp_path / "gone") if uri == "dangling" else uri)
+    if uri == "torn":  # written in place by someone else and cut short: damage, not "hot"
+        Storage(root).write(f"{layout.step_dir(3)}/{layout.ARCHIVED}", b'{"uri": "/ar')
+    else:
+        _redirect(root, 3, str(tmp_path / "gone") if uri == "dangling" else uri)
     target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
     assert Checkpointer(root).load(target) == 2  # falls back past the bad redirect
     assert torch.equal(target["w"], states[2]["w"])
