@@ -6,6 +6,7 @@
     ckptflow ckpt unpin ROOT STEP
     ckptflow ckpt gc ROOT --policy SPEC [--grace 1h] [--yes] [--json]
     ckptflow ckpt archive ROOT --older-than 7d --to URI [--grace 1h] [--yes] [--json]
+    ckptflow ckpt repair ROOT [--yes]
 
 ROOT is a local path or s3://bucket/prefix. gc and archive are dry runs unless --yes. Exit codes:
 0 success, 1 a verification found bad data, 2 a usage error (the message names the fix).
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--grace", type=_duration, default=3600.0, help="leave younger objects (1h)")
     a.add_argument("--yes", action="store_true", help="really archive (default: dry run)")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
+    r = sub.add_parser("repair", help="restore a lost or damaged root marker (dry run)")
+    r.add_argument("root")
+    r.add_argument("--yes", action="store_true", help="really write it (default: dry run)")
     return p
 
 
@@ -239,6 +243,22 @@ def cmd_archive(args) -> int:
     return 0
 
 
+def cmd_repair(args) -> int:
+    st = _open(args.root)
+    root_id, n = rootreader.restore_marker(st, apply=args.yes)
+    if root_id is None:
+        print(f"{st.url(layout.ROOT_MARKER)} is whole: nothing to repair")
+        return 0
+    verb = "restored" if args.yes else "would restore"
+    print(
+        f"{verb} {st.url(layout.ROOT_MARKER)}: root id {root_id}, agreed by {n} committed step(s)"
+    )
+    print("  a fine-tune's parent root is not recorded in the steps: check `ckptflow ckpt verify`")
+    if not args.yes:
+        print("dry run: nothing was written; add --yes to restore it")
+    return 0
+
+
 _VALUE_OPTIONS = {"--grace", "--older-than", "--step", "--policy", "--to", "--reason"}
 
 COMMANDS = {
@@ -248,6 +268,7 @@ COMMANDS = {
     "unpin": cmd_unpin,
     "gc": cmd_gc,
     "archive": cmd_archive,
+    "repair": cmd_repair,
 }
 
 

@@ -96,6 +96,35 @@ def claim_archive_root(dst: Storage, root_id: str, hot_uri: str, create: bool = 
         )
 
 
+def refuse_hot_root(st: Storage, dst: Storage, to_uri: str) -> None:
+    """Refuse an archive root that is the hot root itself or lies inside it, however it is
+    spelled: archiving there would free the objects it just "copied", the only copy. Told by
+    where the roots really are (Storage.location: symlinks, `..`, doubled slashes resolved)
+    and by the root marker found there: a hot root's own marker (this id, no `archive_of`)
+    is the hot root seen through another path (a bind mount, another endpoint) or a copy."""
+    fix = "give another bucket or prefix"
+    if st.contains(dst):
+        raise CheckpointError(
+            f"--to {to_uri} is the hot root itself or inside it ({st.uri}, symlinks and `..` "
+            f"resolved): {fix}"
+        )
+    try:
+        theirs = rootreader.read_marker(dst)
+    except CheckpointError:
+        return  # not a root marker: claim_archive_root refuses it with its own message
+    mine = rootreader.read_marker(st)
+    if (
+        theirs is not None
+        and mine is not None
+        and theirs["root_id"] == mine["root_id"]
+        and "archive_of" not in theirs
+    ):
+        raise CheckpointError(
+            f"--to {to_uri} holds this run's hot root marker (root id {mine['root_id']}): it is "
+            f"the hot root {st.uri} under another name, or a copy of it; {fix}"
+        )
+
+
 def _copy_object(src: Storage, dst: Storage, key: str, size: int, fallbacks: list) -> int:
     """Copy one object, checking it first (a fine-tune's borrowed objects come from its parent
     root, so the archive copy is self-contained). Returns the bytes written."""
@@ -141,6 +170,20 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     return copied
 
 
+def _mark_archived(st: Storage, dst: Storage, step: int) -> None:
+    """Write the step's ARCHIVED marker with an exclusive create, as COMMIT is: a killed
+    archiver leaves no marker or a whole one, never an empty one that reads as damage."""
+    marker = {"uri": dst.uri, "archived_at": time.time(), "id": uuid.uuid4().hex}
+    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
+    try:
+        st.write(rel, json.dumps(marker).encode(), exclusive=True)
+    except AlreadyExists:
+        raise CheckpointError(
+            f"{st.url(rel)} appeared while this archive ran (another archiver?); "
+            "run one archive per root at a time"
+        ) from None
+
+
 def archive(
     root_uri: str,
     to_uri: str,
@@ -155,12 +198,11 @@ def archive(
 ) -> ArchiveReport:
     """Archive hot steps older than `older_than_s` to `to_uri` (dry run unless `apply`)."""
     now = time.time() if now is None else now
+    grace_s = gc.check_grace(grace_s)
     st = listing.open_root(root_uri, storage)
     dst = dest or st.peer(to_uri)
-    if dst.url() == st.url() or dst.url().startswith(st.url().rstrip("/") + "/"):
-        raise CheckpointError(
-            f"--to {to_uri} is the hot root itself or inside it: give another bucket/prefix"
-        )
+    rootreader.require_marker(st)
+    refuse_hot_root(st, dst, to_uri)  # the archive root gets this id: never a guessed one
     rows = listing.build_rows(st, now=now, check=True)
     chosen = select_for_archive(listing.entries(rows), older_than_s, now)
     by_step = {r.step: r for r in rows}
@@ -177,13 +219,12 @@ def archive(
             print(f"\rarchiving step {step} ({i + 1}/{len(chosen)})", end="", file=sys.stderr)
         report.bytes_copied += copy_step(st, dst, step, present)
         present = {**present, **{k: _Sized(v) for k, v in by_step[step].objects.items()}}
-        marker = {"uri": dst.uri, "archived_at": time.time(), "id": uuid.uuid4().hex}
-        st.write(f"{layout.step_dir(step)}/{layout.ARCHIVED}", json.dumps(marker).encode())
+        _mark_archived(st, dst, step)
         by_step[step].tier = "archive"
         moved |= set(by_step[step].objects)
     if progress and chosen:
         print(file=sys.stderr)
     report.objects, report.bytes_freed = gc.free_objects(
-        st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved
+        st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved, now=now
     )
     return report

@@ -10,7 +10,9 @@
 * objects that no kept manifest references and that are older than the grace. The committed
   steps are listed again right before objects are deleted, so a save that committed meanwhile
   keeps its objects; the manifest of a save between its manifest write and its commit protects
-  its objects too. Objects of a save in progress are younger than the grace.
+  its objects too. A save in progress is protected by its intent, whatever the grace: while
+  its heartbeat is within its lease, its folder is left alone and no object written since it
+  started is deleted (ckptflow.core.intent).
 
 Every deletion ignores files already gone, so a crash mid-GC leaves only things a later `gc`
 removes: a step without COMMIT is an uncommitted leftover, an unreferenced object is garbage.
@@ -19,15 +21,16 @@ removes: a step without COMMIT is an uncommitted leftover, an unreferenced objec
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import jsonfile, layout, listing, rootreader, runroot
+from ckptflow.core import intent, jsonfile, layout, listing, rootreader, runroot
 from ckptflow.core import manifest as mf
-from ckptflow.core.errors import CorruptCheckpoint
-from ckptflow.core.retention import Policy, plan_retention
-from ckptflow.core.storage import Storage
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.retention import Policy, RetentionPlan, plan_retention
+from ckptflow.core.storage import Storage, is_temporary
 
 DEFAULT_GRACE_S = 3600.0
 
@@ -90,27 +93,20 @@ def gc(
 ) -> GcReport:
     """Collect a checkpoint root under `policy` (dry run unless `apply`); see the module doc."""
     now = time.time() if now is None else now
+    grace_s = check_grace(grace_s)
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     st = listing.open_root(root_uri, storage, must_exist=False)
+    rootreader.require_marker(st)  # never delete on a guessed root id (all steps "foreign")
     report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
     rows = listing.build_rows(st, now=now, check=True)
-    plan = plan_retention(listing.entries(rows), policy, now)
+    plan = plan_on_sound_latest(st, rows, policy, now, report.warnings)
     report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
     report.warnings += plan.warnings
     by_step = {r.step: r for r in rows}
     doomed: list[tuple[int, list]] = []
     for step in plan.delete:
         doomed.append((step, listing.step_files(st, step)))
-    for row in rows:
-        if row.state != "uncommitted":
-            continue
-        if row.age_s is not None and row.age_s < grace_s:
-            report.in_progress.append(row.step)
-        else:
-            report.leftovers.append(row.step)
-            # Only old files: a new save of the same step may have started since the look above.
-            files = [e for e in listing.step_files(st, row.step) if e.mtime < now - grace_s]
-            doomed.append((row.step, files))
+    doomed += _leftovers(st, rows, now, grace_s, report)
     orphans = _orphans(st, [by_step[s] for s in plan.keep], now - grace_s)
     report.orphan_files = [st.url(e.path) for e in orphans]
     report.bytes_freed = sum(e.size for _, files in doomed for e in files)
@@ -124,19 +120,81 @@ def gc(
                 continue
             _delete_step(st, step, files)
         delete_files(st, [e.path for e in orphans])
-    keys, size = free_objects(st, rows, set(plan.delete), now - grace_s, report.warnings, apply)
+    keys, size = free_objects(
+        st, rows, set(plan.delete), now - grace_s, report.warnings, apply, now=now
+    )
     report.objects, report.bytes_freed = keys, report.bytes_freed + size
     return report
 
 
+def check_grace(grace_s: float) -> float:
+    """A grace period must be a number of seconds, 0 or more. 0 is safe: a live save is
+    protected by its intent's heartbeat (ckptflow.core.intent), not by the grace period."""
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:
+        raise CheckpointError(f"grace period {grace_s!r}: give 0 or more seconds (e.g. 3600)")
+    if not math.isfinite(grace_s):
+        raise CheckpointError(f"grace period {grace_s!r}: give a finite number of seconds")
+    return float(grace_s)
+
+
+def _leftovers(st: Storage, rows: list, now: float, grace_s: float, report: GcReport) -> list:
+    """(step, files) to delete of uncommitted folders: crashed saves. A folder whose intent is
+    live (heartbeat within its lease) or that changed within the grace is left alone."""
+    doomed = []
+    for row in rows:
+        if row.state != "uncommitted":
+            continue
+        young = row.age_s is not None and row.age_s < grace_s
+        if young or intent.live_starts(st, row.step, now):
+            report.in_progress.append(row.step)
+            continue
+        report.leftovers.append(row.step)
+        # Only old files: a new save of the same step may have started since the look above.
+        files = [e for e in listing.step_files(st, row.step) if e.mtime < now - grace_s]
+        doomed.append((row.step, files))
+    return doomed
+
+
+def plan_on_sound_latest(
+    st: Storage, rows: list[listing.StepRow], policy: Policy, now: float, warnings: list[str]
+) -> RetentionPlan:
+    """The retention plan, once the latest valid step it keeps has passed a content check.
+
+    Rows are checked cheaply (existence and size), which a flipped byte passes. Before older
+    valid steps are deleted, the step that recovery would then rely on is read in full and
+    every object's checksum checked (a deep verify of that one step); a step that fails is
+    marked corrupt and the plan made again, so the next older sound step is kept instead."""
+    by_step = {r.step: r for r in rows}
+    while True:
+        plan = plan_retention(listing.entries(rows), policy, now)
+        latest = next((s for s, why in plan.reasons.items() if "latest-valid" in why), None)
+        older = [s for s in plan.delete if latest is not None and s < latest]
+        if latest is None or not any(by_step[s].valid for s in older):
+            return plan  # nothing that recovery could fall back to is deleted
+        _, bad = listing.verify_step(st, latest)
+        if not bad:
+            return plan
+        row = by_step[latest]
+        row.state, row.problems = "corrupt", bad
+        warnings.append(
+            f"step {latest} failed its content check and is treated as corrupt: "
+            + "; ".join(bad[:3])
+            + (f" (+{len(bad) - 3} more)" if len(bad) > 3 else "")
+        )
+
+
 def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:
-    """Manifests and intents in committed steps that COMMIT does not name (a losing racer)."""
+    """Manifests and intents in committed steps that COMMIT does not name (a losing racer),
+    and temporary files of atomic writes a crash left behind."""
     out = []
     for row in kept:
         if row.save_id is None:
             continue
         for e in listing.step_files(st, row.step):
             name = e.path.rsplit("/", 1)[-1]
+            if is_temporary(name) and e.mtime < cutoff:
+                out.append(e)
+                continue
             stem = name.removesuffix(".json")
             for prefix in ("manifest-", "saving-"):
                 if (
@@ -217,6 +275,16 @@ def _current(st: Storage, step: int, cache: dict, root_id: str | None) -> listin
     return row
 
 
+def _live_saves(st: Storage, now: float) -> list[float]:
+    """When each live save under the root started (looked at after the object listing, so a
+    save that started before it is seen); see ckptflow.core.intent."""
+    starts: list[float] = []
+    for step in rootreader.step_names(st):
+        if not st.exists(layout.commit_path(step)):
+            starts += intent.live_starts(st, step, now)
+    return starts
+
+
 def _pending_refs(st: Storage, step: int) -> set[str]:
     """Objects named by a manifest in an uncommitted folder (a save about to commit)."""
     refs: set[str] = set()
@@ -250,14 +318,18 @@ def free_objects(
     warnings: list[str],
     apply: bool,
     only: set[str] | None = None,
+    now: float | None = None,
 ) -> tuple[list[str], int]:
     """Objects (among `only`, if given) older than the cutoff that no kept manifest references;
-    deleted when `apply`. Returns the keys and their bytes."""
+    deleted when `apply`. Returns the keys and their bytes. Objects written since a live save
+    started are kept whatever the cutoff: that save names them only when it writes its
+    manifest."""
     present = listing.list_objects(st)
     # Listed again right before deleting: a save that committed meanwhile keeps its objects.
     refs = referenced(st, rows, skip, fresh=apply, warnings=warnings)
     if refs is None:
         return [], 0
+    cutoff = min([cutoff, *_live_saves(st, time.time() if now is None else now)])
     keys = sorted(
         k
         for k, e in present.items()

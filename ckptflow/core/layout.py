@@ -25,6 +25,10 @@ OBJECTS = "objects"
 COMMIT = "COMMIT"
 ARCHIVED = "ARCHIVED"
 
+# A save in progress refreshes its intent at least this often (its heartbeat, 4 per lease);
+# GC takes an intent not refreshed for this long for a crashed save's (ckptflow.core.intent).
+SAVE_LEASE_S = 120.0
+
 STEP_RE = re.compile(r"^step-(\d{8,})$")
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")
 SAVE_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")

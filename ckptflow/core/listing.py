@@ -117,9 +117,6 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
     try:
         commit = rootreader.read_commit(storage, step)
         row.save_id, row.committed_at = commit["save_id"], float(commit.get("committed_at") or 0)
-        located = rootreader.locate(storage, step) if layout.ARCHIVED in names else storage
-        if located is not storage:
-            row.tier, row.archive_uri = "archive", located.uri
         m = rootreader.read_manifest(storage, step, root_id)
     except FileNotFoundError:  # the commit marker went away while we looked (GC)
         return row
@@ -136,6 +133,16 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
     row.objects = {k: v["size"] for k, v in m["objects"].items()}
     row.committed_at = row.committed_at or float(m["created_at"])
     row.age_s = max(0.0, now - row.committed_at)
+    if layout.ARCHIVED in names:
+        # after the hot manifest was read: a step whose redirect is bad is corrupt, and its
+        # row still names the objects it needs (GC keeps them while the step is kept)
+        try:
+            located = rootreader.locate(storage, step)
+        except CorruptCheckpoint as exc:
+            row.state, row.problems = "corrupt", list(exc.files) or [str(exc)]
+            return row
+        if located is not storage:
+            row.tier, row.archive_uri = "archive", located.uri
     return row
 
 
@@ -174,6 +181,27 @@ def check_objects(
         row.state = "corrupt"
 
 
+def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
+    """The objects of `sizes` (key -> stored size) that are absent or of another size, in the
+    root (one listing) or, for objects it borrows, in its parent roots. What a save checks
+    before it commits."""
+    present = list_objects(storage)
+    fallbacks: list[Storage] | None = None
+    bad = []
+    for key, size in sorted(sizes.items()):
+        found = present.get(key)
+        have = found.size if found is not None else None
+        if found is None:
+            fallbacks = rootreader.parent_stores(storage) if fallbacks is None else fallbacks
+            have = _size_in(fallbacks, key)
+        url = storage.url(layout.object_path(key))
+        if have is None:
+            bad.append(f"{url} (missing)")
+        elif have != size:
+            bad.append(f"{url} (size {have}, expected {size})")
+    return bad
+
+
 def _size_in(stores: list[Storage], key: str) -> int | None:
     for st in stores:
         try:
@@ -189,8 +217,8 @@ def verify_step(
     """Read every byte of a committed step (from its archive root when archived, borrowed
     objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
     `progress(nbytes, total_bytes)` is called as each object is checked."""
-    try:
-        located = rootreader.locate(storage, step)  # (a damaged ARCHIVED is this step's damage)
+    try:  # a bad ARCHIVED redirect is damage of this step: reported, the others go on
+        located = rootreader.locate(storage, step)
         m = rootreader.read_manifest(located, step)
     except CorruptCheckpoint as exc:
         return None, list(exc.files) or [str(exc)]

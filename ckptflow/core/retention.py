@@ -29,6 +29,9 @@ pinned or is the base of a kept delta, so GC removes corrupt checkpoints by defa
   later step. Reason ``best:METRIC``.
 - Always: pinned entries (``pinned``), the valid entry with the highest step (``latest-valid``),
   and, transitively, the base of every kept delta (``base-of:STEP``).
+- When no entry is valid at all, nothing is deleted (reason ``no-valid-step``, with a warning):
+  all steps failing at once says the catalog cannot be read (a lost root marker), and deleting
+  them would leave nothing to recover from.
 
 Archive entries take part in the rules (a bucket whose newest checkpoint is archived needs no
 hot one as well) but are never in ``keep``/``delete``, which list hot steps only; the hot base
@@ -351,11 +354,27 @@ def plan_retention(
     latest = _latest_valid(by_step)
     if latest is not None:
         _add(reasons, latest, "latest-valid")
+    else:
+        return _keep_all(by_step)
     warnings = _keep_bases(by_step, reasons)
     hot = sorted(s for s, e in by_step.items() if e.tier == "hot")
     keep = [s for s in hot if s in reasons]
     delete = [s for s in hot if s not in reasons]
     return RetentionPlan(keep, delete, {s: reasons[s] for s in keep}, warnings)
+
+
+def _keep_all(by_step: dict[int, CatalogEntry]) -> RetentionPlan:
+    """No entry is valid: that says more about the catalog (a lost root marker makes every
+    manifest look foreign at once) than about the steps, and deleting them all would leave
+    nothing to recover from. Every hot step is kept, with a warning."""
+    hot = sorted(s for s, e in by_step.items() if e.tier == "hot")
+    warnings = []
+    if hot:
+        warnings.append(
+            f"no step is valid ({len(hot)} hot step(s), all corrupt): nothing deleted; check "
+            "the root (`ckptflow ckpt verify`) and delete what is beyond repair by hand"
+        )
+    return RetentionPlan(hot, [], {s: ["no-valid-step"] for s in hot}, warnings)
 
 
 def select_for_archive(

@@ -16,16 +16,54 @@ import uuid
 from ckptflow.core import codec, jsonfile, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.storage import AlreadyExists, Storage, StorageError, supported
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
 
 
-def read_root_id(storage: Storage) -> str | None:
-    """The root id, or None for a root that holds nothing yet; raise for a foreign root."""
+MAX_MARKER = 64 << 10  # bytes of a root marker: a few hundred in practice
+REPAIR = "restore it with `ckptflow ckpt repair {uri} --yes`"
+
+
+class RootMarkerError(CheckpointError):
+    """The root marker is missing or damaged although the root holds committed steps."""
+
+
+def read_marker(storage: Storage) -> dict | None:
+    """The parsed root marker (bounded read, fields checked); None when absent;
+    CheckpointError when it is not one."""
+    url = storage.url(layout.ROOT_MARKER)
     try:
-        doc = jsonfile.read(storage, layout.ROOT_MARKER)
+        doc = jsonfile.read(storage, layout.ROOT_MARKER, max_bytes=MAX_MARKER)
     except FileNotFoundError:
+        return None
+    except jsonfile.BadJsonFile as exc:  # bad UTF-8/JSON, too large, deep nesting, huge ints
+        raise CheckpointError(f"{url} is not a ckptflow root marker ({exc.reason})") from None
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != layout.ROOT_FORMAT
+        or not isinstance(doc.get("root_id"), str)
+    ):
+        raise CheckpointError(f"{url} is not a ckptflow root marker")
+    return doc
+
+
+def read_root_id(storage: Storage) -> str | None:
+    """The root id, or None for a root that holds nothing yet; raise for a foreign root.
+
+    The marker is not a single point of failure: when it is missing or damaged but the root
+    holds committed steps, the id their commit markers and manifests agree on is returned
+    (reads keep working); tools that change the root refuse instead (`require_marker`)."""
+    try:
+        doc = read_marker(storage)
+    except CheckpointError as exc:
+        damage: CheckpointError | None = exc
+        doc = None
+    else:
+        damage = None
+    if doc is not None:
+        return doc["root_id"]
+    if damage is None:
         foreign = [
             n for n in storage.listdir() if n not in _KNOWN_TOP and layout.parse_step_dir(n) is None
         ]
@@ -33,28 +71,111 @@ def read_root_id(storage: Storage) -> str | None:
             raise CheckpointError(
                 f"{storage.uri} holds something else ({', '.join(foreign[:5])}); "
                 "use an empty or ckptflow-owned root for checkpoints"
-            ) from None
+            )
+    agreed = agreed_root_id(storage)
+    if agreed is None and damage is not None:
+        raise damage
+    return agreed
+
+
+_AGREED: dict[tuple, str | None] = {}  # (root url, committed steps) -> id (steps are immutable)
+
+
+def agreed_root_id(storage: Storage) -> str | None:
+    """The root id every committed step names (commit marker, else manifest); None when the
+    root has no committed step. RootMarkerError when they disagree or none can be read."""
+    steps = committed_steps(storage)
+    if not steps:
         return None
-    except jsonfile.BadJsonFile as exc:
-        raise CheckpointError(
-            f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker ({exc.reason})"
-        ) from None
-    if (
-        not isinstance(doc, dict)
-        or doc.get("format") != layout.ROOT_FORMAT
-        or not isinstance(doc.get("root_id"), str)
-    ):
-        raise CheckpointError(f"{storage.url(layout.ROOT_MARKER)} is not a ckptflow root marker")
-    return doc["root_id"]
+    key = (storage.url(), tuple(steps))
+    if key not in _AGREED:
+        ids = {step_root_id(storage, s) for s in steps} - {None}
+        if len(ids) != 1:
+            why = "no committed step can be read" if not ids else "the committed steps disagree"
+            raise RootMarkerError(
+                f"{storage.url(layout.ROOT_MARKER)} is missing or damaged and {why} on the "
+                f"root id ({', '.join(sorted(ids)) or 'none'}); restore the marker from a backup"
+            )
+        _AGREED.clear()  # one entry is enough: the root in use
+        _AGREED[key] = ids.pop()
+    return _AGREED[key]
+
+
+def step_root_id(storage: Storage, step: int) -> str | None:
+    """The root id a committed step names (None when it cannot be read): its commit marker's
+    `root_id`, or (markers written before that field) its checksum-verified manifest's."""
+    try:
+        commit = read_commit(storage, step)
+        if isinstance(commit.get("root_id"), str):
+            return commit["root_id"]
+        rel = f"{layout.step_dir(step)}/{layout.manifest_name(commit['save_id'])}"
+        blob = storage.read(rel)
+        if codec.digest(blob) != commit["manifest_xxh3"]:
+            return None
+        return mf.parse(blob)["root_id"]
+    except (FileNotFoundError, CorruptCheckpoint, mf.ManifestError):
+        return None
+
+
+def marker_problem(storage: Storage) -> str | None:
+    """Why the root marker cannot be trusted to change this root (None: it is whole, or the
+    root holds no committed step). GC, archive and saves refuse on it: acting on a guessed
+    id could delete every step or orphan them under a fresh id."""
+    try:
+        doc = read_marker(storage)
+    except CheckpointError:
+        doc, state = None, "damaged"
+    else:
+        state = "missing"
+    steps = committed_steps(storage) if doc is None else []
+    if not steps:
+        return None
+    fix = REPAIR.format(uri=storage.uri)
+    return (
+        f"the root marker {storage.url(layout.ROOT_MARKER)} is {state} but the root holds "
+        f"{len(steps)} committed step(s); nothing was changed: {fix}"
+    )
+
+
+def require_marker(storage: Storage) -> None:
+    """Raise RootMarkerError (one line naming the fix) unless the root marker is whole."""
+    problem = marker_problem(storage)
+    if problem:
+        raise RootMarkerError(problem)
+    root_id = read_root_id(storage)
+    if root_id is not None:
+        _check_marker_matches(storage, root_id)
+
+
+def _check_marker_matches(storage: Storage, root_id: str) -> None:
+    """A marker replaced by another run's must not pass: the newest committed step naming a
+    root id must name this one, or some older step must (a single foreign step is damage of
+    that step, not of the marker). Usually costs one small read."""
+    others: set[str] = set()
+    for step in sorted(step_names(storage), reverse=True):  # uncommitted ones read as None
+        found = step_root_id(storage, step)
+        if found == root_id:
+            return
+        if found is not None:
+            others.add(found)
+    if others:
+        raise RootMarkerError(
+            f"the root marker {storage.url(layout.ROOT_MARKER)} names root id {root_id}, but "
+            f"the committed steps belong to {', '.join(sorted(others))}; nothing was changed: "
+            "restore the marker from a backup"
+        )
 
 
 def ensure_root(storage: Storage, parent: dict | None = None) -> str:
     """Return the root id, creating the root marker (exclusively) for a new root.
 
     `parent` ({"uri", "step", "root_id"}) names a committed step of another root whose objects
-    this root's manifests may reference (a fine-tune deduplicated against its base).
+    this root's manifests may reference (a fine-tune deduplicated against its base). A root
+    that holds committed steps never gets a fresh id: a missing, damaged or replaced marker is
+    refused (RootMarkerError), so a save never orphans the steps before it.
     """
     storage.check_reachable()
+    require_marker(storage)
     root_id = read_root_id(storage)
     if root_id is not None:
         return root_id
@@ -70,6 +191,30 @@ def ensure_root(storage: Storage, parent: dict | None = None) -> str:
     with contextlib.suppress(AlreadyExists):
         storage.write(layout.ROOT_MARKER, json.dumps(doc).encode(), exclusive=True)
     return read_root_id(storage)
+
+
+def restore_marker(storage: Storage, apply: bool) -> tuple[str | None, int]:
+    """Write a missing or damaged root marker again with the root id the committed steps agree
+    on (when `apply`). Returns (that id, or None when the marker is whole or the root holds
+    no step; the number of committed steps). A fine-tune's `parent` cannot be recovered."""
+    if marker_problem(storage) is None:
+        return None, 0
+    root_id = agreed_root_id(storage)
+    steps = committed_steps(storage)
+    if apply:
+        doc = {
+            "format": layout.ROOT_FORMAT,
+            "version": layout.FORMAT_VERSION,
+            "root_id": root_id,
+            "created_at": time.time(),
+            "restored_from": f"{len(steps)} committed step(s)",
+        }
+        damaged = storage.exists(layout.ROOT_MARKER)
+        # a damaged marker is replaced whole; a missing one is claimed like a new root's
+        storage.write(
+            layout.ROOT_MARKER, json.dumps(doc).encode(), exclusive=not damaged, atomic=True
+        )
+    return root_id, len(steps)
 
 
 def step_names(storage: Storage) -> dict[int, str]:
@@ -162,8 +307,8 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
 def read_parent(storage: Storage) -> dict | None:
     """The root marker's `parent` ({"uri", "step", "root_id"}), or None (the usual case)."""
     try:
-        doc = jsonfile.read(storage, layout.ROOT_MARKER)
-    except (FileNotFoundError, jsonfile.BadJsonFile):
+        doc = read_marker(storage)
+    except CheckpointError:
         return None
     parent = doc.get("parent") if isinstance(doc, dict) else None
     if not (isinstance(parent, dict) and isinstance(parent.get("uri"), str)):
@@ -218,14 +363,65 @@ def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> 
 
 def locate(storage: Storage, step: int) -> Storage:
     """The storage that holds a step's data: its archive root when the step folder has an
-    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself."""
+    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself.
+
+    A redirect is proved before it is followed: it must use a supported URI scheme and name a
+    root whose marker has this root's id and whose copy of the step is committed as the same
+    save (save id and manifest checksum) as here. A torn, dangling or foreign redirect makes
+    the step corrupt (CorruptCheckpoint naming the marker: loads fall back), never a way to
+    read another run's data, and never a failure of the whole root."""
     rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
     try:
-        doc = jsonfile.read(storage, rel)
+        blob = storage.read(rel, limit=MAX_MARKER + 1)
     except FileNotFoundError:
         return storage
+    url = storage.url(rel)
+    uri = _redirect_uri(blob)
+    if uri is None:
+        raise CorruptCheckpoint(f"{url}: archive marker is malformed (torn or not JSON)", [url])
+    if not supported(uri):
+        raise CorruptCheckpoint(
+            f"{url}: archive marker names {uri[:100]!r}, not a supported storage URI", [url]
+        )
+    archive = storage.peer(uri)
+    why = _not_the_copy(storage, archive, step)
+    if why:
+        raise CorruptCheckpoint(
+            f"{url}: ARCHIVED names {archive.uri}, which {why}; the step is not read there", [url]
+        )
+    return archive
+
+
+def _redirect_uri(blob: bytes) -> str | None:
+    """The `uri` of an ARCHIVED marker's bytes, or None when they are not a marker."""
+    try:
+        doc = jsonfile.loads(blob, what="ARCHIVED", max_bytes=MAX_MARKER)
+    except jsonfile.BadJsonFile:
+        return None
     uri = doc.get("uri") if isinstance(doc, dict) else None
-    if not isinstance(uri, str) or not uri or len(uri) > 4096:
-        url = storage.url(rel)
-        raise CorruptCheckpoint(f"{url}: archive marker is malformed", [url])
-    return storage.peer(uri)
+    return uri if isinstance(uri, str) and uri and len(uri) <= 4096 else None
+
+
+def _not_the_copy(storage: Storage, archive: Storage, step: int) -> str | None:
+    """Why `archive` is not this root's copy of `step` (None when it is)."""
+    try:
+        here = read_commit(storage, step)
+    except FileNotFoundError:
+        return "cannot be checked: the step has no commit marker here"
+    try:
+        marker = read_marker(archive)
+        there = read_commit(archive, step)
+    except FileNotFoundError:
+        return "holds no committed copy of this step"
+    except (CheckpointError, StorageError, OSError) as exc:
+        return f"cannot be read as an archive root ({type(exc).__name__}: {str(exc)[:200]})"
+    if marker is None:
+        return "has no root marker"
+    if marker["root_id"] != read_root_id(storage):
+        return f"belongs to another run (root id {marker['root_id'][:64]})"
+    if (there.get("save_id"), there.get("manifest_xxh3")) != (
+        here["save_id"],
+        here["manifest_xxh3"],
+    ):
+        return f"holds a different save of step {step}"
+    return None

@@ -267,7 +267,8 @@ def write_eval(ckpt: Storage, record: EvalRecord) -> None:
     rel = eval_path(record.step)
     doc = record.to_json()
     EvalRecord.from_json(doc, ckpt.url(rel), record.step)
-    ckpt.write(rel, json.dumps(doc, indent=1).encode())
+    # atomic: a writer killed midway never leaves a torn record that loses the step its metrics
+    ckpt.write(rel, json.dumps(doc, indent=1).encode(), atomic=True)
 
 
 # -- evaluator claims ----------------------------------------------------------------------------
@@ -306,7 +307,8 @@ def pin(ckpt: Storage, step: int, reason: str, *, exclusive: bool = False) -> bo
 
     doc = {"reason": reason, "pinned_at": time.time()}
     with contextlib.suppress(AlreadyExists):
-        ckpt.write(pin_path(step), json.dumps(doc).encode(), exclusive=exclusive)
+        # atomic either way: a torn PIN would lose the reason (or read as damage)
+        ckpt.write(pin_path(step), json.dumps(doc).encode(), exclusive=exclusive, atomic=True)
         return True
     return False
 

@@ -1,8 +1,10 @@
 """The one storage module: a root URI on local disk, `memory://` or `s3://`, through fsspec.
 
-Every path argument is relative to the root. Writes are direct (never a rename: on S3 a rename
-is a copy plus a delete); `exclusive=True` creates a file only if it does not exist yet (O_EXCL
-locally, `If-None-Match: *` on S3), which is how a commit marker is claimed by one writer only.
+Every path argument is relative to the root. Writes are direct (never a rename on an object
+store: on S3 a rename is a copy plus a delete); `exclusive=True` creates a file only if it does
+not exist yet (O_EXCL plus a hard link locally, `If-None-Match: *` on S3), which is how a commit
+marker is claimed by one writer only, and `atomic=True` replaces a small marker file whole (a
+local temporary file put in place with os.replace; an S3 put is atomic already).
 Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
 How to reach S3 (endpoint, region) is given as `StorageOptions` by the caller; this module reads
 no environment (ckptflow.env does, for the entry points).
@@ -14,7 +16,6 @@ import errno
 import os
 import posixpath
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -90,12 +91,26 @@ def join_uri(uri: str, rel: str) -> str:
     return path if protocol == "file" else f"{protocol}://{path}"
 
 
+PROTOCOLS = ("file", "local", "memory", "s3")  # the only URI schemes a root may use
+
+
+def is_temporary(name: str) -> bool:
+    """True for the hidden temporary file of an atomic write (left behind by a crash)."""
+    return bool(_TMP_RE.match(name))
+
+
+def supported(uri: str) -> bool:
+    """True when `uri` is a local path or uses a scheme this module serves (a URI read from a
+    file, such as an ARCHIVED marker's, is checked with this before anything is opened)."""
+    return _split_uri(uri)[0] in PROTOCOLS
+
+
 def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
     """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
     protocol, _ = _split_uri(uri)
     if protocol == "s3":
         return fsspec.filesystem("s3", **(options or StorageOptions()).s3_kwargs())
-    if protocol in ("file", "local", "memory"):
+    if protocol in PROTOCOLS:
         return fsspec.filesystem(protocol)
     raise StorageError(
         f"unsupported storage URI {uri!r}: use a local path, file://, memory:// or s3://bucket/prefix"
@@ -231,6 +246,20 @@ class Storage:
         p = self.path(rel)
         return p if self.protocol == "file" else f"{self.protocol}://{p}"
 
+    def location(self) -> tuple[str, ...]:
+        """Where this root really is, for telling two roots apart (never their spelling):
+        local disk: the real path (symlinks and `..` resolved); S3: the bucket and the
+        normalized key; memory: the normalized path."""
+        if self.protocol in ("file", "local"):
+            return ("file", *os.path.realpath(self._base).strip("/").split("/"))
+        norm = posixpath.normpath("/" + self._base).strip("/")
+        return (self.protocol, *[p for p in norm.split("/") if p])
+
+    def contains(self, other: Storage) -> bool:
+        """True when `other` is this root or lies inside it (by `location`)."""
+        mine, theirs = self.location(), other.location()
+        return theirs[: len(mine)] == mine
+
     def child(self, rel: str) -> Storage:
         """A Storage rooted at `rel` below this one, sharing the filesystem."""
         return Storage(self.url(rel), fs=self.fs, options=self.options)
@@ -273,27 +302,14 @@ class Storage:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
 
-    def fingerprint(self, rel: str) -> tuple | None:
-        """A cheap token (no data read) that differs whenever the file at `rel` is rewritten,
-        or None where there is none: local disk, (device, inode, size, mtime, ctime) once the
-        change time is SETTLED_NS old (a write within the same clock tick as this look could
-        leave the timestamps as they were); S3, (size, ETag). FileNotFoundError when absent."""
-        path = self.path(rel)
-        if self.protocol == "file":
-            s = os.stat(path)
-            if time.time_ns() - s.st_ctime_ns < SETTLED_NS:
-                return None
-            return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-        if self.protocol == "s3":
-            try:
-                info = self.fs.info(path, refresh=True)
-            except FileNotFoundError:
-                raise
-            except Exception as exc:
-                raise _translate(exc, self.url(rel)) from exc
-            etag = info.get("ETag")
-            return (int(info.get("size") or 0), etag) if etag else None
-        return None
+    def mtime(self, rel: str) -> float:
+        """A file's modification time by the storage's own clock (the clock GC compares)."""
+        try:
+            return _mtime(self.fs.info(self.path(rel)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, self.url(rel)) from exc
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
@@ -335,16 +351,27 @@ class Storage:
         return sorted(out, key=lambda e: e.path)
 
     # -- writes --------------------------------------------------------------------------------
-    def write(self, rel: str, data, *, exclusive: bool = False, durable: bool = True) -> None:
+    def write(
+        self,
+        rel: str,
+        data,
+        *,
+        exclusive: bool = False,
+        durable: bool = True,
+        atomic: bool = False,
+    ) -> None:
         """Write a whole file from bytes or a list of buffers. Large S3 files go up as parallel
         multipart uploads (s3fs). `durable=False` skips the local fsync: the caller then makes
-        a batch of files durable at once with `flush()` (one flush instead of one per file)."""
+        a batch of files durable at once with `flush()` (one flush instead of one per file).
+        `atomic=True` replaces a file so that a reader sees the old or the new one whole, never
+        a torn one (a marker that decides what is kept: PIN, eval.json); an exclusive create
+        is always atomic. An S3 or memory put is atomic by itself."""
         path = self.path(rel)
         if isinstance(data, list) and self.protocol != "file":
             data = b"".join(data)
         try:
             if self.protocol == "file":
-                self._write_local(path, data, exclusive, durable)
+                self._write_local(path, data, exclusive, durable, atomic)
             elif self.protocol == "s3":
                 # Files over 2 x MULTIPART_CHUNK go up as parallel multipart uploads.
                 self.fs.pipe_file(
@@ -381,7 +408,9 @@ class Storage:
             return False
 
     @staticmethod
-    def _write_local(path: str, data, exclusive: bool, durable: bool = True) -> None:
+    def _write_local(
+        path: str, data, exclusive: bool, durable: bool = True, atomic: bool = False
+    ) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if exclusive:
             # A reader must never see a half-written marker (an empty COMMIT reads as corrupt,
@@ -399,8 +428,34 @@ class Storage:
                 raise AlreadyExists(f"{path} already exists") from exc
             finally:
                 os.unlink(tmp)
+
+        if not (exclusive or atomic):
+            Storage._write_fd(path, data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, durable)
             return
-        Storage._write_fd(path, data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, durable)
+        # A reader must never see a half-written marker (an empty COMMIT reads as corrupt, an
+        # empty ARCHIVED as damage, a torn PIN or eval.json loses what keeps a step): write a
+        # hidden temporary file, then put it in place in one step. A crash in between leaves
+        # only the hidden temporary file, which listdir does not show (GC removes it later).
+        tmp = os.path.join(
+            os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp"
+        )
+        Storage._write_fd(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL, durable)
+        try:
+            if exclusive:
+                # A hard link creates the name atomically and only if it is free, so only one
+                # writer wins.
+                try:
+                    os.link(tmp, path)
+                except FileExistsError as exc:  # the claim: only this error means another writer
+                    raise AlreadyExists(f"{path} already exists") from exc
+            else:
+                # A replacement that is meant (a new pin reason, a new evaluation): the name
+                # points at the old file or the new one, never at a truncated one.
+                os.replace(tmp, path)
+                tmp = None
+        finally:
+            if tmp is not None:
+                os.unlink(tmp)
 
     @staticmethod
     def _write_fd(path: str, data, flags: int, durable: bool) -> None:
@@ -415,6 +470,17 @@ class Storage:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def touch(self, rel: str, data: bytes) -> None:
+        """Refresh a file's modification time (a save's heartbeat on its intent): local disk
+        sets the time, an object store writes the same `data` again (a put is atomic)."""
+        if self.protocol == "file":
+            try:
+                os.utime(self.path(rel))
+            except OSError as exc:
+                raise _translate(exc, self.url(rel)) from exc
+            return
+        self.write(rel, data)
 
     def flush(self) -> None:
         """Make every write of this process durable (local disk: one sync for a whole batch)."""

@@ -268,16 +268,21 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.rank == 0:
             job.root_id = rootreader.ensure_root(self.storage, self._parent)
+        writer = CkptStorageWriter(job)
         try:
             dcp.save(
                 state_dict,
-                storage_writer=CkptStorageWriter(job),
+                storage_writer=writer,
                 planner=SafeSavePlanner(),
                 process_group=self._pg,
                 no_dist=not self._distributed,
             )
-        except CheckpointException as exc:
-            raise _unwrap(exc) from exc
+        except BaseException as exc:
+            writer.close(failed=True)  # a failed save is no longer live: GC may collect it
+            if isinstance(exc, CheckpointException):
+                raise _unwrap(exc) from exc
+            raise
+        writer.close(failed=False)
         self._after_commit(job)
         stats.background_s = time.perf_counter() - t0
         stats.bytes_raw, stats.bytes_written, stats.bytes_reused = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import threading
 import time
@@ -28,12 +29,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptflow.core import codec, layout
+from ckptflow.core import codec, intent, layout, listing
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
 
 VERSION = "0.1.0"
+HEARTBEAT_S = layout.SAVE_LEASE_S / 4  # how often a save in progress refreshes its intent
+log = logging.getLogger("ckptflow.checkpoint")
 
 
 class SafeSavePlanner(DefaultSavePlanner):
@@ -131,6 +134,7 @@ class CkptStorageWriter(StorageWriter):
         self.job = job
         self.is_coordinator = False
         self._lock = threading.Lock()
+        self._heartbeat: _Heartbeat | None = None
 
     def reset(self, checkpoint_id=None) -> None:
         pass
@@ -152,15 +156,9 @@ class CkptStorageWriter(StorageWriter):
                 f"step {step} is already committed under {st.uri}; checkpoints are immutable: "
                 "save under a new step number (or delete it with `ckptflow ckpt gc`)"
             )
-        intent = {
-            "save_id": self.job.save_id,
-            "started_at": time.time(),
-            "world_size": self.job.world_size,
-        }
-        st.write(
-            f"{layout.step_dir(step)}/{layout.saving_name(self.job.save_id)}",
-            json.dumps(intent).encode(),
-        )
+        # GC reads the intent to tell a live save: it must never be torn (atomic writes)
+        rel, blob = intent.write_intent(st, step, self.job.save_id, self.job.world_size)
+        self._heartbeat = _Heartbeat(st, rel, blob)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -320,10 +318,12 @@ class CkptStorageWriter(StorageWriter):
         step_dir = layout.step_dir(job.step)
         name = layout.manifest_name(job.save_id)
         job.storage.write(f"{step_dir}/{name}", blob)
+        _check_objects_present(job.storage, manifest)
         commit = {
             "save_id": job.save_id,
             "manifest": name,
             "manifest_xxh3": codec.digest(blob),
+            "root_id": job.root_id,  # the root's id survives a lost root marker (rootreader)
             "step": job.step,
             "committed_at": time.time(),
         }
@@ -336,7 +336,60 @@ class CkptStorageWriter(StorageWriter):
                 f"step {job.step} under {job.storage.uri} was committed by another writer while this "
                 "save ran; nothing of the other checkpoint was changed: save under a new step number"
             ) from None
+        self.close(failed=False)  # committed: no longer a live save (a failure: Checkpointer)
         job.metadata["_manifest_xxh3"] = commit["manifest_xxh3"]
+
+    def close(self, failed: bool) -> None:
+        """Stop the intent's heartbeat: the save committed, or `failed` (then the intent is
+        marked ended, so GC collects the leftover without waiting for the lease to run out)."""
+        hb, self._heartbeat = self._heartbeat, None
+        if hb is None:
+            return
+        hb.stop()
+        if failed:
+            hb.end()
+
+
+class _Heartbeat:
+    """Refreshes a save's intent every HEARTBEAT_S until stopped, so GC sees the save live
+    (ckptflow.core.intent) however long it runs and whatever GC's grace period."""
+
+    def __init__(self, storage: Storage, rel: str, blob: bytes):
+        self.storage, self.rel, self.blob = storage, rel, blob
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckpt-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self.storage.touch(self.rel, self.blob)
+            except Exception as exc:  # the commit's object check still guards the save
+                log.warning("could not refresh the save intent %s: %s", self.rel, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def end(self) -> None:
+        """Mark the intent ended (a failed save); best effort: a lapsed lease ends it too."""
+        try:
+            intent.end_intent(self.storage, self.rel, self.blob)
+        except Exception as exc:
+            log.warning("could not mark the save intent %s ended: %s", self.rel, exc)
+
+
+def _check_objects_present(storage: Storage, manifest: dict) -> None:
+    """Refuse to commit over objects that are gone or of the wrong size (a GC that freed them,
+    a lost upload): one listing of the root, then the parent roots for borrowed ones."""
+    bad = listing.missing_objects(storage, {k: v["size"] for k, v in manifest["objects"].items()})
+    if bad:
+        raise CheckpointError(
+            f"step {manifest['step']} under {storage.uri} was not committed: "
+            f"{len(bad)} object(s) it needs are missing or damaged ({'; '.join(bad[:3])}); "
+            "save again (were they freed by a `ckptflow ckpt gc` while this save's heartbeat "
+            "lapsed, or lost by the storage?)"
+        )
 
 
 def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult]) -> dict:

@@ -159,3 +159,116 @@ def test_archive_of_a_fine_tune_copies_the_objects_it_borrows(tmp_path):
     assert needed <= set(listing.list_objects(Storage(arch)))  # self-contained copy
     assert_loads(child_root, 1, states[1])
     assert_loads(child_root, 2, states[2])
+
+
+# -- issue 14: trusting markers and root identity ------------------------------------------------
+@pytest.mark.parametrize("alias", ["symlink", "spelling", "inside via symlink"])
+def test_archive_to_an_alias_of_the_hot_root_is_refused(tmp_path, capsys, alias):
+    root = str(tmp_path / "hot")
+    states = save_steps(root, range(1, 4), full_every=1)
+    if alias == "symlink":
+        os.symlink(root, tmp_path / "link")
+        to = str(tmp_path / "link")
+    elif alias == "spelling":
+        os.mkdir(tmp_path / "sub")
+        to = str(tmp_path / "sub" / ".." / "hot") + "/"
+    else:
+        os.symlink(tmp_path, tmp_path / "up")
+        to = str(tmp_path / "up" / "hot" / "cold")
+    before = listing.list_objects(Storage(root))
+    rc = main(["archive", root, "--older-than", "0.001s", "--to", to, "--grace", "0", "--yes"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hot root" in err and "Traceback" not in err, err
+    assert listing.list_objects(Storage(root)) == before
+    for step in (1, 2, 3):
+        assert not Storage(root).exists(f"{layout.step_dir(step)}/{layout.ARCHIVED}")
+        assert_loads(root, step, states[step])
+
+
+def test_archive_to_the_hot_root_under_another_path_is_told_by_its_marker(tmp_path):
+    import shutil
+
+    from ckptflow.core.errors import CheckpointError
+
+    root = str(tmp_path / "hot")
+    save_steps(root, range(1, 3), full_every=1)
+    shutil.copytree(root, tmp_path / "mirror")  # what a bind mount or a second endpoint shows
+    with pytest.raises(CheckpointError, match="hot root marker"):
+        archive(root, str(tmp_path / "mirror"), 0.001, apply=True, now=time.time() + 10)
+    assert not os.path.exists(os.path.join(root, layout.step_dir(1), layout.ARCHIVED))
+
+
+@pytest.mark.s3
+def test_archive_to_another_spelling_of_the_hot_s3_root_is_refused(s3_bucket, capsys):
+    root = f"s3://{s3_bucket}/run/ckpt"
+    save_steps(root, range(1, 3), full_every=1)
+    before = listing.list_objects(Storage(root))
+    for to in (f"s3://{s3_bucket}/run//ckpt/", f"s3://{s3_bucket}/run/./ckpt/cold"):
+        rc = main(["archive", root, "--older-than", "0.001s", "--to", to, "--yes"])
+        assert rc == 2 and "hot root" in capsys.readouterr().err
+    assert listing.list_objects(Storage(root)) == before
+
+
+def _redirect(root: str, step: int, uri: str) -> None:
+    Storage(root).write(
+        f"{layout.step_dir(step)}/{layout.ARCHIVED}", json.dumps({"uri": uri}).encode()
+    )
+
+
+def test_an_archived_marker_naming_another_run_is_a_corrupt_step(tmp_path, capsys):
+    root, other = str(tmp_path / "hot"), str(tmp_path / "other")
+    states = save_steps(root, range(1, 3), full_every=1)
+    save_steps(other, range(1, 3), full_every=1)  # same steps, same shapes, other tensors
+    _redirect(root, 2, other)
+    target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
+    with pytest.raises(CorruptCheckpoint, match="ARCHIVED"):
+        Checkpointer(root).load(target, step=2)
+    assert Checkpointer(root).load(target) == 1  # fallback, never the other run's step 2
+    assert torch.equal(target["w"], states[1]["w"])
+    assert main(["verify", root, "--step", "2"]) == 1
+    assert "CORRUPT" in capsys.readouterr().out
+    assert rows_of(root)[2].state == "corrupt"
+
+
+@pytest.mark.parametrize("uri", ["dangling", "http://example.com/x", "ftp://h/x", "", "torn"])
+def test_a_dangling_or_unsupported_archived_marker_costs_only_its_step(tmp_path, capsys, uri):
+    root = str(tmp_path / "hot")
+    states = save_steps(root, range(1, 4), full_every=1)
+    if uri == "torn":  # written in place by someone else and cut short: damage, not "hot"
+        Storage(root).write(f"{layout.step_dir(3)}/{layout.ARCHIVED}", b'{"uri": "/ar')
+    else:
+        _redirect(root, 3, str(tmp_path / "gone") if uri == "dangling" else uri)
+    target = {"w": torch.zeros(64, 64), "frozen": torch.zeros(16, 16), "step": -1}
+    assert Checkpointer(root).load(target) == 2  # falls back past the bad redirect
+    assert torch.equal(target["w"], states[2]["w"])
+    assert main(["ls", root]) == 0
+    out = capsys.readouterr().out
+    assert "corrupt" in out and "ARCHIVED" in out
+    report = gc(root, "last=2", now=time.time() + 7200)
+    assert report.keep == {1: ["last-2"], 2: ["last-2", "latest-valid"]}
+
+
+def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = save_steps(root, range(1, 4), full_every=1)
+    real = Storage._write_fd
+
+    def killed(path, data, flags, durable):
+        if "ARCHIVED" in os.path.basename(path):
+            os.close(os.open(path, flags, 0o644))  # opened, then the process is killed
+            raise KeyboardInterrupt("archiver killed")
+        return real(path, data, flags, durable)
+
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(killed))
+    with pytest.raises(KeyboardInterrupt):
+        archive(root, arch, 0.001, apply=True, now=time.time() + 10, grace_s=0)
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(real))
+    assert not Storage(root).exists(f"{layout.step_dir(1)}/{layout.ARCHIVED}")
+    rows = rows_of(root)
+    assert [rows[s].state for s in (1, 2, 3)] == ["committed"] * 3 and rows[1].tier == "hot"
+    report = gc(root, "last=3", apply=True, now=time.time() + 7200)
+    assert report.delete_steps == [] and rootreader.committed_steps(Storage(root)) == [1, 2, 3]
+    assert archive(root, arch, 0.001, apply=True, now=time.time() + 10, grace_s=0).steps == [1, 2]
+    assert rows_of(root)[1].tier == "archive"
+    for step in (1, 2, 3):
+        assert_loads(root, step, states[step])

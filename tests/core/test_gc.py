@@ -346,3 +346,154 @@ def test_a_step_pinned_while_gc_runs_is_kept(tmp_path):
     assert report.delete_steps == [1, 2] and "step 3 was pinned during gc; kept" in report.warnings
     assert rootreader.committed_steps(Storage(root)) == [3, 4]
     assert_loads(root, 3, states[3])
+
+
+# -- issue 14: what GC trusts ----------------------------------------------------------------------
+def test_a_lost_root_marker_makes_gc_refuse_and_keeps_every_step(tmp_path, capsys):
+    from ckptflow.ckpt_cli import main
+    from ckptflow.core.errors import CheckpointError as CoreError
+
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 4), full_every=1)
+    marker = os.path.join(root, layout.ROOT_MARKER)
+    for damage in ("lost", "garbled"):
+        if damage == "lost":
+            os.remove(marker)
+        else:
+            with open(marker, "wb") as f:
+                f.write(b'{"format": "ckptf')  # torn
+        before = tree(root)
+        with pytest.raises(CoreError, match="root marker"):
+            gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+        rc = main(["gc", root, "--policy", "last=1", "--grace", "0", "--yes"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "repair" in err and "Traceback" not in err
+        assert tree(root) == before  # nothing deleted
+        assert rootreader.committed_steps(Storage(root)) == [1, 2, 3]
+        for step in (1, 3):
+            assert_loads(root, step, states[step])  # every manifest agrees on the root id
+        target = blank()
+        assert Checkpointer(root).load(target) == 3
+        with pytest.raises(CheckpointError, match="root marker"):
+            Checkpointer(root).save(4, state(4))  # never a fresh root id over old steps
+        assert tree(root) == before
+    assert main(["repair", root]) == 0 and "would restore" in capsys.readouterr().out
+    assert main(["repair", root, "--yes"]) == 0
+    assert (
+        rootreader.read_root_id(Storage(root))
+        == rootreader.read_manifest(Storage(root), 1)["root_id"]
+    )
+    save_steps(root, [4], full_every=1)
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.delete_steps == [1, 2, 3]
+    assert_loads(root, 4, state(4))
+
+
+def flip_byte(path: str, at: int = 0) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_a_flipped_byte_in_the_newest_step_keeps_the_last_good_one(tmp_path):
+    root = str(tmp_path / "ckpt")
+    states = save_steps(root, range(1, 4), full_every=1)
+    victim = sorted(objects_of(root, 3) - objects_of(root, 2))[0]
+    flip_byte(os.path.join(root, layout.object_path(victim)), 5)  # same size, other content
+    report = gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert report.keep == {2: ["last-1", "latest-valid"]} and report.delete_steps == [1, 3]
+    assert any("step 3" in w and "checksum" in w for w in report.warnings), report.warnings
+    assert_loads(root, 2, states[2])
+
+
+@pytest.mark.parametrize("where", ["data", "manifest"])
+def test_gc_with_zero_grace_leaves_a_live_save_whole(tmp_path, where):
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 3), full_every=1)
+    age_tree(root, 3 * HOUR)
+    seen = []
+
+    def pause_at(rel):  # the second object of the new save, or its manifest
+        if where == "data" and rel.startswith("objects/"):
+            seen.append(rel)
+            return len(seen) == 2
+        return where == "manifest" and "/manifest-" in rel
+
+    paused = PausingStorage(root, pause_at)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(3)
+    handle = ck.save(3, new, block=False)
+    assert paused.reached.wait(30)
+    in_flight = {p for p in tree(root) if p.startswith("step-00000003")}
+    report = gc(root, "last=1", apply=True, grace_s=0)
+    assert report.in_progress == [3] and report.leftovers == [], report.lines()
+    assert report.delete_steps == [1]
+    assert in_flight <= set(tree(root))
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 3, new)
+
+
+def test_a_save_stays_live_past_its_lease_while_it_heartbeats(tmp_path, monkeypatch):
+    from ckptflow.steps.checkpoint import writer
+
+    monkeypatch.setattr(writer, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(layout, "SAVE_LEASE_S", 0.5)
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 3), full_every=1)
+    age_tree(root, 3 * HOUR)
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(3)
+    handle = ck.save(3, new, block=False)
+    assert paused.reached.wait(30)
+    time.sleep(1.0)  # two leases: only the heartbeat keeps the intent fresh
+    report = gc(root, "last=1", apply=True, grace_s=0)
+    assert report.in_progress == [3], report.lines()
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 3, new)
+    time.sleep(1.0)  # committed: the heartbeat stopped
+    intent = [e for e in listing.step_files(Storage(root), 3) if "/saving-" in e.path]
+    assert intent and intent[0].mtime < time.time() - 0.9
+
+
+def test_a_commit_over_a_missing_object_fails_the_save(tmp_path):
+    root = str(tmp_path / "ckpt")
+    save_steps(root, [1], full_every=1)
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    handle = ck.save(2, state(2), block=False)
+    assert paused.reached.wait(30)
+    mine = set(listing.list_objects(Storage(root))) - objects_of(root, 1)
+    os.remove(os.path.join(root, layout.object_path(sorted(mine)[0])))  # a GC of old
+    paused.release.set()
+    with pytest.raises(CheckpointError, match="not committed.*missing"):
+        ck.close()  # waits for the save and re-raises its failure
+    assert handle.done() and rootreader.committed_steps(Storage(root)) == [1]
+
+
+@pytest.mark.s3
+def test_gc_with_zero_grace_on_s3_leaves_a_heartbeating_save_whole(s3_bucket, monkeypatch):
+    from ckptflow.steps.checkpoint import writer
+
+    monkeypatch.setattr(writer, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(layout, "SAVE_LEASE_S", 1.5)  # S3 times have whole seconds
+    root = f"s3://{s3_bucket}/run/ckpt"
+    save_steps(root, range(1, 3), full_every=1)
+    paused = PausingStorage(root, lambda rel: "/manifest-" in rel)
+    ck = Checkpointer(root, full_every=1, storage=paused)
+    new = state(3)
+    handle = ck.save(3, new, block=False)
+    assert paused.reached.wait(30)
+    time.sleep(3.0)  # two leases: only the heartbeat (a put of the same intent) keeps it live
+    report = gc(root, "last=1", apply=True, grace_s=0)
+    assert report.in_progress == [3] and report.delete_steps == [1], report.lines()
+    paused.release.set()
+    handle.wait()
+    ck.close()
+    assert_loads(root, 3, new)

@@ -396,3 +396,14 @@ def test_archive_selection_invariants(catalog, older_than):
     for e in entries:  # no delta that stays hot loses its base to the archive
         if e.tier == "hot" and e.step not in chosen:
             assert e.base_step not in chosen
+
+
+def test_nothing_is_deleted_when_no_step_is_valid():
+    # e.g. a lost or replaced root marker: every manifest fails the root-id check at once
+    entries = [CatalogEntry(i, i * H, valid=False) for i in range(4)]
+    plan = plan_retention(entries, Policy(keep_last=1), NOW)
+    assert plan.delete == [] and plan.keep == [0, 1, 2, 3]
+    assert all(r == ["no-valid-step"] for r in plan.reasons.values())
+    assert any("no step is valid" in w for w in plan.warnings)
+    archived = [*entries, CatalogEntry(9, 9 * H, tier="archive")]  # one valid copy somewhere
+    assert plan_retention(archived, Policy(keep_last=1), NOW).delete == [0, 1, 2, 3]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import uuid
@@ -233,3 +234,28 @@ def test_a_damaged_evaluator_claim_has_no_time(ckpt, blob):
     ckpt.write("step-00000003/eval.claim", b'{"host": "h", "pid": 1, "at": 1700000000.5}')
     assert runroot.claim_time(ckpt, "step-00000003/eval.claim") == 1700000000.5
     assert runroot.claim_time(ckpt, "step-00000004/eval.claim") is None
+
+
+@pytest.mark.parametrize("what", ["pin", "eval"])
+def test_a_killed_writer_never_leaves_a_torn_pin_or_eval_record(tmp_path, monkeypatch, what):
+    ckpt = Storage(str(tmp_path / "ckpt"))
+    runroot.pin(ckpt, 7, "published v1")
+    runroot.write_eval(ckpt, runroot.EvalRecord(7, metrics={"val_loss": 0.5}))
+    real = Storage._write_fd
+    name = runroot.PIN if what == "pin" else runroot.EVAL
+
+    def killed(path, data, flags, durable):
+        if name in os.path.basename(path):
+            os.close(os.open(path, flags, 0o644))  # opened (truncated), then killed
+            raise KeyboardInterrupt("killed")
+        return real(path, data, flags, durable)
+
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(killed))
+    with pytest.raises(KeyboardInterrupt):
+        if what == "pin":
+            runroot.pin(ckpt, 7, "republished")
+        else:
+            runroot.write_eval(ckpt, runroot.EvalRecord(7, metrics={"val_loss": 0.4}))
+    monkeypatch.setattr(Storage, "_write_fd", staticmethod(real))
+    assert runroot.pin_reason(ckpt, 7) == "published v1"  # the old file, whole
+    assert runroot.read_eval(ckpt, 7).metrics == {"val_loss": 0.5}

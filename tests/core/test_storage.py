@@ -56,6 +56,12 @@ def test_derived_storages_keep_the_options():
 def test_archived_and_parent_roots_are_reached_with_the_roots_options():
     opts = StorageOptions(region="eu-west-1")
     st = Storage("memory://opts-locate/hot", options=opts)
+    arch = Storage("memory://opts-locate/archive")
+    root = json.dumps({"format": "ckptflow-checkpoint-root", "root_id": "h" * 32}).encode()
+    commit = json.dumps({"save_id": "ab" * 8, "manifest_xxh3": "0" * 32}).encode()
+    for where in (st, arch):  # a redirect is followed only to this root's copy of the step
+        where.write("ckptflow-root.json", root)
+        where.write("step-00000003/COMMIT", commit)
     st.write("step-00000003/ARCHIVED", b'{"uri": "memory://opts-locate/archive"}')
     located = rootreader.locate(st, 3)
     assert located.uri == "memory://opts-locate/archive" and located.options is opts

@@ -233,13 +233,27 @@ def test_pickle_instead_of_a_json_file(crafted, what, fault):
     err, target = _load_guarded(root, outside, marker)
     if what == "DCP .metadata":  # never read: the load is the real data
         assert err is None and torch.equal(target["w"], _state()["w"])
+    elif what == "root marker":  # the steps agree on the root id: they stay loadable
+        assert err is None and torch.equal(target["w"], _state()["w"])
+        _assert_root_changes_refused(root)
     else:
         assert err is not None, what
     fault(
         "hostile",
         f"a pickle in place of the {what}",
-        detail="ignored" if what == "DCP .metadata" else "refused, never unpickled",
+        detail={
+            "DCP .metadata": "ignored",
+            "root marker": "never unpickled; steps load by the id they agree on, saves refused",
+        }.get(what, "refused, never unpickled"),
     )
+
+
+def _assert_root_changes_refused(root: str) -> None:
+    """A damaged root marker is never replaced by a fresh id over the steps (issue 14.1)."""
+    before = sorted(e.path for e in Storage(root).walk())
+    with pytest.raises(CheckpointError, match="root marker"):
+        Checkpointer(root).save(2, _state())
+    assert sorted(e.path for e in Storage(root).walk()) == before
 
 
 @pytest.mark.parametrize(
@@ -287,9 +301,13 @@ ROOT_MARKERS = {
 def test_hostile_root_marker_is_refused_cleanly(crafted, name, fault):
     root, outside, marker = crafted
     Storage(root).write(layout.ROOT_MARKER, json.dumps(ROOT_MARKERS[name]).encode())
-    err, _ = _load_guarded(root, outside, marker)
-    assert err is not None
-    fault("hostile", name, detail="refused cleanly")
+    err, target = _load_guarded(root, outside, marker)
+    if "root_id" in ROOT_MARKERS[name]:  # a whole marker naming another id: the step is foreign
+        assert err is not None and "another checkpoint root" in str(err)
+    else:  # a damaged marker: the committed step names its root id and stays loadable
+        assert err is None and torch.equal(target["w"], _state()["w"])
+    _assert_root_changes_refused(root)  # and nothing changes the root either way
+    fault("hostile", name, detail="marker refused; step loads by its own root id, saves refused")
 
 
 def test_a_duplicated_chunk_is_refused_not_half_loaded(crafted, fault):
