@@ -120,8 +120,17 @@ def _table(rows: list[listing.StepRow]) -> list[str]:
     return lines
 
 
+def _warn_marker(st) -> None:
+    """Reads go on past a lost or damaged root marker (the steps agree on the root id), but
+    the user must hear of it: changes to the root are refused until it is repaired."""
+    problem = rootreader.marker_problem(st)
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
+
+
 def cmd_ls(args) -> int:
     st = _open(args.root)
+    _warn_marker(st)
     rows = listing.build_rows(st, now=time.time(), check=True, deep=args.verify)
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=1, sort_keys=True))
@@ -158,6 +167,7 @@ class _Progress:
 
 def cmd_verify(args) -> int:
     st = _open(args.root)
+    _warn_marker(st)
     steps = rootreader.committed_steps(st)
     if args.step is not None:
         if args.step not in steps:

@@ -13,7 +13,7 @@ import json
 import math
 import time
 
-from ckptflow.core import layout
+from ckptflow.core import jsonfile, layout
 from ckptflow.core.storage import Storage
 
 MAX_INTENT = 64 << 10  # bytes: an intent is a hundred
@@ -45,7 +45,7 @@ def write_intent(storage: Storage, step: int, save_id: str, world_size: int) -> 
 def end_intent(storage: Storage, rel: str, blob: bytes) -> None:
     """Mark a save's intent ended (the save failed and will not commit): GC then treats its
     folder as a leftover without waiting for the lease to run out."""
-    doc = json.loads(blob)
+    doc = jsonfile.loads(blob, what=storage.url(rel), max_bytes=MAX_INTENT)  # our own bytes
     doc["ended_at"] = time.time()
     storage.write(rel, json.dumps(doc).encode(), atomic=True)
 
@@ -61,9 +61,8 @@ def _number(doc: dict, key: str, low: float, high: float) -> float | None:
 def _read(storage: Storage, rel: str) -> dict:
     """The intent's fields, or {} when it is unreadable (torn, foreign, too large)."""
     try:
-        blob = storage.read(rel, limit=MAX_INTENT + 1)
-        doc = json.loads(blob) if len(blob) <= MAX_INTENT else None
-    except (FileNotFoundError, ValueError, RecursionError):
+        doc = jsonfile.read(storage, rel, max_bytes=MAX_INTENT)
+    except (FileNotFoundError, jsonfile.BadJsonFile):
         return {}
     return doc if isinstance(doc, dict) else {}
 

@@ -16,6 +16,7 @@ import errno
 import os
 import posixpath
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -302,6 +303,28 @@ class Storage:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
 
+    def fingerprint(self, rel: str) -> tuple | None:
+        """A cheap token (no data read) that differs whenever the file at `rel` is rewritten,
+        or None where there is none: local disk, (device, inode, size, mtime, ctime) once the
+        change time is SETTLED_NS old (a write within the same clock tick as this look could
+        leave the timestamps as they were); S3, (size, ETag). FileNotFoundError when absent."""
+        path = self.path(rel)
+        if self.protocol == "file":
+            s = os.stat(path)
+            if time.time_ns() - s.st_ctime_ns < SETTLED_NS:
+                return None
+            return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+        if self.protocol == "s3":
+            try:
+                info = self.fs.info(path, refresh=True)
+            except FileNotFoundError:
+                raise
+            except Exception as exc:
+                raise _translate(exc, self.url(rel)) from exc
+            etag = info.get("ETag")
+            return (int(info.get("size") or 0), etag) if etag else None
+        return None
+
     def mtime(self, rel: str) -> float:
         """A file's modification time by the storage's own clock (the clock GC compares)."""
         try:
@@ -412,23 +435,6 @@ class Storage:
         path: str, data, exclusive: bool, durable: bool = True, atomic: bool = False
     ) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        if exclusive:
-            # A reader must never see a half-written marker (an empty COMMIT reads as corrupt,
-            # an empty root marker as foreign): write a hidden temporary file, then hard-link
-            # it into place, which creates the name atomically and only if it is free, so
-            # only one writer wins (no rename anywhere). A crash in between leaves only the
-            # hidden temporary file, which listdir does not show.
-            tmp = os.path.join(
-                os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp"
-            )
-            Storage._write_fd(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL, durable)
-            try:
-                os.link(tmp, path)
-            except FileExistsError as exc:  # the claim: only this error means another writer
-                raise AlreadyExists(f"{path} already exists") from exc
-            finally:
-                os.unlink(tmp)
-
         if not (exclusive or atomic):
             Storage._write_fd(path, data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, durable)
             return

@@ -29,10 +29,10 @@ class FailingDisk(Storage):
         super().__init__(uri)
         self.target, self.err = target, err
 
-    def _write_local(self, path, data, exclusive, durable=True):
+    def _write_local(self, path, data, exclusive, durable=True, atomic=False):
         if path.endswith(self.target):
             raise OSError(self.err, os.strerror(self.err), path)
-        return Storage._write_local(path, data, exclusive, durable)
+        return Storage._write_local(path, data, exclusive, durable, atomic)
 
 
 @pytest.fixture
