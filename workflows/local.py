@@ -141,7 +141,7 @@ def summary(
     `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
     s3_endpoint = cfg.platform.s3_endpoint
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from ckptflow.workflows.finetune import variants
+    from ckptflow.workflows.finetune_dag import variants
 
     roots = [("pretrain", f"{run_root}/pretrain")]
     if "finetune" in {n.get("displayName") for n in result.nodes.values()}:

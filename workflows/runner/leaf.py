@@ -17,7 +17,7 @@ from pathlib import Path
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import isolation, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
-from ckptflow.workflows.runner.pods.spec import downward_env
+from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
 from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
 

@@ -15,7 +15,7 @@ from ckptflow.workflows.runner.pods.naming import PREFIX
 from ckptflow.workflows.runner.pods.net import POD_CIDR, NetError
 from ckptflow.workflows.runner.pods.node import Node
 from ckptflow.workflows.runner.pods.pod import Pod, PodError
-from ckptflow.workflows.runner.pods.spec import (
+from ckptflow.workflows.runner.pods.podspec import (
     Volume,
     check_hostname,
     downward_env,

@@ -27,7 +27,7 @@ import time
 
 from ckptflow.workflows.runner.pods import net, podinit
 from ckptflow.workflows.runner.pods.check import tool
-from ckptflow.workflows.runner.pods.spec import Volume
+from ckptflow.workflows.runner.pods.podspec import Volume
 
 __all__ = ["Pod", "PodError", "RESULT_LIMIT"]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ckptflow.workflows import lineage
 from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
+from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import ContinueOn
@@ -135,11 +135,11 @@ def build_finetune(cfg: PipelineConfig) -> Workflow:
     """
     c = cfg.finetune
     refs = {"base_root": "{{workflow.parameters.base_root}}"}
-    stage = lineage.Stage(
+    stage = Stage(
         "finetune", add_finetune_dag, {**refs, "run_root": run_root(cfg.platform, c.run_root)}
     )
     title, description = ui_text(cfg)
-    return lineage.staged_workflow(
+    return staged_workflow(
         cfg,
         [stage],
         prefix=f"{cfg.name}-finetune",
