@@ -1,7 +1,7 @@
 """`python -m ckptflow.steps.rdzv`: the TCP store where torchrun's c10d rendezvous of N rank pods meets.
 
 The pretraining DAG runs this as an Argo daemon task; each rank's torchrun connects to
-`{{tasks.rdzv.ip}}:PORT` with `--rdzv-conf=is_host=false` (workflows/pretrain.py explains
+`{{tasks.rdzv.ip}}:PORT` with `--rdzv-conf=is_host=false` (workflows/pretrain_dag.py explains
 why a separate daemon rather than rank 0). The store holds only rendezvous bookkeeping: no
 training state, so it needs no storage, credentials or MLflow. It serves until stopped
 (Argo stops daemons when their DAG ends) or until `--timeout-seconds`.

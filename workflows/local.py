@@ -141,12 +141,12 @@ def summary(
     `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
     s3_endpoint = cfg.platform.s3_endpoint
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from ckptflow.workflows.finetune import variants
+    from ckptflow.workflows.finetune_dag import variant_root, variants
 
     roots = [("pretrain", f"{run_root}/pretrain")]
     if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
         roots += [
-            (f"finetune {v['name']}", f"{run_root}/finetune/{v['name']}")
+            (f"finetune {v['name']}", variant_root(run_root, v["name"]))
             for v in variants(cfg.finetune)
         ]
     lines = [f"\nproduced under {run_root}:"]

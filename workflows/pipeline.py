@@ -24,10 +24,10 @@ the Workflow takes its service from `global_config` when it is constructed):
 
 from __future__ import annotations
 
-from ckptflow.workflows import lineage
 from ckptflow.workflows.config import PipelineConfig
-from ckptflow.workflows.finetune import add_finetune_dag, variants
-from ckptflow.workflows.pretrain import add_pretrain_dag
+from ckptflow.workflows.finetune_dag import add_finetune_dag, variants
+from ckptflow.workflows.pretrain_dag import add_pretrain_dag
+from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import run_root
 from hera.workflows import Workflow
 
@@ -38,8 +38,8 @@ def build_pipeline(cfg: PipelineConfig) -> Workflow:
     root = run_root(cfg.platform, "")
     pretrain_root = pc.run_root.rstrip("/") or f"{root}/pretrain"
     stages = [
-        lineage.Stage("pretrain", add_pretrain_dag, {"run_root": pretrain_root}),
-        lineage.Stage(
+        Stage("pretrain", add_pretrain_dag, {"run_root": pretrain_root}),
+        Stage(
             "finetune",
             add_finetune_dag,
             {
@@ -48,7 +48,7 @@ def build_pipeline(cfg: PipelineConfig) -> Workflow:
             },
         ),
     ]
-    return lineage.staged_workflow(
+    return staged_workflow(
         cfg,
         stages,
         prefix=cfg.name,

@@ -26,11 +26,11 @@ class Builder:
 
 
 def _builders() -> dict[str, Builder]:
-    from ckptflow.workflows.evaluate import build_evaluate, event_source, sensor
-    from ckptflow.workflows.finetune import build_finetune
+    from ckptflow.workflows.evaluate_template import build_evaluate, event_source, sensor
+    from ckptflow.workflows.finetune_dag import build_finetune
     from ckptflow.workflows.pipeline import build_pipeline
-    from ckptflow.workflows.pretrain import build_pretrain
-    from ckptflow.workflows.retention import build_retention
+    from ckptflow.workflows.pretrain_dag import build_pretrain
+    from ckptflow.workflows.retention_cron import build_retention
 
     return {
         "pipeline": Builder(build_pipeline, None, "pretrain -> fine-tune fan-out -> select"),

@@ -81,6 +81,27 @@ def _value(mv, metric: str) -> float | None:
         return None
 
 
+def _promotion(
+    prev: str | None, prev_value: float | None, value: float, *, metric: str, mode: str, force: bool
+) -> tuple[bool, str]:
+    """Whether the new version replaces champion `prev` (None: there is none), and why."""
+    if prev is None:
+        return True, "no champion yet"
+    if force:
+        return True, f"--force: replaces champion v{prev}"
+    if prev_value is None:
+        return False, (
+            f"champion v{prev} has no recorded {metric}: not comparable, left in place "
+            "(use --force to replace it)"
+        )
+    if better(value, prev_value, mode):
+        return True, f"{metric} {value:.6g} beats champion v{prev}'s {prev_value:.6g}"
+    return False, (
+        f"{metric} {value:.6g} does not beat champion v{prev}'s {prev_value:.6g} ({mode}); "
+        "champion left in place (use --force to replace it)"
+    )
+
+
 def register(
     client,
     name: str,
@@ -107,24 +128,7 @@ def register(
     prev_fallback = alias_version(client, name, FALLBACK)
     prev = str(champ.version) if champ is not None else None
     prev_value = _value(champ, metric) if champ is not None else None
-    if champ is None:
-        promote, reason = True, "no champion yet"
-    elif force:
-        promote, reason = True, f"--force: replaces champion v{prev}"
-    elif prev_value is None:
-        promote = False
-        reason = (
-            f"champion v{prev} has no recorded {metric}: not comparable, left in place "
-            "(use --force to replace it)"
-        )
-    elif better(value, prev_value, mode):
-        promote, reason = True, f"{metric} {value:.6g} beats champion v{prev}'s {prev_value:.6g}"
-    else:
-        promote = False
-        reason = (
-            f"{metric} {value:.6g} does not beat champion v{prev}'s {prev_value:.6g} ({mode}); "
-            "champion left in place (use --force to replace it)"
-        )
+    promote, reason = _promotion(prev, prev_value, value, metric=metric, mode=mode, force=force)
     fallback = str(prev_fallback.version) if prev_fallback is not None else None
     if promote:
         if prev is not None and prev != version:

@@ -229,7 +229,7 @@ def test_controller_config_validates_against_argo_schema(objects):
     for link in links:
         validate_definition(link, "io.argoproj.workflow.v1alpha1.Link")
     run_link = next(link for link in links if link["scope"] == "workflow")
-    # The parent run is named after the workflow (workflows/lineage.py): the link searches
+    # The parent run is named after the workflow (workflows/staged_workflow.py): the link searches
     # the experiment for that run name.
     url = urlsplit(run_link["url"])
     assert re.fullmatch(r"/experiments/\d+", url.fragment.split("?")[0])

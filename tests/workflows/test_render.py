@@ -90,11 +90,11 @@ def test_schema_check_rejects_unknown_and_mistyped_fields():
 
 
 def test_builders_return_hera_objects():
-    from ckptflow.workflows.evaluate import build_evaluate
-    from ckptflow.workflows.finetune import build_finetune
+    from ckptflow.workflows.evaluate_template import build_evaluate
+    from ckptflow.workflows.finetune_dag import build_finetune
     from ckptflow.workflows.pipeline import build_pipeline
-    from ckptflow.workflows.pretrain import build_pretrain
-    from ckptflow.workflows.retention import build_retention
+    from ckptflow.workflows.pretrain_dag import build_pretrain
+    from ckptflow.workflows.retention_cron import build_retention
 
     cfg = PipelineConfig()
     for build in (build_pipeline, build_pretrain, build_finetune):

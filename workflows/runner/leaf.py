@@ -17,7 +17,7 @@ from pathlib import Path
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import isolation, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
-from ckptflow.workflows.runner.pods.spec import downward_env
+from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
 from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
 
@@ -62,27 +62,10 @@ def map_tmp(tmpl: dict, root: Path) -> dict:
     paths = _private_paths(tmpl)
     if not paths:
         return tmpl
-    longest_first = sorted(paths, key=len, reverse=True)
-    pattern = re.compile("|".join(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest_first))
     for p, is_dir in paths.items():
         target = root / p.lstrip("/")
         (target if is_dir else target.parent).mkdir(parents=True, exist_ok=True)
-
-    def fix(value):
-        if isinstance(value, str):
-            return pattern.sub(lambda m: str(root) + m.group(0), value)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
-
-    out = dict(tmpl)
-    for key in ("container", "script"):
-        if key in out:
-            out[key] = {k: (v if k == "readinessProbe" else fix(v)) for k, v in out[key].items()}
-    out["outputs"] = fix(out["outputs"])
-    return out
+    return volumes.rewrite_paths(tmpl, {p: str(root) + p for p in paths}, keep=("readinessProbe",))
 
 
 def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[str, str]:

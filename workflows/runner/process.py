@@ -17,9 +17,25 @@ import time
 import urllib.error
 import urllib.request
 
-__all__ = ["Proc", "ProcessRegistry", "probe_once"]
+__all__ = ["Proc", "ProcessRegistry", "probe_once", "stop_group"]
 
 RESULT_LIMIT = 1 << 20  # stdout kept for outputs.result; more is logged but not kept
+
+
+def stop_group(popen: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process group `popen` leads, SIGKILL it after `grace` seconds, and SIGKILL
+    the group once more when the leader is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, sig)
+        try:
+            popen.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # A process that ignored SIGTERM left children in its group: make sure they go too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
 
 
 class Proc:
@@ -66,17 +82,7 @@ class Proc:
 
     def stop(self, grace: float) -> None:
         """SIGTERM the process group, then SIGKILL it after `grace` seconds."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, sig)
-            try:
-                self.popen.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # A process that ignored SIGTERM left children in its group: make sure they go too.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        stop_group(self.popen, grace)
 
     def finish(self) -> str:
         """Wait for the output pipes to drain; return stdout as text."""

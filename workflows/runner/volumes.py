@@ -87,7 +87,13 @@ def apply_mounts(body: dict, mapping: list[tuple[str, str]]) -> dict:
     """A copy of a substituted template with mount paths replaced by their local directories."""
     if not mapping:
         return body
-    table = dict(mapping)
+    return rewrite_paths(body, dict(mapping), keep=("readinessProbe", "volumeMounts", "ports"))
+
+
+def rewrite_paths(body: dict, table: dict[str, str], *, keep: tuple[str, ...]) -> dict:
+    """A copy of a template whose container/script fields (but those named in `keep`) and
+    outputs have each path of `table` replaced by its value: a whole path only, never the
+    prefix or middle of a longer one (`/data` leaves `/database` and `/x/data` alone)."""
     longest_first = sorted(table, key=len, reverse=True)
     pattern = re.compile("|".join(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest_first))
 
@@ -103,10 +109,7 @@ def apply_mounts(body: dict, mapping: list[tuple[str, str]]) -> dict:
     out = dict(body)
     for key in ("container", "script"):
         if key in out:
-            out[key] = {
-                k: (v if k in ("readinessProbe", "volumeMounts", "ports") else fix(v))
-                for k, v in out[key].items()
-            }
+            out[key] = {k: (v if k in keep else fix(v)) for k, v in out[key].items()}
     if "outputs" in out:
         out["outputs"] = fix(out["outputs"])
     return out

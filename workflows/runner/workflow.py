@@ -188,6 +188,40 @@ def _stop_everything(run: cx.Run) -> None:
         t.join(timeout=10)
 
 
+def _execute(run: cx.Run, scope: cx.Scope, reporter: Reporter, state: dict) -> bool:
+    """Run to the end, then stop what still runs and close the pods, whatever happened; record
+    the phase, message and finish time in `state`; return whether the user interrupted."""
+    try:
+        reporter.start(run.store)
+        phase, message, interrupted = _run_to_end(run, scope)
+    finally:
+        try:
+            _stop_everything(run)
+        finally:
+            if run.isolation is not None:
+                run.isolation.close()  # no pod, link, mount or cgroup outlives the run
+        state["finished"] = time.time()
+    state["phase"], state["message"] = phase, message
+    reporter.stop()
+    return interrupted
+
+
+def _result(run: cx.Run, state: dict, status_path: str, interrupted: bool) -> RunResult:
+    """What `run_workflow` returns once the run has ended."""
+    doc = _document(run, state)
+    return RunResult(
+        name=run.name,
+        phase=state["phase"],
+        message=state["message"],
+        status=doc,
+        workdir=run.workdir,
+        status_file=status_path,
+        table=final_table(run.store),
+        interrupted=interrupted,
+        nodes=doc["status"]["nodes"],
+    )
+
+
 def run_workflow(
     manifest: dict,
     *,
@@ -235,27 +269,5 @@ def run_workflow(
     reporter.status = lambda: write_status(status_path, _document(run, state))
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
-    try:
-        reporter.start(store)
-        phase, message, interrupted = _run_to_end(run, scope)
-    finally:
-        try:
-            _stop_everything(run)
-        finally:
-            if run.isolation is not None:
-                run.isolation.close()  # no pod, link, mount or cgroup outlives the run
-        state["finished"] = time.time()
-    state["phase"], state["message"] = phase, message
-    reporter.stop()
-    doc = _document(run, state)
-    return RunResult(
-        name=wf_name,
-        phase=phase,
-        message=message,
-        status=doc,
-        workdir=str(work),
-        status_file=status_path,
-        table=final_table(store),
-        interrupted=interrupted,
-        nodes=doc["status"]["nodes"],
-    )
+    interrupted = _execute(run, scope, reporter, state)
+    return _result(run, state, status_path, interrupted)

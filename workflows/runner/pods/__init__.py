@@ -1,8 +1,8 @@
 """Pods on this machine: each task in its own network, UTS and mount namespaces and cgroups.
 
 The sandbox library behind `ckptflow run FILE --isolate` (see docs/pods.md). It imports only
-the standard library; the plumbing is iproute2 (`ip`), util-linux (`unshare`, `nsenter`) and
-cgroup v1, and it needs root.
+the standard library and the runner's `process` (the process-group stop); the plumbing is
+iproute2 (`ip`), util-linux (`unshare`, `nsenter`) and cgroup v1, and it needs root.
 
     why = available()            # None, or the one missing privilege/tool
     with Node() as node:         # a bridge with the node address, a subnet, cgroups
@@ -15,7 +15,7 @@ from ckptflow.workflows.runner.pods.naming import PREFIX
 from ckptflow.workflows.runner.pods.net import POD_CIDR, NetError
 from ckptflow.workflows.runner.pods.node import Node
 from ckptflow.workflows.runner.pods.pod import Pod, PodError
-from ckptflow.workflows.runner.pods.spec import (
+from ckptflow.workflows.runner.pods.podspec import (
     Volume,
     check_hostname,
     downward_env,

@@ -21,7 +21,7 @@ from ckptflow.workflows.runner.pods.cgroups import NodeCgroups
 from ckptflow.workflows.runner.pods.check import available
 from ckptflow.workflows.runner.pods.naming import PREFIX, new_tag, pod_suffix, start_time
 from ckptflow.workflows.runner.pods.pod import READY_TIMEOUT, START_TIMEOUT, Pod, PodError, quietly
-from ckptflow.workflows.runner.pods.spec import Volume, check_hostname, parse_cpu, parse_quantity
+from ckptflow.workflows.runner.pods.podspec import Volume, check_hostname, parse_cpu, parse_quantity
 from ckptflow.workflows.runner.pods.sweep import OWNER_FILE, STATE_ROOT, sweep
 
 __all__ = ["Node"]

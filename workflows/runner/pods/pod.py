@@ -27,11 +27,11 @@ import time
 
 from ckptflow.workflows.runner.pods import net, podinit
 from ckptflow.workflows.runner.pods.check import tool
-from ckptflow.workflows.runner.pods.spec import Volume
+from ckptflow.workflows.runner.pods.podspec import Volume
+from ckptflow.workflows.runner.process import RESULT_LIMIT, stop_group
 
 __all__ = ["Pod", "PodError", "RESULT_LIMIT"]
 
-RESULT_LIMIT = 1 << 20  # stdout kept (as process.Proc keeps it); more is logged but not kept
 READY_TIMEOUT = 30.0  # for the pod's python to start (a busy machine)
 START_TIMEOUT = 60.0  # for the pod to build its filesystem and exec
 PODINIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "podinit.py")
@@ -93,16 +93,7 @@ class Pod:
     def stop(self, grace: float) -> None:
         """SIGTERM the pod's process group, SIGKILL it after `grace` s, then every process
         left in the pod (also those that left the group)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, sig)
-            try:
-                self.popen.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        stop_group(self.popen, grace)
         self._kill_rest()
 
     def finish(self) -> str:

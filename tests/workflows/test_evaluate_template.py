@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
-from ckptflow.workflows.evaluate import event_source, sensor
+from ckptflow.workflows.evaluate_template import event_source, sensor
 
 # A MinIO bucket notification as Argo Events' minio event source delivers it.
 EVENT = {

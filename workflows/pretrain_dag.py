@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ckptflow.workflows import lineage
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
-from ckptflow.workflows.evaluate import evaluator
+from ckptflow.workflows.evaluate_template import evaluator
+from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Parameter, Workflow
 from hera.workflows.models import ContainerPort, Probe, TCPSocketAction
@@ -127,8 +127,8 @@ def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
 def build_pretrain(cfg: PipelineConfig) -> Workflow:
     """Pretraining alone: start_run -> (rdzv daemon, N ranks, evaluator); finish_run on exit."""
     root = run_root(cfg.platform, cfg.pretrain.run_root, "pretrain")
-    stage = lineage.Stage("pretrain", add_pretrain_dag, {"run_root": root})
+    stage = Stage("pretrain", add_pretrain_dag, {"run_root": root})
     title, description = ui_text(cfg)
-    return lineage.staged_workflow(
+    return staged_workflow(
         cfg, [stage], prefix=f"{cfg.name}-pretrain", title=title, description=description
     )

@@ -14,15 +14,21 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ckptflow.workflows import lineage
 from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
+from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import ContinueOn
 
 from ckptflow.contract import FinetuneArgs, SelectArgs, to_argv
+from ckptflow.core import runroot
 
 DAG_NAME = "finetune"
+
+
+def variant_root(root: str, name: str) -> str:
+    """The run root of variant `name` below the pipeline's run root `root`."""
+    return f"{root}/finetune/{name}"
 
 
 def variants(c: FinetuneConfig) -> list[dict[str, str]]:
@@ -71,8 +77,8 @@ def select_template(cfg: PipelineConfig, grid: list[dict[str, str]]) -> Containe
     c, root = cfg.finetune, param("run_root")
     choose = to_argv(
         replace(c.select, experiment=c.train.experiment),
-        candidates=",".join(f"{root}/finetune/{v['name']}" for v in grid),
-        export_uri=f"{root}/export",
+        candidates=",".join(variant_root(root, v["name"]) for v in grid),
+        export_uri=f"{root}/{runroot.EXPORT}",
         mlflow_parent_run_id=param("parent_run_id"),
     )
     return step(
@@ -100,7 +106,7 @@ def add_finetune_dag(cfg: PipelineConfig) -> DAG:
             name="variant",
             arguments={
                 "base_root": param("base_root"),
-                "variant_root": f"{root}/finetune/{{{{item.name}}}}",
+                "variant_root": variant_root(root, "{{item.name}}"),
                 "lr": "{{item.lr}}",
                 "freeze": "{{item.freeze}}",
                 "parent_run_id": param("parent_run_id"),
@@ -135,11 +141,11 @@ def build_finetune(cfg: PipelineConfig) -> Workflow:
     """
     c = cfg.finetune
     refs = {"base_root": "{{workflow.parameters.base_root}}"}
-    stage = lineage.Stage(
+    stage = Stage(
         "finetune", add_finetune_dag, {**refs, "run_root": run_root(cfg.platform, c.run_root)}
     )
     title, description = ui_text(cfg)
-    return lineage.staged_workflow(
+    return staged_workflow(
         cfg,
         [stage],
         prefix=f"{cfg.name}-finetune",

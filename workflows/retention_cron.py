@@ -13,11 +13,13 @@ from ckptflow.workflows.config import ConfigError, PipelineConfig
 from ckptflow.workflows.templates import param, step
 from hera.workflows import DAG, CronWorkflow
 
+from ckptflow.core import runroot
+
 
 def retention_roots(cfg: PipelineConfig) -> list[str]:
     """The checkpoint roots to collect (the default: the fixed run `main`'s pretraining)."""
     roots = list(cfg.retention.roots) or [
-        f"{cfg.platform.storage_root.rstrip('/')}/main/pretrain/ckpt"
+        f"{cfg.platform.storage_root.rstrip('/')}/main/pretrain/{runroot.CKPT}"
     ]
     for root in roots:
         if "{{" in root:

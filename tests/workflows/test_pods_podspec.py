@@ -7,7 +7,7 @@ import os
 
 import pytest
 from ckptflow.workflows.runner.pods import check, naming
-from ckptflow.workflows.runner.pods.spec import (
+from ckptflow.workflows.runner.pods.podspec import (
     Volume,
     check_hostname,
     downward_env,
