@@ -3,7 +3,6 @@ module and function level) and in use (`ckptflow ckpt ...` on a real root never 
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -11,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layering import imports_of
+
 REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "ckptflow" / "core"
-# the bottom layer: the core, and the one reader of deployment wiring the core's CLI uses
 # the core, the one env reader, and the two CLIs over them (ckpt, plan)
 BOTTOM = sorted(CORE.glob("*.py")) + [
     REPO / "ckptflow" / f for f in ("env.py", "ckpt_cli.py", "plan_cli.py")
@@ -21,21 +21,9 @@ BOTTOM = sorted(CORE.glob("*.py")) + [
 FORBIDDEN = ("torch", "hera", "ckptflow.steps", "ckptflow.workflows")
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module an import statement anywhere in `path` names (relative ones resolved)."""
+def module_of(path: Path) -> str:
     package = "ckptflow.core" if path.parent == CORE else "ckptflow"
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parts, base] if base else parts)
-            names.add(base)
-            names |= {f"{base}.{a.name}" for a in node.names}
-    return names
+    return f"{package}.{path.stem}"
 
 
 def test_the_core_checks_every_module():
@@ -52,7 +40,10 @@ def test_the_core_checks_every_module():
 @pytest.mark.parametrize("path", BOTTOM, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_core_modules_import_no_torch_hera_steps_or_workflows(path):
     bad = sorted(
-        m for m in imported_modules(path) for f in FORBIDDEN if m == f or m.startswith(f + ".")
+        m
+        for m in imports_of(path, module_of(path))
+        for f in FORBIDDEN
+        if m == f or m.startswith(f + ".")
     )
     assert not bad, f"{path.relative_to(REPO)} imports {bad}"
 
