@@ -25,6 +25,7 @@ from ckptflow.workflows.runner.pods import (
     downward_env,
     leftovers,
 )
+from ckptflow.workflows.runner.pods.node import hidden_paths
 
 WHY = available()
 pods_only = pytest.mark.skipif(WHY is not None, reason=f"pods unavailable: {WHY}")
@@ -490,3 +491,24 @@ def test_closing_while_pods_start_stops_them_all(tmp_path):
         t.join(timeout=60)
     assert not any(leftovers(node.tag).values()), leftovers(node.tag)
     assert all("shutting down" in e for e in errors), errors
+
+
+def test_hidden_paths_are_those_under_the_pods_own_mounts():
+    assert hidden_paths(["/tmp/co/.venv", "/tmp/co", "/usr", "/tmp", "/dev/shm/x/y"]) == [
+        "/dev/shm/x/y",
+        "/tmp/co",
+    ]
+
+
+def test_a_runner_living_under_tmp_still_runs_in_its_pods(node, tmp_path, monkeypatch):
+    """A checkout (or venv) under /tmp: the pod's private /tmp would hide the interpreter and
+    the package ("No such file or directory: '/tmp/.../.venv/bin/python'"), so both are bound
+    into every pod at their own path, read-only."""
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    (prefix / "marker").write_text("here")
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    pod = start(node, tmp_path, "under-tmp", f"print(open({str(prefix / 'marker')!r}).read())")
+    status, out = wait(pod)
+    pod.release()
+    assert status == 0 and "here" in out, out

@@ -13,6 +13,7 @@ import atexit
 import os
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -36,6 +37,33 @@ def _install_sigterm() -> None:
     main = threading.current_thread() is threading.main_thread()
     if main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _sigterm)
+
+
+POD_PRIVATE = ("/tmp", "/dev/shm")  # a pod's own, fresh mounts
+
+
+def hidden_paths(paths) -> list[str]:
+    """Of `paths`, those a pod's private /tmp or /dev/shm would hide (not those mounts
+    themselves), children of another listed path dropped: what must be bound into the pod."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    hidden = [
+        p for p in real if p not in POD_PRIVATE and any(p.startswith(d + "/") for d in POD_PRIVATE)
+    ]
+    return [p for p in hidden if not any(p.startswith(q + "/") for q in hidden)]
+
+
+def runtime_volumes(taken) -> list[Volume]:
+    """This interpreter and this package, bound read-only at their own path where the pod's
+    private /tmp would hide them: a pod runs the runner's Python (as a node runs its image's),
+    so a checkout or venv under /tmp must not vanish inside the pod ("No such file")."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    paths = [sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), package_root]
+    return [
+        Volume(p, host_path=p, read_only=True, name="runtime")
+        for p in hidden_paths(paths)
+        if p not in taken and not any(p.startswith(t.rstrip("/") + "/") for t in taken)
+    ]
 
 
 class Node:
@@ -160,7 +188,9 @@ class Node:
             with self._lock:
                 self._pods.add(pod)  # from now on close() stops it, wherever the start is
             try:
-                self._build(pod, suffix, list(argv), dict(env), cwd, list(volumes), memory, cpu)
+                mounts = list(volumes)
+                mounts += runtime_volumes({v.target for v in mounts})
+                self._build(pod, suffix, list(argv), dict(env), cwd, mounts, memory, cpu)
             except BaseException as exc:
                 pod.release()
                 if isinstance(exc, (OSError, net.NetError)):
