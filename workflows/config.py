@@ -66,7 +66,7 @@ class PlatformConfig:
     workflow_deadline_s: int = 2 * 24 * 3600  # activeDeadlineSeconds of each workflow
     ttl_after_completion_s: int = 7 * 24 * 3600  # delete finished workflows after this long
     outputs_dir: str = "/tmp/outputs"  # --output-dir of each step; files there are outputs
-    argo_ui: str = "https://localhost:2746"  # Argo Server URL for links and `submit`
+    argo_ui: str = "http://localhost:2746"  # Argo Server URL for links and `submit`
     step_resources: Resources = Resources(cpu="250m", memory="1Gi")  # small bookkeeping steps
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
+from ckptflow.workflows.config import PlatformConfig
 
 from tests.deploy.schemas import K3D_CONFIG, REPO, k3d_port_map, validate_definition
 
@@ -117,6 +119,18 @@ def test_argo_server_patches_are_valid():
     (port,) = service["spec"]["ports"]
     validate_definition(port, "io.k8s.api.core.v1.ServicePort")
     assert k3d_port_map()[2746] == port["nodePort"]
+
+
+def test_default_argo_ui_is_the_servers_scheme_and_port():
+    """`submit` and the printed links use platform.argo_ui: https against a server run with
+    --secure=false fails the TLS handshake."""
+    ops = json.loads((DEPLOY / "k3d" / "argo-server-patch.json").read_text())
+    args = next(op["value"] for op in ops if op["path"].endswith("/containers/0/args"))
+    url = urlsplit(PlatformConfig().argo_ui)
+    assert url.scheme == ("http" if "--secure=false" in args else "https"), url.geturl()
+    assert url.hostname == "localhost" and url.port in k3d_port_map()
+    service = yaml.safe_load((DEPLOY / "k3d" / "argo-server-service-patch.yaml").read_text())
+    assert k3d_port_map()[url.port] == service["spec"]["ports"][0]["nodePort"]
 
 
 def test_cluster_scripts_parse_and_use_the_pinned_argo_release():
