@@ -168,3 +168,7 @@ def test_ci_workflow_runs_the_recipe_with_a_pinned_k3d():
         assert any(r.strip() == command for r in runs), command
     cleanup = next(s for s in job["steps"] if s.get("run", "").strip() == "make cluster-down")
     assert cleanup["if"] == "always()"
+    # The schema checks run before the cluster, on the vendored schema alone.
+    offline = next(r for r in runs if "pytest" in r and "-m" not in r.split("pytest", 1)[1])
+    assert "tests/deploy" in offline and "tests/workflows/test_render.py" in offline
+    assert not any("shared" in r for r in runs), "the hosted runner has no ../shared"
