@@ -20,7 +20,8 @@ define INSTALL_TORCH
 		'$(TORCH_INDEX_URL)/torch/' 2>/dev/null; then \
 		$(VENV)/bin/pip install -q --index-url '$(TORCH_INDEX_URL)' $(TORCH_PIN); \
 	else \
-		echo '$(TORCH_INDEX_URL) is unreachable: installing $(TORCH_PIN)+cpu from pip sources' >&2; \
+		echo '$(TORCH_INDEX_URL) is unreachable: installing $(TORCH_PIN)+cpu from pip sources' \
+			'(if pip finds none, set TORCH_INDEX_URL to a reachable mirror of that index)' >&2; \
 		$(VENV)/bin/pip install -q '$(TORCH_PIN)+cpu'; \
 	fi
 endef
