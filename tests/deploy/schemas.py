@@ -1,8 +1,8 @@
 """Offline validators for deploy/: Argo's published JSON schema, and structural rules.
 
-Argo v4.1.2's schema (vendored: tests/fixtures/argo/) also defines the Kubernetes core pieces that Argo
-embeds (Container, Volume, Probe, ServicePort, ...), so our Deployments, Jobs and Services
-are checked against those definitions; the rest is checked by the rules in the tests.
+Argo v4.1.2's schema (vendored in tests/fixtures/argo/) also defines the Kubernetes core
+pieces that Argo embeds (Container, Volume, Probe, ServicePort, ...), so our Deployments, Jobs
+and Services are checked against those definitions; the rest by the rules in the tests.
 """
 
 from __future__ import annotations
