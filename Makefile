@@ -5,10 +5,34 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint fmt
 
+# PyTorch's CPU wheels (the image takes torch from the same index).
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := torch==2.13.0
+OS_NAME ?= $(shell uname -s)
+
+# torch goes in first, on its own: PyPI's Linux torch wheel bundles CUDA (several GB), so on
+# Linux it comes from the CPU index. Where that index cannot be reached (an offline mirror),
+# only the +cpu build of the pin is accepted, from pip's configured sources (e.g. find-links):
+# pip fails rather than falling back to a CUDA build. PyPI's macOS and Windows wheels are CPU.
+ifeq ($(OS_NAME),Linux)
+define INSTALL_TORCH
+	if $(VENV)/bin/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' \
+		'$(TORCH_INDEX_URL)/torch/' 2>/dev/null; then \
+		$(VENV)/bin/pip install -q --index-url '$(TORCH_INDEX_URL)' $(TORCH_PIN); \
+	else \
+		echo '$(TORCH_INDEX_URL) is unreachable: installing $(TORCH_PIN)+cpu from pip sources' \
+			'(if pip finds none, set TORCH_INDEX_URL to a reachable mirror of that index)' >&2; \
+		$(VENV)/bin/pip install -q '$(TORCH_PIN)+cpu'; \
+	fi
+endef
+else
+INSTALL_TORCH = $(VENV)/bin/pip install -q $(TORCH_PIN)
+endif
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	# torch==2.13.0 is pinned in pyproject: pip takes the CPU wheel, never a CUDA build.
+	$(INSTALL_TORCH)
 	$(VENV)/bin/pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
@@ -28,7 +52,6 @@ fmt: $(STAMP)
 # --- Running it on a cluster (needs Docker, k3d and kubectl; see README "Run it on a cluster")
 IMAGE ?= ckptflow-steps:0.1.0
 CLUSTER ?= ckptflow
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: image image-cuda cluster cluster-down e2e
 

@@ -66,7 +66,7 @@ class PlatformConfig:
     workflow_deadline_s: int = 2 * 24 * 3600  # activeDeadlineSeconds of each workflow
     ttl_after_completion_s: int = 7 * 24 * 3600  # delete finished workflows after this long
     outputs_dir: str = "/tmp/outputs"  # --output-dir of each step; files there are outputs
-    argo_ui: str = "https://localhost:2746"  # Argo Server URL for links and `submit`
+    argo_ui: str = "http://localhost:2746"  # Argo Server URL for links and `submit`
     step_resources: Resources = Resources(cpu="250m", memory="1Gi")  # small bookkeeping steps
 
 
@@ -110,9 +110,10 @@ class PretrainConfig:
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
     rank_deadline_s: int = 24 * 3600  # activeDeadlineSeconds of one rank pod
-    rank_resources: Resources = Resources(cpu="2", memory="4Gi")  # per rank pod
+    # Defaults fit the README's laptop cluster (tests/deploy/test_resources.py sums them).
+    rank_resources: Resources = Resources(cpu="1", memory="1536Mi")  # per rank pod
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir (dataloader and NCCL buffers)
-    evaluator_resources: Resources = Resources(cpu="1", memory="2Gi")  # evaluator pod
+    evaluator_resources: Resources = Resources(cpu="500m", memory="1Gi")  # evaluator pod
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class FinetuneConfig:
     retries: int = 2  # pod retries per variant
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
     deadline_s: int = 12 * 3600  # activeDeadlineSeconds of one variant pod
-    resources: Resources = Resources(cpu="2", memory="4Gi")  # per variant pod
+    resources: Resources = Resources(cpu="1", memory="1536Mi")  # per variant pod (in parallel)
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir
 
 

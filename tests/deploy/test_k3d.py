@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from urllib.parse import urlsplit
 
 import jsonschema
 import yaml
+from ckptflow.workflows.config import PlatformConfig
 
 from tests.deploy.schemas import K3D_CONFIG, REPO, k3d_port_map, validate_definition
 
@@ -119,6 +121,18 @@ def test_argo_server_patches_are_valid():
     assert k3d_port_map()[2746] == port["nodePort"]
 
 
+def test_default_argo_ui_is_the_servers_scheme_and_port():
+    """`submit` and the printed links use platform.argo_ui: https against a server run with
+    --secure=false fails the TLS handshake."""
+    ops = json.loads((DEPLOY / "k3d" / "argo-server-patch.json").read_text())
+    args = next(op["value"] for op in ops if op["path"].endswith("/containers/0/args"))
+    url = urlsplit(PlatformConfig().argo_ui)
+    assert url.scheme == ("http" if "--secure=false" in args else "https"), url.geturl()
+    assert url.hostname == "localhost" and url.port in k3d_port_map()
+    service = yaml.safe_load((DEPLOY / "k3d" / "argo-server-service-patch.yaml").read_text())
+    assert k3d_port_map()[url.port] == service["spec"]["ports"][0]["nodePort"]
+
+
 def test_cluster_scripts_parse_and_use_the_pinned_argo_release():
     up = (DEPLOY / "cluster-up.sh").read_text()
     for script in ("cluster-up.sh", "cluster-down.sh"):
@@ -154,3 +168,7 @@ def test_ci_workflow_runs_the_recipe_with_a_pinned_k3d():
         assert any(r.strip() == command for r in runs), command
     cleanup = next(s for s in job["steps"] if s.get("run", "").strip() == "make cluster-down")
     assert cleanup["if"] == "always()"
+    # The schema checks run before the cluster, on the vendored schema alone.
+    offline = next(r for r in runs if "pytest" in r and "-m" not in r.split("pytest", 1)[1])
+    assert "tests/deploy" in offline and "tests/workflows/test_render.py" in offline
+    assert not any("shared" in r for r in runs), "the hosted runner has no ../shared"

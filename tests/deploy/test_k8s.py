@@ -260,3 +260,54 @@ def test_workflow_defaults_match_the_deployment(objects):
     assert platform.storage_root.removeprefix("s3://").split("/")[0] in _created_buckets(objects)
     makefile = (K8S_DIR.parents[1] / "Makefile").read_text()
     assert f"IMAGE ?= {platform.image}" in makefile, "make image must build platform.image"
+
+
+def _rendered_containers():
+    """Every container and script of every rendered workflow."""
+    render = pytest.importorskip(
+        "ckptflow.workflows.render", reason="workflows (hera) not installed"
+    )
+    for name in render.BUILDER_NAMES:
+        manifest = render.builder(name).build(render.config([])).to_dict()
+        spec = manifest["spec"].get("workflowSpec", manifest["spec"])
+        for template in spec["templates"]:
+            for kind in ("container", "script"):
+                if kind in template:
+                    yield name, template["name"], template[kind]
+
+
+def test_s3_secret_comment_says_how_each_consumer_reads_it(objects):
+    """Workflow pods take the keys one secretKeyRef per variable, never envFrom: the
+    Secret's header says so, and names envFrom only where deploy/k8s uses it."""
+    config = pytest.importorskip("ckptflow.workflows.config", reason="workflows not installed")
+    platform = config.PlatformConfig()
+    want = {
+        ("AWS_ACCESS_KEY_ID", platform.s3_secret, platform.s3_access_key_key),
+        ("AWS_SECRET_ACCESS_KEY", platform.s3_secret, platform.s3_secret_key_key),
+    }
+    seen = 0
+    for workflow, template, container in _rendered_containers():
+        assert "envFrom" not in container, f"{workflow}/{template}"
+        refs = {
+            (
+                e["name"],
+                e["valueFrom"]["secretKeyRef"]["name"],
+                e["valueFrom"]["secretKeyRef"]["key"],
+            )
+            for e in container.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert refs in (set(), want), f"{workflow}/{template}: {refs}"
+        seen += bool(refs)
+    assert seen, "no rendered step reads the S3 Secret"
+    header = (K8S_DIR / "s3-secret.yaml").read_text().split("\napiVersion:")[0]
+    assert "secretKeyRef" in header and "envFrom: secretRef" not in header
+    env_from = [
+        owner["metadata"]["name"]
+        for owner, spec in _pod_specs(objects)
+        for c in spec["containers"]
+        if any(
+            s.get("secretRef", {}).get("name") == platform.s3_secret for s in c.get("envFrom", [])
+        )
+    ]
+    assert ("envFrom" in header) == bool(env_from), env_from

@@ -1,7 +1,7 @@
 """Argo Workflows v4.1.2's JSON schema, made strict, for validating rendered manifests.
 
-The schema lives outside the project (`../shared/argo/`, see its README); tests skip with a
-clear reason where it is absent. Two adjustments, both from that README:
+The schema is vendored in `tests/fixtures/argo/` (Apache-2.0, see its README and LICENSE),
+so these checks run wherever the tests do, the hosted CI included. Two adjustments:
 
 - `IntOrString` is declared as a string but Kubernetes accepts an integer too;
 - every object definition listing `properties` gets `additionalProperties: false`, so a
@@ -19,10 +19,8 @@ import functools
 import json
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA_PATH = REPO.parent / "shared" / "argo" / "workflow-schema-v4.1.2.json"
+SCHEMA_PATH = REPO / "tests" / "fixtures" / "argo" / "workflow-schema-v4.1.2.json"
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
 # Argo Events' embedded Kubernetes object (a Sensor trigger's resource), declared as bytes.
 K8S_RESOURCE = "github.com.argoproj.argo_events.pkg.apis.events.v1alpha1.K8SResource"
@@ -44,11 +42,6 @@ def strict(schema: dict) -> dict:
 
 @functools.cache
 def _strict_schema() -> dict:
-    if not SCHEMA_PATH.is_file():
-        pytest.skip(
-            f"Argo's JSON schema is absent at {SCHEMA_PATH} (it ships beside the project in "
-            "../shared/argo/workflow-schema-v4.1.2.json)"
-        )
     return strict(json.loads(SCHEMA_PATH.read_text()))
 
 
@@ -57,7 +50,7 @@ def validator(kind: str):
     """A validator of one kind (Workflow, CronWorkflow, ..., EventSource, Sensor).
 
     Validating against the kind's own definition gives precise errors: the schema's top-level
-    oneOf would only say that nothing matched. Skips the test when the schema is absent.
+    oneOf would only say that nothing matched.
     """
     import jsonschema
 

@@ -39,7 +39,7 @@ def test_overrides_convert_to_the_field_types():
     assert cfg.finetune.freeze_blocks == (0, 2)
     assert cfg.platform.tolerations == ("gpu=true:NoSchedule", "spot:NoExecute")
     assert cfg.platform.image == "registry.local/ckptflow:dev"
-    assert cfg.pretrain.rank_resources == Resources(cpu="2", memory="4Gi", gpu=8)
+    assert cfg.pretrain.rank_resources == Resources(cpu="1", memory="1536Mi", gpu=8)
     assert cfg.retention.schedules == ("0 * * * *", "30 3 * * *")
     # The original is untouched: configs are frozen values.
     assert PipelineConfig().pretrain.ranks == 2
