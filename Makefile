@@ -11,18 +11,16 @@ TORCH_PIN := torch==2.13.0
 OS_NAME ?= $(shell uname -s)
 
 # torch goes in first, on its own: PyPI's Linux torch wheel bundles CUDA (several GB), so on
-# Linux it comes from the CPU index. Where that index cannot be reached (an offline mirror),
-# only the +cpu build of the pin is accepted, from pip's configured sources (e.g. find-links):
-# pip fails rather than falling back to a CUDA build. PyPI's macOS and Windows wheels are CPU.
+# Linux only the +cpu build of the pin is accepted. A +cpu wheel pip's configured sources
+# already hold (find-links, an offline mirror) is taken without asking any index; otherwise it
+# comes from PyTorch's CPU index. pip fails rather than fall back to a CUDA build. PyPI's macOS
+# and Windows wheels are CPU builds.
 ifeq ($(OS_NAME),Linux)
 define INSTALL_TORCH
-	if $(VENV)/bin/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' \
-		'$(TORCH_INDEX_URL)/torch/' 2>/dev/null; then \
-		$(VENV)/bin/pip install -q --index-url '$(TORCH_INDEX_URL)' $(TORCH_PIN); \
-	else \
-		echo '$(TORCH_INDEX_URL) is unreachable: installing $(TORCH_PIN)+cpu from pip sources' \
-			'(if pip finds none, set TORCH_INDEX_URL to a reachable mirror of that index)' >&2; \
+	if $(VENV)/bin/pip install -q --no-index --no-deps '$(TORCH_PIN)+cpu' 2>/dev/null; then \
 		$(VENV)/bin/pip install -q '$(TORCH_PIN)+cpu'; \
+	else \
+		$(VENV)/bin/pip install -q --index-url '$(TORCH_INDEX_URL)' $(TORCH_PIN); \
 	fi
 endef
 else

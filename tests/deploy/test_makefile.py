@@ -52,11 +52,13 @@ def test_linux_takes_torch_from_the_cpu_index_before_the_project(tmp_path):
     project = next(i for i, line in enumerate(lines) if "-e '.[all,dev]'" in line)
     assert torch < project, "the project install would resolve torch itself (CUDA on Linux)"
     line = lines[torch]
-    assert f"pip install -q --index-url '{CPU_INDEX}' {pin};" in line
-    # Where the index is unreachable only the +cpu build is accepted, never a bare pin.
-    branches = line.split("; else", 1)[1]
-    assert f"pip install -q '{pin}+cpu'" in branches
-    assert f"pip install -q {pin}" not in branches.replace(f"'{pin}+cpu'", "")
+    # a +cpu wheel pip's own sources hold first (no index asked), else the CPU index; never a
+    # bare pin from PyPI (the CUDA build)
+    local, _, fallback = line.partition("; else")
+    assert f"pip install -q --no-index --no-deps '{pin}+cpu'" in local
+    assert f"pip install -q '{pin}+cpu';" in local  # then its dependencies
+    assert f"pip install -q --index-url '{CPU_INDEX}' {pin};" in fallback
+    assert f"pip install -q {pin}" not in line
 
 
 def test_other_systems_take_pypis_torch_wheel(tmp_path):
