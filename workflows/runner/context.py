@@ -120,6 +120,8 @@ class Run:
             "workflow.namespace": self.namespace,
             "workflow.mainEntrypoint": str(self.spec.get("entrypoint")),
             "workflow.creationTimestamp": rfc3339(self.created) or "",
+            # a CronWorkflow's scheduled time; a run by hand is scheduled when it starts
+            "workflow.scheduledTime": rfc3339(self.created) or "",
             "workflow.serviceAccountName": str(self.spec.get("serviceAccountName") or "default"),
             "workflow.parameters": json.dumps(
                 [{"name": k, "value": v} for k, v in self.parameters.items()], separators=(",", ":")

@@ -273,6 +273,11 @@ class _Placeholder:
 
 def run_dag(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> tuple[str, str, dict]:
     """Run a DAG template as `node`; return (phase, message, the DAG's `tasks.*` variables)."""
+    names = {t["name"] for t in body["dag"]["tasks"]}
+    # a target from {{inputs.parameters.x}} is known only now (validate checked literal ones)
+    for target in str(body["dag"].get("target") or "").split():
+        if target not in names:
+            return ERROR, f"dag.target: unknown task {target!r}", {}
     d = _Dag(run, node, body, scope)
     try:
         d.loop()

@@ -187,6 +187,8 @@ def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon
     if "script" in body:
         script_path = str(root / "script")
         Path(script_path).write_text(to_str(container.get("source", "")))
+        # Argo's script file is executable: `command: [sh, -c]` runs it by its path
+        os.chmod(script_path, 0o755)
     argv = _argv(container, script_path)
     env = _env(run, node, container)
     cwd = to_str(container.get("workingDir") or run.cwd)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 from ckptflow.workflows.runner import depends as dep
-from ckptflow.workflows.runner.substitution import TAG, parse_duration, to_str
+from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.volumes import volume_problems
 
 __all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
@@ -111,8 +111,10 @@ def workflow_spec(manifest: dict) -> dict:
 
 
 class _Checker:
-    def __init__(self, spec: dict, env: dict[str, str]) -> None:
+    def __init__(self, spec: dict, env: dict[str, str], parameters: dict[str, str]) -> None:
         self.spec, self.env, self.errors = spec, env, []
+        # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
+        self.workflow_values = {f"workflow.parameters.{k}": v for k, v in parameters.items()}
         self.templates = {
             t.get("name"): t for t in spec.get("templates") or [] if isinstance(t, dict)
         }
@@ -253,7 +255,10 @@ class _Checker:
                 continue
             for missing in sorted(dep.tasks_in(tree) - names):
                 self.err(tw, "depends", f"names unknown task {missing!r}")
-        for target in str(d.get("target") or "").split():
+        target_text = render(to_str(d.get("target") or ""), self.workflow_values)
+        for target in target_text.split():
+            if TAG.search(target):
+                continue  # e.g. {{inputs.parameters.x}}: checked when the DAG runs
             if target not in names:
                 self.err(where, "dag.target", f"unknown task {target!r}")
 
@@ -341,12 +346,30 @@ def _strings(obj: Any):
             yield from _strings(v)
 
 
-def validate(spec: dict, env: dict[str, str] | None = None) -> None:
-    """Raise SpecError listing every unsupported or invalid field of a workflow spec."""
-    errors = _Checker(spec, dict(os.environ if env is None else env)).run()
+def validate(
+    spec: dict, env: dict[str, str] | None = None, arguments: dict[str, Any] | None = None
+) -> None:
+    """Raise SpecError listing every unsupported or invalid field of a workflow spec.
+
+    arguments: the workflow parameters given to the run (`-p`), substituted with the spec's own
+    values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`)."""
+    errors = _Checker(
+        spec, dict(os.environ if env is None else env), _known_parameters(spec, arguments)
+    ).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))
         raise SpecError(f"the manifest cannot run locally:\n  {lines}")
+
+
+def _known_parameters(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
+    """Workflow parameter values known before the run, tolerating a malformed spec."""
+    values: dict[str, str] = {}
+    block = spec.get("arguments")
+    for p in (block.get("parameters") or []) if isinstance(block, dict) else []:
+        if isinstance(p, dict) and p.get("name") and p.get("value") is not None:
+            values[str(p["name"])] = to_str(p["value"])
+    values.update({k: to_str(v) for k, v in (overrides or {}).items()})
+    return values
 
 
 def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:

@@ -212,7 +212,7 @@ def run_workflow(
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
-    validate(spec, env=base_env)
+    validate(spec, env=base_env, arguments=arguments)
     params = arguments_of(spec, arguments)
     wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
