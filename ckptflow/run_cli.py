@@ -1,7 +1,7 @@
 """`ckptflow run`: run a workflow on this machine, from one of two kinds of target.
 
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
-  [--shared-tmp]`: a rendered manifest, handed to the local runner's API
+  [--shared-tmp] [--artifact-repo DIR|s3://BUCKET/PREFIX]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
 - `ckptflow run pipeline --local [--s3] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
@@ -24,6 +24,7 @@ from ckptflow.workflows.runner import (
     run_workflow,
     workflow_name,
 )
+from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
 
@@ -56,7 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-tmp", action="store_true",
         help="do not give each task a private /tmp (paths under /tmp are used as written)",
     )  # fmt: skip
+    p.add_argument(
+        "--artifact-repo", metavar="DIR|s3://BUCKET[/PREFIX]",
+        help="the artifact repository (default WORKDIR/artifacts); s3:// is reached with the "
+        "endpoint and keys of this environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)",
+    )  # fmt: skip
     return p
+
+
+def artifact_repository(target: str | None):
+    """The runner's artifact repository for `--artifact-repo` (None: the runner's default)."""
+    if not target:
+        return None
+    if not target.startswith("s3://"):
+        return DirRepository(target)
+    bucket, _, prefix = target[len("s3://") :].partition("/")
+    if not bucket:
+        raise SpecError(f"--artifact-repo {target!r}: expected s3://BUCKET[/PREFIX]")
+    import boto3  # only when an S3 repository is asked for
+
+    from ckptflow import env
+
+    client = boto3.client("s3", endpoint_url=env.s3_endpoint_url(), region_name=env.s3_region())
+    return S3Repository(client, bucket, prefix)
 
 
 def parse_parameters(pairs: list[str]) -> dict[str, str]:
@@ -88,6 +111,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         status_file=args.status_file,
         name=name,
         private_tmp=not args.shared_tmp,
+        artifact_repository=artifact_repository(args.artifact_repo),
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""

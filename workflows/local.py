@@ -27,6 +27,7 @@ from pathlib import Path
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
 from ckptflow.workflows.render import builder, manifests, to_yaml
 from ckptflow.workflows.runner import REFUSED_EXIT, SpecError, run_workflow
+from ckptflow.workflows.runner.artifact_repo import S3Repository
 
 from ckptflow.core import runroot
 
@@ -111,6 +112,20 @@ def _start_s3(env: dict[str, str]):
         region_name="us-east-1",
     ).create_bucket(Bucket=S3_BUCKET)
     return server, endpoint
+
+
+def _artifact_repository(endpoint: str | None, env: dict[str, str]):
+    """Artifacts on the in-process S3 server under `--s3` (bucket/artifacts/...), else the
+    runner's default directory."""
+    if endpoint is None:
+        return None
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
+    )  # fmt: skip
+    return S3Repository(client, S3_BUCKET, "artifacts")
 
 
 def _outputs(result, display: str) -> list[dict[str, str]]:
@@ -231,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         (runs_dir / name / "workflow.yaml").write_text(to_yaml([manifest]))
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
-            result = run_workflow(manifest, workdir=str(workdir), name=name, env=env)
+            result = run_workflow(
+                manifest, workdir=str(workdir), name=name, env=env,
+                artifact_repository=_artifact_repository(endpoint, env),
+            )  # fmt: skip
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return REFUSED_EXIT

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptflow.workflows.runner.artifacts import output_values
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
@@ -108,6 +109,8 @@ class Run:
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     global_outputs: dict[str, str] = field(default_factory=dict)
+    artifacts: Any = None  # the artifact repository (artifact_repo.Repository)
+    global_artifacts: dict[str, str] = field(default_factory=dict)  # globalName -> reference
     exit_vars: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
     threads_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,6 +134,9 @@ class Run:
         values.update({f"workflow.parameters.{k}": v for k, v in self.parameters.items()})
         values.update(
             {f"workflow.outputs.parameters.{k}": v for k, v in self.global_outputs.items()}
+        )
+        values.update(
+            {f"workflow.outputs.artifacts.{k}": v for k, v in self.global_artifacts.items()}
         )
         values.update(self.exit_vars)
         return values
@@ -156,6 +162,7 @@ def _outputs_vars(prefix: str, outputs: dict | None) -> dict[str, str]:
         values[f"{prefix}.outputs.parameters"] = json.dumps(
             {p["name"]: p.get("value", "") for p in params}, separators=(",", ":")
         )
+    values.update(output_values(prefix, outputs))
     return values
 
 

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 
+from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
@@ -54,8 +55,10 @@ def start(
     boundary_id: str | None,
     parents: list[Node],
     scope: cx.Scope,
+    artifacts: list[dict] | None = None,
 ) -> Node:
-    """Create the node for invoking `template` and start running it in a thread."""
+    """Create the node for invoking `template` and start running it in a thread
+    (`artifacts`: the caller's `arguments.artifacts`, references already substituted)."""
     tmpl = run.templates[template]
     strategy = tmpl.get("retryStrategy")
     if strategy is None and kind_of(run, tmpl).node_type == "Pod":
@@ -66,6 +69,7 @@ def start(
     )
     try:
         inputs = bind_inputs(tmpl, args)
+        node.input_artifacts = arts.bind(tmpl, artifacts or []) or None
     except ValueError as exc:
         run.store.update(node, phase=ERROR, message=str(exc))
         return node
@@ -125,7 +129,7 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
             boundary_id=boundary_id,
             parents=[node],
         )
-        child.inputs = node.inputs
+        child.inputs, child.input_artifacts = node.inputs, node.input_artifacts
         _guarded(run, child, tmpl, inputs, attempt, boundary_id, scope, mirror)
         done = child.phase == SUCCEEDED or not _retry_allowed(policy, child.phase)
         message = child.message
@@ -181,6 +185,7 @@ def run_once(
     if inputs:
         run.store.update(node, inputs=inputs)
     values["inputs.parameters"] = json.dumps(inputs, separators=(",", ":"))
+    values.update(arts.input_values(node.input_artifacts))
     values["retries"] = str(retries)
     values["pod.name"] = node.id
     values["node.name"] = node.name
@@ -235,4 +240,9 @@ def template_outputs(run: cx.Run, body: dict, local: dict[str, str]) -> dict | N
         params.append({"name": p["name"], "value": value})
         if p.get("globalName"):
             run.global_outputs[p["globalName"]] = value
-    return {"parameters": params} if params else None
+    outputs: dict = {"parameters": params} if params else {}
+    saved = arts.group_outputs(body, local)
+    if saved:
+        outputs["artifacts"] = saved
+        arts.export(run.global_artifacts, body, saved)
+    return outputs or None

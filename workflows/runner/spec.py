@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.volumes import volume_problems
 
@@ -128,15 +129,16 @@ class _Checker:
                 continue
             self.err(where, key, _WHY.get(key, "not supported by the local runner"))
 
-    def parameters(self, where: str, block: Any, *, inputs: bool = False) -> None:
+    def parameters(
+        self, where: str, block: Any, *, inputs: bool = False, kind: str = "arguments"
+    ) -> None:
         if block is None:
             return
         if not isinstance(block, dict):
             self.err(where, "parameters", "expected a mapping")
             return
-        for art in ("artifacts",):
-            if block.get(art):
-                self.err(where, art, "artifacts are not supported locally (only parameters)")
+        for field, why in artifact_problems(block.get("artifacts"), kind):
+            self.err(where, field, why)
         for key in block:
             if key not in ("parameters", "artifacts"):
                 self.err(where, key, "not supported by the local runner")
@@ -268,8 +270,8 @@ class _Checker:
         kinds = [k for k in ("container", "script", "dag", "steps") if k in t]
         if len(kinds) != 1 and not any(k in t for k in _WHY):
             self.err(where, "container/script/dag/steps", "a template needs exactly one of them")
-        self.parameters(f"{where} inputs", t.get("inputs"), inputs=True)
-        self.parameters(f"{where} outputs", t.get("outputs"))
+        self.parameters(f"{where} inputs", t.get("inputs"), inputs=True, kind="inputs")
+        self.parameters(f"{where} outputs", t.get("outputs"), kind="outputs")
         if "container" in t:
             self.container(where, t["container"], script=False)
         if "script" in t:

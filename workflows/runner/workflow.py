@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec
+from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
@@ -156,6 +157,7 @@ def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
     root = execute.start(
         run, name=wf_name, display=wf_name, template=spec["entrypoint"], args=params,
         boundary_id=None, parents=[], scope=scope,
+        artifacts=(spec.get("arguments") or {}).get("artifacts"),
     )  # fmt: skip
     interrupted = _wait(run, root, scope)
     phase, message = root.phase, root.message
@@ -200,6 +202,7 @@ def run_workflow(
     private_tmp: bool = True,
     kill_grace: float = 3.0,
     env: dict[str, str] | None = None,
+    artifact_repository: Repository | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -209,6 +212,8 @@ def run_workflow(
     cwd: the working directory of processes without workingDir (default: the current one).
     env: the environment the template `env` is added to (default: this process's); variables of
     `secretKeyRef`/`configMapKeyRef` entries must be set in it.
+    artifact_repository: where artifacts go (`artifact_repo.S3Repository` over a boto3-like
+    client, or `DirRepository`); default: the directory `WORKDIR/artifacts`.
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
@@ -225,6 +230,7 @@ def run_workflow(
         manifest, spec, params, store, name=wf_name, workdir=str(work), cwd=cwd,
         kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
     )  # fmt: skip
+    run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
     reporter.status = lambda: write_status(status_path, _document(run, state))
     reporter.start(store)
     deadline = spec.get("activeDeadlineSeconds")
