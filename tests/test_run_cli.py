@@ -97,3 +97,21 @@ def test_artifact_repo_option_puts_artifacts_in_that_directory(tmp_path, capsys)
     assert (tmp_path / "repo" / "out" / "x.tgz").is_file()
     assert main([str(manifest), "--artifact-repo", "s3://"]) == 3
     assert "expected s3://BUCKET" in capsys.readouterr().err
+
+
+def test_semaphore_options_give_the_limits(tmp_path, capsys):
+    manifest = tmp_path / "wf.yaml"
+    manifest.write_text(
+        "metadata: {name: sem}\n"
+        "spec:\n  entrypoint: a\n"
+        "  synchronization: {semaphores: [{configMapKeyRef: {name: cm, key: wf}}]}\n"
+        "  templates:\n  - name: a\n    container: {command: ['true']}\n"
+    )
+    base = [str(manifest), "--workdir", str(tmp_path / "w")]
+    assert main(base) == 3
+    assert "pass --semaphore cm/wf=N" in capsys.readouterr().err
+    assert main([*base, "--semaphore", "cm/wf=2"]) == 0
+    cm = tmp_path / "cm.yaml"
+    cm.write_text("kind: ConfigMap\nmetadata: {name: cm}\ndata: {wf: '1'}\n")
+    assert main([*base, "--semaphore-config", str(cm)]) == 0
+    assert main([*base, "--semaphore", "cm/wf"]) == 3

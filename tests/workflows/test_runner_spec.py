@@ -60,7 +60,18 @@ def test_secret_env_is_taken_from_the_runner_environment(tmp_path):
             "volumeMounts.v: no volume of that name",
         ),
         ({"name": "t", "container": {"command": ["x"]}, "sidecars": []}, "sidecars"),
-        ({"name": "t", "container": {"command": ["x"]}, "synchronization": {}}, "synchronization"),
+        (
+            {
+                "name": "t",
+                "container": {"command": ["x"]},
+                "synchronization": {"semaphores": [{"configMapKeyRef": {"name": "c", "key": "k"}}]},
+            },
+            "synchronization.semaphores c/k: its limit is in a ConfigMap",
+        ),
+        (
+            {"name": "t", "container": {"command": ["x"]}, "synchronization": {"lease": {}}},
+            "synchronization.lease: not supported",
+        ),
         (
             {"name": "t", "dag": {"tasks": [{"name": "a", "template": "nope"}]}},
             "no template named 'nope'",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import sync
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
@@ -189,7 +190,18 @@ def run_once(
     values["retries"] = str(retries)
     values["pod.name"] = node.id
     values["node.name"] = node.name
-    kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
+    with sync.hold(
+        substitute(tmpl.get("synchronization"), values), lock_dir=run.lock_dir,
+        namespace=run.namespace, limits=run.semaphore_limits,
+        waiting=lambda msg: run.store.update(node, message=msg),
+        should_stop=lambda: scope.reason() is not None,
+    ) as held:  # fmt: skip
+        if not held:
+            run.store.update(node, phase=FAILED, message=scope.reason()[1])
+            return
+        if node.message.startswith("Waiting for"):
+            run.store.update(node, message="")
+        kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
 
 
 def run_group(

@@ -17,6 +17,7 @@ import yaml
 from ckptflow.workflows.runner import depends as dep
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
+from ckptflow.workflows.runner.sync import sync_problems
 from ckptflow.workflows.runner.volumes import volume_problems
 
 __all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
@@ -24,7 +25,7 @@ __all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
 KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
 _SPEC_OK = {"entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds"}
-_SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates"}
+_SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates", "synchronization"}
 _SPEC_IGNORED = {
     "serviceAccountName", "podGC", "ttlStrategy", "ttlSecondsAfterFinished", "imagePullSecrets",
     "nodeSelector", "tolerations", "affinity", "podMetadata", "workflowMetadata", "archiveLogs",
@@ -35,6 +36,7 @@ _SPEC_IGNORED = {
 }  # fmt: skip
 _TEMPLATE_OK = {"name", "inputs", "outputs", "container", "script", "dag", "steps", "daemon"}
 _TEMPLATE_OK |= {"retryStrategy", "activeDeadlineSeconds", "timeout", "parallelism", "volumes"}
+_TEMPLATE_OK |= {"synchronization"}
 _TEMPLATE_IGNORED = {
     "metadata", "nodeSelector", "tolerations", "affinity", "securityContext",
     "serviceAccountName", "automountServiceAccountToken", "priorityClassName", "priority",
@@ -64,7 +66,6 @@ _WHY = {
     "sidecars": "sidecars need a pod",
     "initContainers": "init containers need a pod",
     "memoize": "memoization needs a ConfigMap cache",
-    "synchronization": "semaphores and mutexes need the controller",
     "hooks": "lifecycle hooks are not implemented locally",
     "onExit": "only the workflow-level onExit is implemented locally",
     "templateDefaults": "template defaults are not implemented locally",
@@ -112,8 +113,10 @@ def workflow_spec(manifest: dict) -> dict:
 
 
 class _Checker:
-    def __init__(self, spec: dict, env: dict[str, str], parameters: dict[str, str]) -> None:
-        self.spec, self.env, self.errors = spec, env, []
+    def __init__(
+        self, spec: dict, env: dict[str, str], parameters: dict[str, str], limits: dict[str, int]
+    ) -> None:
+        self.spec, self.env, self.errors, self.limits = spec, env, [], limits
         # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
         self.workflow_values = {f"workflow.parameters.{k}": v for k, v in parameters.items()}
         self.templates = {
@@ -287,6 +290,9 @@ class _Checker:
                     self.step(where, s, _STEP_OK)
         if "retryStrategy" in t:
             self.retry(where, t["retryStrategy"])
+        if "synchronization" in t:
+            for field, why in sync_problems(t["synchronization"], self.limits):
+                self.err(where, field, why)
         for field, why in volume_problems(self.spec, t):
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
@@ -321,6 +327,9 @@ class _Checker:
         self.parameters("spec arguments", spec.get("arguments"))
         if "retryStrategy" in spec:
             self.retry("spec", spec["retryStrategy"])
+        if "synchronization" in spec:
+            for field, why in sync_problems(spec["synchronization"], self.limits):
+                self.err("spec", field, why)
         for field, why in volume_problems(spec, None):
             self.err("spec", field, why)
         for t in spec["templates"]:
@@ -349,14 +358,21 @@ def _strings(obj: Any):
 
 
 def validate(
-    spec: dict, env: dict[str, str] | None = None, arguments: dict[str, Any] | None = None
+    spec: dict,
+    env: dict[str, str] | None = None,
+    arguments: dict[str, Any] | None = None,
+    semaphores: dict[str, int] | None = None,
 ) -> None:
     """Raise SpecError listing every unsupported or invalid field of a workflow spec.
 
     arguments: the workflow parameters given to the run (`-p`), substituted with the spec's own
-    values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`)."""
+    values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`).
+    semaphores: the limits of the semaphores (`configmap/key` -> N) the run may use."""
     errors = _Checker(
-        spec, dict(os.environ if env is None else env), _known_parameters(spec, arguments)
+        spec,
+        dict(os.environ if env is None else env),
+        _known_parameters(spec, arguments),
+        dict(semaphores or {}),
     ).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec
+from ckptflow.workflows.runner import dag_exec, execute, leaf, steps_exec, sync
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
 from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
-from ckptflow.workflows.runner.substitution import parse_duration
+from ckptflow.workflows.runner.substitution import parse_duration, substitute
 
 __all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES", "REFUSED_EXIT"]
 
@@ -181,6 +181,31 @@ def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
     return phase, message, interrupted
 
 
+def _locked_run(run: cx.Run, scope: cx.Scope, state: dict) -> tuple[str, str, bool]:
+    """`_run_to_end` holding the workflow-level `synchronization` locks (Pending until then)."""
+    values = run.global_vars()
+    wf_sync = substitute(run.spec.get("synchronization"), values)
+    if not wf_sync:
+        return _run_to_end(run, scope)
+    state["phase"] = "Pending"
+
+    def waiting(message: str) -> None:  # shown in the status file while Pending
+        state["message"] = message
+
+    try:
+        with sync.hold(
+            wf_sync, lock_dir=run.lock_dir, namespace=run.namespace,
+            limits=run.semaphore_limits, waiting=waiting,
+            should_stop=lambda: scope.reason() is not None,
+        ) as held:  # fmt: skip
+            if not held:
+                return FAILED, scope.reason()[1], False
+            state["phase"], state["message"] = "Running", ""
+            return _run_to_end(run, scope)
+    except KeyboardInterrupt:
+        return FAILED, "Stopped by user (interrupted)", True
+
+
 def _stop_everything(run: cx.Run) -> None:
     """Stop every process still running and wait for the executors' threads."""
     run.registry.stop_all()
@@ -203,6 +228,8 @@ def run_workflow(
     kill_grace: float = 3.0,
     env: dict[str, str] | None = None,
     artifact_repository: Repository | None = None,
+    semaphores: dict[str, int] | None = None,
+    lock_dir: str | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -214,10 +241,12 @@ def run_workflow(
     `secretKeyRef`/`configMapKeyRef` entries must be set in it.
     artifact_repository: where artifacts go (`artifact_repo.S3Repository` over a boto3-like
     client, or `DirRepository`); default: the directory `WORKDIR/artifacts`.
+    semaphores: limits of `synchronization` semaphores (`configmap/key` -> N; sync.py).
+    lock_dir: where the machine's mutex/semaphore locks are (default sync.DEFAULT_LOCK_DIR).
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
-    validate(spec, env=base_env, arguments=arguments)
+    validate(spec, env=base_env, arguments=arguments, semaphores=semaphores)
     params = arguments_of(spec, arguments)
     wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
@@ -231,12 +260,13 @@ def run_workflow(
         kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
     )  # fmt: skip
     run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
+    run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
     reporter.status = lambda: write_status(status_path, _document(run, state))
     reporter.start(store)
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
     try:
-        phase, message, interrupted = _run_to_end(run, scope)
+        phase, message, interrupted = _locked_run(run, scope, state)
     finally:
         _stop_everything(run)
         state["finished"] = time.time()
