@@ -95,3 +95,18 @@ def test_dag_target_from_an_input_parameter_is_checked_when_the_dag_runs(tmp_pat
     assert result.node("ok")["phase"] == "Succeeded"
     assert result.node("bad")["phase"] == "Error"
     assert "unknown task 'Z'" in result.node("bad")["message"]
+
+
+def test_a_windows_container_is_refused_naming_the_node_selector(tmp_path):
+    tmpl = sh("w", "echo hi", nodeSelector={"kubernetes.io/os": "windows"})
+    with pytest.raises(SpecError, match=r"template 'w': nodeSelector.kubernetes.io/os=windows"):
+        run(workflow("w", tmpl), tmp_path)
+    linux = sh("w", "echo hi", nodeSelector={"kubernetes.io/os": "linux"})
+    assert run(workflow("w", linux), tmp_path).phase == "Succeeded"
+
+
+def test_ignored_metrics_may_use_tags_known_only_to_the_controller(tmp_path):
+    metrics = {"prometheus": [{"name": "result", "help": "x", "labels": [
+        {"key": "status", "value": "{{status}}"}], "counter": {"value": "1"}}]}  # fmt: skip
+    result = run(workflow("m", sh("m", "echo ok", metrics=metrics)), tmp_path)
+    assert result.phase == "Succeeded", result.node("wf")["message"]

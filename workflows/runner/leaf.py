@@ -161,7 +161,7 @@ def run_template(
     body = substitute(tmpl, {**values, **paths})
     mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
     body = volumes.apply_mounts(body, mapping)
-    missing = unresolved(body, skip=("outputs",))
+    missing = unresolved(body, skip=("outputs", "metrics"))  # metrics: ignored, may use {{status}}
     if missing:
         run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
         return

@@ -215,6 +215,17 @@ class _Checker:
             if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
                 self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
 
+    def node_os(self, where: str, obj: dict) -> None:
+        """A pod pinned to another OS (a Windows container) cannot run on this machine."""
+        selector = obj.get("nodeSelector")
+        wanted = (selector or {}).get("kubernetes.io/os") if isinstance(selector, dict) else None
+        if wanted not in (None, "linux"):
+            self.err(
+                where,
+                f"nodeSelector.kubernetes.io/os={wanted}",
+                "the container needs another operating system; only Linux ones run locally",
+            )
+
     def step(self, where: str, s: Any, ok: set) -> None:
         if not isinstance(s, dict) or "name" not in s:
             self.err(where, "step", "each step/task needs a name")
@@ -293,6 +304,7 @@ class _Checker:
         if "synchronization" in t:
             for field, why in sync_problems(t["synchronization"], self.limits):
                 self.err(where, field, why)
+        self.node_os(where, t)
         for field, why in volume_problems(self.spec, t):
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
@@ -330,6 +342,7 @@ class _Checker:
         if "synchronization" in spec:
             for field, why in sync_problems(spec["synchronization"], self.limits):
                 self.err("spec", field, why)
+        self.node_os("spec", spec)
         for field, why in volume_problems(spec, None):
             self.err("spec", field, why)
         for t in spec["templates"]:
