@@ -133,7 +133,7 @@ def bind(tmpl: dict, given: list[dict]) -> list[dict]:
         elif "raw" in src:
             entry["raw"] = to_str((src["raw"] or {}).get("data", ""))
         elif (src.get("s3") or {}).get("key"):
-            entry["key"] = to_str(src["s3"]["key"])
+            entry["key"] = to_str(src["s3"]["key"]).strip("/")
         elif not entry["optional"]:
             raise ValueError(
                 f"inputs.artifacts.{spec['name']} was not supplied to template {tmpl['name']!r}"
@@ -161,35 +161,69 @@ def output_values(prefix: str, outputs: dict | None) -> dict[str, str]:
     return values
 
 
-def _mapped(path: str, root: Path, output: bool) -> bool:
+def _mapped(path: str, output: bool) -> bool:
     if not path.startswith("/") or "{{" in path:
         return False
     # an output at an image's own files (`/etc`) is read where it is
     return not (output and not path.startswith("/tmp") and os.path.lexists(path))
 
 
+def _private(tmpl: dict) -> list[str]:
+    """The paths to make the node's own: each artifact path, and the directory of an output
+    artifact unless that is `/`, `/tmp` or a directory of this machine (the program creates
+    `/mnt/out` before writing `/mnt/out/part.json`: that must not touch the host's)."""
+    paths = []
+    for side in ("inputs", "outputs"):
+        for a in template_artifacts(tmpl, side):
+            path = to_str(a.get("path") or "")
+            if not _mapped(path, side == "outputs"):
+                continue
+            norm = os.path.normpath(path)
+            paths.append(norm)
+            parent = os.path.dirname(norm)
+            own_dir = parent.startswith("/tmp/") or not os.path.isdir(parent)
+            if side == "outputs" and parent not in ("/", "/tmp") and own_dir:
+                paths.append(parent)
+    return paths
+
+
+def _make_ancestors(root: Path, paths: list[str]) -> None:
+    """Create under `root` the ancestors of `paths` that this machine has (an image's `/mnt`,
+    `/tmp`), as a pod's filesystem has them; the rest is the program's to create."""
+    (root / "tmp").mkdir(parents=True, exist_ok=True)  # a pod's /tmp always exists
+    for p in paths:
+        for parent in Path(p).parents:
+            if str(parent) != "/" and (os.path.isdir(parent) or str(parent).startswith("/tmp")):
+                (root / str(parent).lstrip("/")).mkdir(parents=True, exist_ok=True)
+
+
 def map_paths(tmpl: dict, root: Path) -> tuple[dict, dict[str, str]]:
     """A copy of a container/script template whose artifact paths are under `root` (the node's
     filesystem), and the `{{inputs/outputs.artifacts.X.path}}` values (mapped)."""
-    paths: dict[str, str] = {}
+    paths = {p: str(root) + p for p in _private(tmpl)}
     values: dict[str, str] = {}
     for side in ("inputs", "outputs"):
         for a in template_artifacts(tmpl, side):
             path = to_str(a.get("path") or "")
-            if not path:
-                continue
-            if _mapped(path, root, side == "outputs"):
+            if path:
                 norm = os.path.normpath(path)
-                paths[norm] = str(root) + norm
-            values[f"{side}.artifacts.{a['name']}.path"] = paths.get(os.path.normpath(path), path)
+                values[f"{side}.artifacts.{a['name']}.path"] = paths.get(norm, path)
+    for p in (tmpl.get("outputs") or {}).get("parameters") or []:
+        path = (p.get("valueFrom") or {}).get("path")
+        if path is not None:  # already the node's own when under /tmp (leaf.map_tmp)
+            values[f"outputs.parameters.{p['name']}.path"] = to_str(path)
     if not paths:
         return tmpl, values
     longest = sorted(paths, key=len, reverse=True)
-    pattern = re.compile("|".join(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest))
+    # a path already under root (leaf.map_tmp's, when WORKDIR is under /tmp) is left alone
+    done = rf"{re.escape(str(root))}[^\s'\";:]*"
+    pattern = re.compile(
+        "|".join([done, *(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest)])
+    )
 
     def fix(value):
         if isinstance(value, str):
-            return pattern.sub(lambda m: paths[m.group(0)], value)
+            return pattern.sub(lambda m: paths.get(m.group(0), m.group(0)), value)
         if isinstance(value, list):
             return [fix(v) for v in value]
         if isinstance(value, dict):
@@ -200,11 +234,7 @@ def map_paths(tmpl: dict, root: Path) -> tuple[dict, dict[str, str]]:
     for key in ("container", "script", "inputs", "outputs"):
         if key in out:
             out[key] = {k: (v if k == "readinessProbe" else fix(v)) for k, v in out[key].items()}
-    (root / "tmp").mkdir(parents=True, exist_ok=True)  # a pod's /tmp always exists
-    for side in ("inputs", "outputs"):  # the artifact's directory must exist to be written
-        for a in template_artifacts(out, side):
-            if str(a.get("path", "")).startswith(str(root)):
-                Path(a["path"]).parent.mkdir(parents=True, exist_ok=True)
+    _make_ancestors(root, list(paths))
     return out, values
 
 
@@ -305,6 +335,7 @@ def save_outputs(
             return saved, f"failed to save outputs: artifact {a['name']!r}: {path} does not exist"
         suffix = "" if "none" in (a.get("archive") or {}) else ".tgz"
         key = to_str((a.get("s3") or {}).get("key") or f"{workflow}/{pod}/{a['name']}{suffix}")
+        key = key.strip("/")  # `parts/`: a directory of keys, as in Argo
         try:
             os.makedirs(work, exist_ok=True)
             _save_one(repo, a, key, work)

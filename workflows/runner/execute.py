@@ -186,6 +186,8 @@ def run_once(
     if inputs:
         run.store.update(node, inputs=inputs)
     values["inputs.parameters"] = json.dumps(inputs, separators=(",", ":"))
+    if node.input_artifacts:  # a template's own s3.key may use {{inputs.parameters.x}}
+        node.input_artifacts = substitute(node.input_artifacts, values)
     values.update(arts.input_values(node.input_artifacts))
     values["retries"] = str(retries)
     values["pod.name"] = node.id
@@ -217,7 +219,7 @@ def run_group(
     the template's deadline, then collect the template's outputs. With `run_body` bound
     (`partial`), this is those kinds' `Kind.run`; `on_daemon` is unused (only pods are daemons)."""
     body = substitute(tmpl, values)
-    deadline = cx.template_deadline(tmpl)
+    deadline = cx.template_deadline(body)  # ValueError (a bad substituted one): the node's Error
     inner = scope.child(deadline, cx.DEADLINE) if deadline is not None else scope
     run.store.update(node, phase=RUNNING)
     phase, message, local = run_body(run, node, body, inner)
