@@ -110,3 +110,36 @@ def test_ignored_metrics_may_use_tags_known_only_to_the_controller(tmp_path):
         {"key": "status", "value": "{{status}}"}], "counter": {"value": "1"}}]}  # fmt: skip
     result = run(workflow("m", sh("m", "echo ok", metrics=metrics)), tmp_path)
     assert result.phase == "Succeeded", result.node("wf")["message"]
+
+
+def test_a_command_that_is_not_installed_is_refused_before_anything_runs(tmp_path):
+    tmpl = {"name": "w", "container": {"image": "docker/whalesay", "command": ["cowsay-ckptflow"]}}
+    with pytest.raises(SpecError) as info:
+        run(workflow("w", tmpl, sh("ok", "true")), tmp_path)
+    assert "template 'w': command 'cowsay-ckptflow': not installed on this machine" in str(
+        info.value
+    )
+    assert "docker/whalesay" in str(info.value)
+    assert not (tmp_path / "w" / "pods").exists()
+    # the template's own PATH is where it is looked for
+    tool = tmp_path / "bin" / "cowsay-ckptflow"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\necho moo\n")
+    tool.chmod(0o755)
+    tmpl["container"]["env"] = [{"name": "PATH", "value": f"{tool.parent}:/usr/bin:/bin"}]
+    assert run(workflow("w", tmpl), tmp_path).phase == "Succeeded"
+
+
+def test_a_timeout_given_by_a_parameter_is_applied_when_the_template_runs(tmp_path):
+    sleepy = sh("s", "sleep 5", timeout="{{inputs.parameters.t}}",
+                inputs={"parameters": [{"name": "t"}]})  # fmt: skip
+    steps = {"name": "main", "steps": [[
+        {"name": "short", "template": "s", "arguments": {"parameters": [{"name": "t", "value": "1s"}]}},
+        {"name": "bad", "template": "s", "arguments": {"parameters": [{"name": "t", "value": "soon"}]},
+         "continueOn": {"error": True}},
+    ]]}  # fmt: skip
+    result = run(workflow("main", steps, sleepy), tmp_path)
+    short = result.node("short")
+    assert short["phase"] == "Failed" and "deadline" in short["message"]
+    assert result.node("bad")["phase"] == "Error"
+    assert "invalid duration 'soon'" in result.node("bad")["message"]

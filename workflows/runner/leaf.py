@@ -165,7 +165,12 @@ def run_template(
     if missing:
         run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
         return
-    run_leaf(run, node, body, scope, cx.template_deadline(tmpl), on_daemon)
+    try:  # from the substituted body: `timeout: "{{inputs.parameters.timeout}}"`
+        deadline = cx.template_deadline(body)
+    except ValueError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return
+    run_leaf(run, node, body, scope, deadline, on_daemon)
 
 
 def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, on_daemon) -> None:

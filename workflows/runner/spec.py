@@ -10,6 +10,7 @@ template, so a run never silently differs from the cluster.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,8 @@ class _Checker:
                 "command",
                 "missing: the image's entrypoint cannot run locally; give command (and args)",
             )
+        elif isinstance(c["command"], list) and c["command"]:
+            self.installed(where, c)
         for e in c.get("env") or []:
             name = e.get("name")
             vf = e.get("valueFrom")
@@ -214,6 +217,23 @@ class _Checker:
             self.fields(f"{where} readinessProbe", probe, _PROBE_OK)
             if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
                 self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
+
+    def installed(self, where: str, c: dict) -> None:
+        """A bare command name must be on this machine's PATH: the image that had it is not
+        here (`cowsay` of docker/whalesay), and a run that fails on it half-way helps no one."""
+        cmd = to_str(c["command"][0])
+        if "/" in cmd or "{{" in cmd or cmd in ("python", "python3"):
+            return  # a path may be made by an earlier step; python is the runner's
+        path = next(
+            (to_str(e.get("value")) for e in c.get("env") or []
+             if isinstance(e, dict) and e.get("name") == "PATH" and "value" in e),
+            self.env.get("PATH", os.defpath),
+        )  # fmt: skip
+        if shutil.which(cmd, path=path) is None:
+            image = f" (the image {c['image']!r} has it)" if c.get("image") else ""
+            self.err(
+                where, f"command {cmd!r}", f"not installed on this machine{image}; put it on PATH"
+            )
 
     def node_os(self, where: str, obj: dict) -> None:
         """A pod pinned to another OS (a Windows container) cannot run on this machine."""
@@ -308,7 +328,7 @@ class _Checker:
         for field, why in volume_problems(self.spec, t):
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
-            if key in t:
+            if key in t and "{{" not in to_str(t[key]):  # a parameter's: parsed when it runs
                 try:
                     parse_duration(t[key])
                 except ValueError as exc:
