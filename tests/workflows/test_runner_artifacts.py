@@ -217,3 +217,40 @@ def test_status_file_lists_the_saved_artifacts(tmp_path):
     doc = json.loads(Path(result.status_file).read_text())
     node = doc["status"]["nodes"]["wf"]
     assert node["outputs"]["artifacts"][0]["s3"]["key"].endswith("/out.tgz")
+
+
+def test_map_reduce_directory_keys_and_an_output_directory_the_program_creates(tmp_path):
+    # Argo's map-reduce idiom: `os.mkdir("/mnt/out")` then files in it, saved under `parts/`
+    assert not os.path.exists("/mnt/out-ckptflow")
+    split = sh("split", "mkdir /mnt/out-ckptflow && echo 1 > /mnt/out-ckptflow/a && echo 2 > /mnt/out-ckptflow/b",
+               **out_art("parts", "/mnt/out-ckptflow", archive={"none": {}}, s3={"key": "{{workflow.name}}/parts/"}))  # fmt: skip
+    one = sh("one", "mkdir /mnt/res-ckptflow && cat /mnt/in/x > /mnt/res-ckptflow/r",
+             inputs={"parameters": [{"name": "p"}],
+                     "artifacts": [{"name": "x", "path": "/mnt/in/x",
+                                    "s3": {"key": "{{workflow.name}}/parts/{{inputs.parameters.p}}"}}]},
+             **out_art("r", "/mnt/res-ckptflow/r", archive={"none": {}},
+                       s3={"key": "{{workflow.name}}/results/{{inputs.parameters.p}}"}))  # fmt: skip
+    total = sh(
+        "total",
+        "cat /mnt/all/a /mnt/all/b",
+        **in_art("all", "/mnt/all", s3={"key": "{{workflow.name}}/results"}),
+    )
+    dag = {"name": "main", "dag": {"tasks": [
+        {"name": "split", "template": "split"},
+        {"name": "map", "template": "one", "depends": "split", "withItems": ["a", "b"],
+         "arguments": {"parameters": [{"name": "p", "value": "{{item}}"}]}},
+        {"name": "reduce", "template": "total", "depends": "map"},
+    ]}}  # fmt: skip
+    result = run(workflow("main", dag, split, one, total), tmp_path)
+    assert result.phase == "Succeeded", result.status["status"]["nodes"]
+    assert result_of(result, "reduce") == "1\n2"
+    assert not os.path.exists("/mnt/out-ckptflow") and not os.path.exists("/mnt/res-ckptflow")
+    assert (tmp_path / "w" / "artifacts" / "wf" / "parts" / "a").read_text() == "1\n"
+
+
+def test_output_parameter_path_placeholder(tmp_path):
+    tmpl = sh("p", "echo 7 > {{outputs.parameters.n.path}}",
+              outputs={"parameters": [{"name": "n", "valueFrom": {"path": "/tmp/n.txt"}}]})  # fmt: skip
+    result = run(workflow("p", tmpl), tmp_path)
+    assert result.phase == "Succeeded"
+    assert result.node("wf")["outputs"]["parameters"][0]["value"] == "7\n"

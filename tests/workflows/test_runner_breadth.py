@@ -143,3 +143,19 @@ def test_a_timeout_given_by_a_parameter_is_applied_when_the_template_runs(tmp_pa
     assert short["phase"] == "Failed" and "deadline" in short["message"]
     assert result.node("bad")["phase"] == "Error"
     assert "invalid duration 'soon'" in result.node("bad")["message"]
+
+
+def test_steps_name_and_tasks_name_are_the_invoking_step_or_task(tmp_path):
+    echo = sh("echo", "echo {{steps.name}}", retryStrategy={"limit": 1})
+    echo_t = sh("echo-t", "echo {{tasks.name}}")
+    steps = {"name": "main", "steps": [
+        [{"name": "first", "template": "echo"}],
+        [{"name": "second", "template": "dag", "arguments": {"parameters": [{"name": "s", "value": "{{steps.name}}"}]}}],
+    ]}  # fmt: skip
+    dag = {"name": "dag", "inputs": {"parameters": [{"name": "s"}]},
+           "dag": {"tasks": [{"name": "T", "template": "echo-t"}]}}  # fmt: skip
+    result = run(workflow("main", steps, dag, echo, echo_t), tmp_path)
+    assert result.phase == "Succeeded", result.status["status"]["nodes"]
+    assert result.node("first")["outputs"]["result"] == "first"
+    assert result.node("T")["outputs"]["result"] == "T"
+    assert result.node("second")["inputs"]["parameters"][0]["value"] == "second"

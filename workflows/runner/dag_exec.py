@@ -130,6 +130,7 @@ class _Dag:
         }
         values = self.run.global_vars()
         values.update(self.local_vars(self.ancestors(name)))
+        values["tasks.name"] = name  # the task being planned, as Argo names it
         try:
             units, loop = ch.plan(task, values, node_name, name)
         except ValueError as exc:

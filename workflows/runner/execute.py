@@ -192,6 +192,7 @@ def run_once(
     values["retries"] = str(retries)
     values["pod.name"] = node.id
     values["node.name"] = node.name
+    values.update(_invoker_name(run, node, retries))
     with sync.hold(
         substitute(tmpl.get("synchronization"), values), lock_dir=run.lock_dir,
         namespace=run.namespace, limits=run.semaphore_limits,
@@ -204,6 +205,20 @@ def run_once(
         if node.message.startswith("Waiting for"):
             run.store.update(node, message="")
         kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
+
+
+def _invoker_name(run: cx.Run, node: Node, retries: int) -> dict[str, str]:
+    """`{{steps.name}}` / `{{tasks.name}}` in a template's body: the step or task that invoked
+    it (its display name, without the attempt suffix of a retried one)."""
+    display = node.display_name
+    retried = node.name.removesuffix(f"({retries})")
+    if retried != node.name and retried in run.store.by_name:
+        display = display.removesuffix(f"({retries})")
+    boundary = run.store.nodes.get(node.boundary_id or "")
+    if boundary is None:
+        return {}
+    kind = {"Steps": "steps", "DAG": "tasks"}.get(boundary.type)
+    return {f"{kind}.name": display} if kind else {}
 
 
 def run_group(
