@@ -101,7 +101,7 @@ def artifact_problems(block: Any, kind: str) -> list[tuple[str, str]]:
             or next(iter(archive)) not in ("none", "tar")
         ):
             problems.append((f"{at}.archive", "only archive none or tar work locally"))
-        if kind != "arguments" and "path" not in a and "from" not in a and kind == "outputs":
+        if kind == "outputs" and "path" not in a and "from" not in a:
             problems.append((f"{at}.path", "an output artifact needs a path (or from)"))
     return problems
 

@@ -10,13 +10,13 @@ template, so a run never silently differs from the cluster.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
 from ckptflow.workflows.runner import depends as dep
 from ckptflow.workflows.runner.artifacts import artifact_problems
+from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.sync import sync_problems
 from ckptflow.workflows.runner.volumes import volume_problems
@@ -191,8 +191,7 @@ class _Checker:
                 "command",
                 "missing: the image's entrypoint cannot run locally; give command (and args)",
             )
-        elif isinstance(c["command"], list) and c["command"]:
-            self.installed(where, c)
+        self.machine(where, command_problems(c, self.env))
         for e in c.get("env") or []:
             name = e.get("name")
             vf = e.get("valueFrom")
@@ -218,33 +217,9 @@ class _Checker:
             if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
                 self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
 
-    def installed(self, where: str, c: dict) -> None:
-        """A bare command name must be on this machine's PATH: the image that had it is not
-        here (`cowsay` of docker/whalesay), and a run that fails on it half-way helps no one."""
-        cmd = to_str(c["command"][0])
-        if "/" in cmd or "{{" in cmd or cmd in ("python", "python3"):
-            return  # a path may be made by an earlier step; python is the runner's
-        path = next(
-            (to_str(e.get("value")) for e in c.get("env") or []
-             if isinstance(e, dict) and e.get("name") == "PATH" and "value" in e),
-            self.env.get("PATH", os.defpath),
-        )  # fmt: skip
-        if shutil.which(cmd, path=path) is None:
-            image = f" (the image {c['image']!r} has it)" if c.get("image") else ""
-            self.err(
-                where, f"command {cmd!r}", f"not installed on this machine{image}; put it on PATH"
-            )
-
-    def node_os(self, where: str, obj: dict) -> None:
-        """A pod pinned to another OS (a Windows container) cannot run on this machine."""
-        selector = obj.get("nodeSelector")
-        wanted = (selector or {}).get("kubernetes.io/os") if isinstance(selector, dict) else None
-        if wanted not in (None, "linux"):
-            self.err(
-                where,
-                f"nodeSelector.kubernetes.io/os={wanted}",
-                "the container needs another operating system; only Linux ones run locally",
-            )
+    def machine(self, where: str, problems: list[tuple[str, str]]) -> None:
+        for field, why in problems:  # machine.py: what this machine lacks
+            self.err(where, field, why)
 
     def step(self, where: str, s: Any, ok: set) -> None:
         if not isinstance(s, dict) or "name" not in s:
@@ -324,7 +299,7 @@ class _Checker:
         if "synchronization" in t:
             for field, why in sync_problems(t["synchronization"], self.limits):
                 self.err(where, field, why)
-        self.node_os(where, t)
+        self.machine(where, os_problems(t))
         for field, why in volume_problems(self.spec, t):
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
@@ -362,7 +337,7 @@ class _Checker:
         if "synchronization" in spec:
             for field, why in sync_problems(spec["synchronization"], self.limits):
                 self.err("spec", field, why)
-        self.node_os("spec", spec)
+        self.machine("spec", os_problems(spec))
         for field, why in volume_problems(spec, None):
             self.err("spec", field, why)
         for t in spec["templates"]:
