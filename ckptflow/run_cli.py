@@ -1,7 +1,8 @@
 """`ckptflow run`: run a workflow on this machine, from one of two kinds of target.
 
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
-  [--shared-tmp] [--isolate]`: a rendered manifest, handed to the local runner's API
+  [--shared-tmp] [--isolate] [--artifact-repo DIR|s3://BUCKET/PREFIX]
+  [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
 - `ckptflow run pipeline --local [--s3] [--isolate] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
@@ -25,6 +26,8 @@ from ckptflow.workflows.runner import (
     run_workflow,
     workflow_name,
 )
+from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
+from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
 
@@ -62,7 +65,50 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every task as a pod (own network namespace and IP, hostname, /tmp, volumes, "
         "memory limit; needs root, see docs/pods.md)",
     )  # fmt: skip
+    p.add_argument(
+        "--artifact-repo", metavar="DIR|s3://BUCKET[/PREFIX]",
+        help="the artifact repository (default WORKDIR/artifacts); s3:// is reached with the "
+        "endpoint and keys of this environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)",
+    )  # fmt: skip
+    p.add_argument(
+        "--semaphore", action="append", default=[], metavar="NAME=N",
+        help="the limit of a synchronization semaphore (repeatable); NAME is CONFIGMAP/KEY of "
+        "its configMapKeyRef (or the key of a database semaphore)",
+    )  # fmt: skip
+    p.add_argument(
+        "--semaphore-config", action="append", default=[], metavar="CONFIGMAP.yaml",
+        help="semaphore limits from a ConfigMap manifest (each data KEY is NAME/KEY)",
+    )  # fmt: skip
     return p
+
+
+def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
+    """Semaphore limits from `--semaphore-config` files, then `--semaphore NAME=N` (winning)."""
+    limits: dict[str, int] = {}
+    try:
+        for path in args.semaphore_config:
+            limits.update(limits_from_configmap(path))
+        limits.update(parse_limit(text) for text in args.semaphore)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from exc
+    return limits
+
+
+def artifact_repository(target: str | None):
+    """The runner's artifact repository for `--artifact-repo` (None: the runner's default)."""
+    if not target:
+        return None
+    if not target.startswith("s3://"):
+        return DirRepository(target)
+    bucket, _, prefix = target[len("s3://") :].partition("/")
+    if not bucket:
+        raise SpecError(f"--artifact-repo {target!r}: expected s3://BUCKET[/PREFIX]")
+    import boto3  # only when an S3 repository is asked for
+
+    from ckptflow import env
+
+    client = boto3.client("s3", endpoint_url=env.s3_endpoint_url(), region_name=env.s3_region())
+    return S3Repository(client, bucket, prefix)
 
 
 def parse_parameters(pairs: list[str]) -> dict[str, str]:
@@ -95,6 +141,8 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         name=name,
         private_tmp=not args.shared_tmp,
         isolate=args.isolate,
+        artifact_repository=artifact_repository(args.artifact_repo),
+        semaphores=semaphore_limits(args),
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""

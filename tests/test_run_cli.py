@@ -81,3 +81,37 @@ def test_help_names_both_kinds_of_target(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "-p NAME=VALUE" in out and "--shared-tmp" in out and "pipeline" in out
+
+
+def test_artifact_repo_option_puts_artifacts_in_that_directory(tmp_path, capsys):
+    manifest = tmp_path / "wf.yaml"
+    manifest.write_text(
+        "metadata: {name: arts}\n"
+        "spec:\n  entrypoint: a\n  templates:\n  - name: a\n"
+        "    container: {command: [sh, -c], args: ['echo x > /tmp/x']}\n"
+        "    outputs: {artifacts: [{name: x, path: /tmp/x, s3: {key: out/x.tgz}}]}\n"
+    )
+    code = main([str(manifest), "--workdir", str(tmp_path / "w"),
+                 "--artifact-repo", str(tmp_path / "repo")])  # fmt: skip
+    assert code == 0, capsys.readouterr()
+    assert (tmp_path / "repo" / "out" / "x.tgz").is_file()
+    assert main([str(manifest), "--artifact-repo", "s3://"]) == 3
+    assert "expected s3://BUCKET" in capsys.readouterr().err
+
+
+def test_semaphore_options_give_the_limits(tmp_path, capsys):
+    manifest = tmp_path / "wf.yaml"
+    manifest.write_text(
+        "metadata: {name: sem}\n"
+        "spec:\n  entrypoint: a\n"
+        "  synchronization: {semaphores: [{configMapKeyRef: {name: cm, key: wf}}]}\n"
+        "  templates:\n  - name: a\n    container: {command: ['true']}\n"
+    )
+    base = [str(manifest), "--workdir", str(tmp_path / "w")]
+    assert main(base) == 3
+    assert "pass --semaphore cm/wf=N" in capsys.readouterr().err
+    assert main([*base, "--semaphore", "cm/wf=2"]) == 0
+    cm = tmp_path / "cm.yaml"
+    cm.write_text("kind: ConfigMap\nmetadata: {name: cm}\ndata: {wf: '1'}\n")
+    assert main([*base, "--semaphore-config", str(cm)]) == 0
+    assert main([*base, "--semaphore", "cm/wf"]) == 3

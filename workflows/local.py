@@ -33,6 +33,7 @@ from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrid
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
 from ckptflow.workflows.render import builder, manifests, to_yaml
 from ckptflow.workflows.runner import REFUSED_EXIT, IsolationError, SpecError, run_workflow
+from ckptflow.workflows.runner.artifact_repo import S3Repository
 from ckptflow.workflows.runner.isolation import new_node
 
 from ckptflow.core import runroot
@@ -88,6 +89,20 @@ def local_config(
     if mlflow_uri:
         computed.append(f"platform.s3_secret={PipelineConfig().platform.s3_secret}")
     return apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
+
+
+def _artifact_repository(endpoint: str | None):
+    """Artifacts on the in-process S3 server (bucket/artifacts/...) when there is one, else the
+    runner's default directory."""
+    if endpoint is None:
+        return None
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=S3_KEYS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_KEYS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
+    )  # fmt: skip
+    return S3Repository(client, S3_BUCKET, "artifacts")
 
 
 def _outputs(result, display: str) -> list[dict[str, str]]:
@@ -250,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
             mlflow_db = tracking.dir / "mlflow.db"
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
-            result = run_workflow(manifest, workdir=str(workdir), name=name, env=env, pod_node=node)
+            result = run_workflow(
+                manifest, workdir=str(workdir), name=name, env=env, pod_node=node,
+                artifact_repository=_artifact_repository(endpoint),
+            )  # fmt: skip
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return REFUSED_EXIT

@@ -250,7 +250,8 @@ def test_dag_when_skips_and_dependents_still_run(tmp_path):
 
 
 def test_a_command_that_cannot_start_is_an_error_and_retried_under_always(tmp_path):
-    missing = {"name": "m", "container": {"command": ["no-such-command-ckptflow"], "args": []}}
+    # a path: a bare name that is not on PATH is refused before anything runs (test_runner_breadth)
+    missing = {"name": "m", "container": {"command": ["/no-such-dir/ckptflow-cmd"], "args": []}}
     missing["retryStrategy"] = {"limit": 1, "retryPolicy": "Always"}
     result = run(workflow("m", missing), tmp_path)
     assert result.phase == "Error" and result.exit_code == 2

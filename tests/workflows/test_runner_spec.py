@@ -26,7 +26,7 @@ def test_refused_manifest_names_each_field_and_template(tmp_path):
     text = str(info.value)
     assert "spec: volumes.data: only emptyDir, persistentVolumeClaim, hostPath" in text
     assert "template 'make-configmap': resource" in text
-    assert "template 'with-artifact' inputs: artifacts" in text
+    assert "template 'with-artifact' inputs: artifacts.data.s3: only s3.key works" in text
     assert "env.TOKEN.valueFrom.secretKeyRef" in text and "export TOKEN" in text
     assert "{{=" in text
     assert not (tmp_path / "w").exists()  # nothing ran, nothing written
@@ -60,7 +60,18 @@ def test_secret_env_is_taken_from_the_runner_environment(tmp_path):
             "volumeMounts.v: no volume of that name",
         ),
         ({"name": "t", "container": {"command": ["x"]}, "sidecars": []}, "sidecars"),
-        ({"name": "t", "container": {"command": ["x"]}, "synchronization": {}}, "synchronization"),
+        (
+            {
+                "name": "t",
+                "container": {"command": ["x"]},
+                "synchronization": {"semaphores": [{"configMapKeyRef": {"name": "c", "key": "k"}}]},
+            },
+            "synchronization.semaphores c/k: its limit is in a ConfigMap",
+        ),
+        (
+            {"name": "t", "container": {"command": ["x"]}, "synchronization": {"lease": {}}},
+            "synchronization.lease: not supported",
+        ),
         (
             {"name": "t", "dag": {"tasks": [{"name": "a", "template": "nope"}]}},
             "no template named 'nope'",

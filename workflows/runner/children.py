@@ -98,6 +98,7 @@ def start_unit(
         display=unit.display,
         template=template,
         args=args,
+        artifacts=(unit.spec.get("arguments") or {}).get("artifacts") or [],
         boundary_id=boundary_id,
         parents=parents,
         scope=scope,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptflow.workflows.runner.artifacts import output_values
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
@@ -109,6 +110,10 @@ class Run:
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     global_outputs: dict[str, str] = field(default_factory=dict)
+    artifacts: Any = None  # the artifact repository (artifact_repo.Repository)
+    global_artifacts: dict[str, str] = field(default_factory=dict)  # globalName -> reference
+    lock_dir: str = ""  # synchronization locks of this machine (sync.py)
+    semaphore_limits: dict[str, int] = field(default_factory=dict)
     exit_vars: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
     threads_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -121,6 +126,8 @@ class Run:
             "workflow.namespace": self.namespace,
             "workflow.mainEntrypoint": str(self.spec.get("entrypoint")),
             "workflow.creationTimestamp": rfc3339(self.created) or "",
+            # a CronWorkflow's scheduled time; a run by hand is scheduled when it starts
+            "workflow.scheduledTime": rfc3339(self.created) or "",
             "workflow.serviceAccountName": str(self.spec.get("serviceAccountName") or "default"),
             "workflow.parameters": json.dumps(
                 [{"name": k, "value": v} for k, v in self.parameters.items()], separators=(",", ":")
@@ -130,6 +137,9 @@ class Run:
         values.update({f"workflow.parameters.{k}": v for k, v in self.parameters.items()})
         values.update(
             {f"workflow.outputs.parameters.{k}": v for k, v in self.global_outputs.items()}
+        )
+        values.update(
+            {f"workflow.outputs.artifacts.{k}": v for k, v in self.global_artifacts.items()}
         )
         values.update(self.exit_vars)
         return values
@@ -155,6 +165,7 @@ def _outputs_vars(prefix: str, outputs: dict | None) -> dict[str, str]:
         values[f"{prefix}.outputs.parameters"] = json.dumps(
             {p["name"]: p.get("value", "") for p in params}, separators=(",", ":")
         )
+    values.update(output_values(prefix, outputs))
     return values
 
 

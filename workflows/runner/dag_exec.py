@@ -130,6 +130,7 @@ class _Dag:
         }
         values = self.run.global_vars()
         values.update(self.local_vars(self.ancestors(name)))
+        values["tasks.name"] = name  # the task being planned, as Argo names it
         try:
             units, loop = ch.plan(task, values, node_name, name)
         except ValueError as exc:
@@ -273,6 +274,11 @@ class _Placeholder:
 
 def run_dag(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> tuple[str, str, dict]:
     """Run a DAG template as `node`; return (phase, message, the DAG's `tasks.*` variables)."""
+    names = {t["name"] for t in body["dag"]["tasks"]}
+    # a target from {{inputs.parameters.x}} is known only now (validate checked literal ones)
+    for target in str(body["dag"].get("target") or "").split():
+        if target not in names:
+            return ERROR, f"dag.target: unknown task {target!r}", {}
     d = _Dag(run, node, body, scope)
     try:
         d.loop()

@@ -12,7 +12,9 @@ import json
 import time
 from collections.abc import Callable
 
+from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import sync
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
@@ -54,8 +56,10 @@ def start(
     boundary_id: str | None,
     parents: list[Node],
     scope: cx.Scope,
+    artifacts: list[dict] | None = None,
 ) -> Node:
-    """Create the node for invoking `template` and start running it in a thread."""
+    """Create the node for invoking `template` and start running it in a thread
+    (`artifacts`: the caller's `arguments.artifacts`, references already substituted)."""
     tmpl = run.templates[template]
     strategy = tmpl.get("retryStrategy")
     if strategy is None and kind_of(run, tmpl).node_type == "Pod":
@@ -66,6 +70,7 @@ def start(
     )
     try:
         inputs = bind_inputs(tmpl, args)
+        node.input_artifacts = arts.bind(tmpl, artifacts or []) or None
     except ValueError as exc:
         run.store.update(node, phase=ERROR, message=str(exc))
         return node
@@ -125,7 +130,7 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
             boundary_id=boundary_id,
             parents=[node],
         )
-        child.inputs = node.inputs
+        child.inputs, child.input_artifacts = node.inputs, node.input_artifacts
         _guarded(run, child, tmpl, inputs, attempt, boundary_id, scope, mirror)
         done = child.phase == SUCCEEDED or not _retry_allowed(policy, child.phase)
         message = child.message
@@ -181,10 +186,39 @@ def run_once(
     if inputs:
         run.store.update(node, inputs=inputs)
     values["inputs.parameters"] = json.dumps(inputs, separators=(",", ":"))
+    if node.input_artifacts:  # a template's own s3.key may use {{inputs.parameters.x}}
+        node.input_artifacts = substitute(node.input_artifacts, values)
+    values.update(arts.input_values(node.input_artifacts))
     values["retries"] = str(retries)
     values["pod.name"] = node.id
     values["node.name"] = node.name
-    kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
+    values.update(_invoker_name(run, node, retries))
+    with sync.hold(
+        substitute(tmpl.get("synchronization"), values), lock_dir=run.lock_dir,
+        namespace=run.namespace, limits=run.semaphore_limits,
+        waiting=lambda msg: run.store.update(node, message=msg),
+        should_stop=lambda: scope.reason() is not None,
+    ) as held:  # fmt: skip
+        if not held:
+            run.store.update(node, phase=FAILED, message=scope.reason()[1])
+            return
+        if node.message.startswith("Waiting for"):
+            run.store.update(node, message="")
+        kind_of(run, tmpl).run(run, node, tmpl, values, scope, on_daemon)
+
+
+def _invoker_name(run: cx.Run, node: Node, retries: int) -> dict[str, str]:
+    """`{{steps.name}}` / `{{tasks.name}}` in a template's body: the step or task that invoked
+    it (its display name, without the attempt suffix of a retried one)."""
+    display = node.display_name
+    retried = node.name.removesuffix(f"({retries})")
+    if retried != node.name and retried in run.store.by_name:
+        display = display.removesuffix(f"({retries})")
+    boundary = run.store.nodes.get(node.boundary_id or "")
+    if boundary is None:
+        return {}
+    kind = {"Steps": "steps", "DAG": "tasks"}.get(boundary.type)
+    return {f"{kind}.name": display} if kind else {}
 
 
 def run_group(
@@ -200,7 +234,7 @@ def run_group(
     the template's deadline, then collect the template's outputs. With `run_body` bound
     (`partial`), this is those kinds' `Kind.run`; `on_daemon` is unused (only pods are daemons)."""
     body = substitute(tmpl, values)
-    deadline = cx.template_deadline(tmpl)
+    deadline = cx.template_deadline(body)  # ValueError (a bad substituted one): the node's Error
     inner = scope.child(deadline, cx.DEADLINE) if deadline is not None else scope
     run.store.update(node, phase=RUNNING)
     phase, message, local = run_body(run, node, body, inner)
@@ -235,4 +269,9 @@ def template_outputs(run: cx.Run, body: dict, local: dict[str, str]) -> dict | N
         params.append({"name": p["name"], "value": value})
         if p.get("globalName"):
             run.global_outputs[p["globalName"]] = value
-    return {"parameters": params} if params else None
+    outputs: dict = {"parameters": params} if params else {}
+    saved = arts.group_outputs(body, local)
+    if saved:
+        outputs["artifacts"] = saved
+        arts.export(run.global_artifacts, body, saved)
+    return outputs or None

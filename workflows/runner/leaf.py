@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import isolation, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
@@ -149,15 +150,21 @@ def run_template(
     /tmp paths, substitution, volume mounts, then the process."""
     if run.private_tmp and run.isolation is None:
         tmpl = map_tmp(tmpl, pod_dir(run, node))
-    body = substitute(tmpl, values)
+    tmpl, paths = arts.map_paths(tmpl, pod_dir(run, node))  # artifacts.py
+    body = substitute(tmpl, {**values, **paths})
     if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
         mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
         body = volumes.apply_mounts(body, mapping)
-    missing = unresolved(body, skip=("outputs",))
+    missing = unresolved(body, skip=("outputs", "metrics"))  # metrics: ignored, may use {{status}}
     if missing:
         run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
         return
-    run_leaf(run, node, body, scope, cx.template_deadline(tmpl), on_daemon)
+    try:  # from the substituted body: `timeout: "{{inputs.parameters.timeout}}"`
+        deadline = cx.template_deadline(body)
+    except ValueError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return
+    run_leaf(run, node, body, scope, deadline, on_daemon)
 
 
 def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, on_daemon) -> None:
@@ -182,6 +189,12 @@ def _spawn(run: cx.Run, node: Node, body: dict, container: dict):
     if "script" in body:
         script_path = str(root / "script")
         Path(script_path).write_text(to_str(container.get("source", "")))
+        # Argo's script file is executable: `command: [sh, -c]` runs it by its path
+        os.chmod(script_path, 0o755)
+    problem = arts.stage_inputs(run.artifacts, node.input_artifacts, body)
+    if problem:
+        run.store.update(node, phase=ERROR, message=problem)
+        return
     argv = _argv(container, script_path)
     iso = run.isolation
     ip = iso.node.new_ip() if iso is not None else cx.LOCAL_IP  # a new IP for every attempt
@@ -240,12 +253,25 @@ def _record(run: cx.Run, node: Node, body: dict, proc, reason) -> None:
     elif problem:
         phase, message = ERROR, problem
     if phase == SUCCEEDED:
+        phase, message = _save_artifacts(run, node, body, outputs)
+    if phase == SUCCEEDED:
         for spec, got in zip(_declared(body), outputs.get("parameters") or [], strict=False):
             if spec.get("globalName"):
                 run.global_outputs[spec["globalName"]] = got["value"]
     if rc is not None:
         outputs["exitCode"] = str(rc)  # where Argo records it
     run.store.update(node, phase=phase, message=message, outputs=outputs, exit_code=rc)
+
+
+def _save_artifacts(run: cx.Run, node: Node, body: dict, outputs: dict) -> tuple[str, str]:
+    """Save the output artifacts of a successful pod (artifacts.py); Error if one is missing."""
+    saved, problem = arts.save_outputs(
+        run.artifacts, run.name, node.id, body, str(pod_dir(run, node) / ".artifacts")
+    )
+    if saved:
+        outputs["artifacts"] = saved
+        arts.export(run.global_artifacts, body, saved)
+    return (ERROR, problem) if problem else (SUCCEEDED, "")
 
 
 def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon):

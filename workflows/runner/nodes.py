@@ -63,6 +63,7 @@ class Node:
     finished_at: float | None = None
     children: list[str] = field(default_factory=list)
     inputs: list[dict] | None = None
+    input_artifacts: list[dict] | None = None  # bound by artifacts.bind, loaded before a pod runs
     outputs: dict | None = None
     daemoned: bool = False
     pod_ip: str | None = None
@@ -85,6 +86,20 @@ class Node:
             return None
         return (self.finished_at or time.time()) - self.started_at
 
+    def _inputs_status(self) -> dict | None:
+        out: dict[str, Any] = {"parameters": self.inputs} if self.inputs else {}
+        arts = [
+            {
+                "name": a["name"],
+                "path": a.get("path"),
+                **({"s3": {"key": a["key"]}} if a.get("key") else {}),
+            }
+            for a in self.input_artifacts or []
+        ]
+        if arts:
+            out["artifacts"] = arts
+        return out or None
+
     def to_status(self) -> dict[str, Any]:
         """This node as Argo serialises it (camelCase, absent fields left out)."""
         out: dict[str, Any] = {
@@ -101,7 +116,7 @@ class Node:
             "boundaryID": self.boundary_id,
             "message": self.message or None,
             "children": list(self.children) or None,
-            "inputs": {"parameters": self.inputs} if self.inputs else None,
+            "inputs": self._inputs_status(),
             "outputs": self.outputs or None,
             "daemoned": True if self.daemoned else None,
             "podIP": self.pod_ip,

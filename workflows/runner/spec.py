@@ -16,7 +16,10 @@ from typing import Any
 
 import yaml
 from ckptflow.workflows.runner import depends as dep
-from ckptflow.workflows.runner.substitution import TAG, parse_duration, to_str
+from ckptflow.workflows.runner.artifacts import artifact_problems
+from ckptflow.workflows.runner.machine import command_problems, os_problems
+from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
+from ckptflow.workflows.runner.sync import sync_problems
 from ckptflow.workflows.runner.volumes import volume_problems
 
 __all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
@@ -24,7 +27,7 @@ __all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
 KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
 _SPEC_OK = {"entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds"}
-_SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates"}
+_SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates", "synchronization"}
 _SPEC_IGNORED = {
     "serviceAccountName", "podGC", "ttlStrategy", "ttlSecondsAfterFinished", "imagePullSecrets",
     "nodeSelector", "tolerations", "affinity", "podMetadata", "workflowMetadata", "archiveLogs",
@@ -35,6 +38,7 @@ _SPEC_IGNORED = {
 }  # fmt: skip
 _TEMPLATE_OK = {"name", "inputs", "outputs", "container", "script", "dag", "steps", "daemon"}
 _TEMPLATE_OK |= {"retryStrategy", "activeDeadlineSeconds", "timeout", "parallelism", "volumes"}
+_TEMPLATE_OK |= {"synchronization"}
 _TEMPLATE_IGNORED = {
     "metadata", "nodeSelector", "tolerations", "affinity", "securityContext",
     "serviceAccountName", "automountServiceAccountToken", "priorityClassName", "priority",
@@ -65,7 +69,6 @@ _WHY = {
     "sidecars": "sidecars need a pod",
     "initContainers": "init containers need a pod",
     "memoize": "memoization needs a ConfigMap cache",
-    "synchronization": "semaphores and mutexes need the controller",
     "hooks": "lifecycle hooks are not implemented locally",
     "onExit": "only the workflow-level onExit is implemented locally",
     "templateDefaults": "template defaults are not implemented locally",
@@ -113,8 +116,12 @@ def workflow_spec(manifest: dict) -> dict:
 
 
 class _Checker:
-    def __init__(self, spec: dict, env: dict[str, str]) -> None:
-        self.spec, self.env, self.errors = spec, env, []
+    def __init__(
+        self, spec: dict, env: dict[str, str], parameters: dict[str, str], limits: dict[str, int]
+    ) -> None:
+        self.spec, self.env, self.errors, self.limits = spec, env, [], limits
+        # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
+        self.workflow_values = {f"workflow.parameters.{k}": v for k, v in parameters.items()}
         self.templates = {
             t.get("name"): t for t in spec.get("templates") or [] if isinstance(t, dict)
         }
@@ -128,15 +135,16 @@ class _Checker:
                 continue
             self.err(where, key, _WHY.get(key, "not supported by the local runner"))
 
-    def parameters(self, where: str, block: Any, *, inputs: bool = False) -> None:
+    def parameters(
+        self, where: str, block: Any, *, inputs: bool = False, kind: str = "arguments"
+    ) -> None:
         if block is None:
             return
         if not isinstance(block, dict):
             self.err(where, "parameters", "expected a mapping")
             return
-        for art in ("artifacts",):
-            if block.get(art):
-                self.err(where, art, "artifacts are not supported locally (only parameters)")
+        for field, why in artifact_problems(block.get("artifacts"), kind):
+            self.err(where, field, why)
         for key in block:
             if key not in ("parameters", "artifacts"):
                 self.err(where, key, "not supported by the local runner")
@@ -185,6 +193,7 @@ class _Checker:
                 "command",
                 "missing: the image's entrypoint cannot run locally; give command (and args)",
             )
+        self.machine(where, command_problems(c, self.env))
         for e in c.get("env") or []:
             name = e.get("name")
             vf = e.get("valueFrom")
@@ -214,6 +223,10 @@ class _Checker:
             self.fields(f"{where} readinessProbe", probe, _PROBE_OK)
             if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
                 self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
+
+    def machine(self, where: str, problems: list[tuple[str, str]]) -> None:
+        for field, why in problems:  # machine.py: what this machine lacks
+            self.err(where, field, why)
 
     def step(self, where: str, s: Any, ok: set) -> None:
         if not isinstance(s, dict) or "name" not in s:
@@ -260,7 +273,10 @@ class _Checker:
                 continue
             for missing in sorted(dep.tasks_in(tree) - names):
                 self.err(tw, "depends", f"names unknown task {missing!r}")
-        for target in str(d.get("target") or "").split():
+        target_text = render(to_str(d.get("target") or ""), self.workflow_values)
+        for target in target_text.split():
+            if TAG.search(target):
+                continue  # e.g. {{inputs.parameters.x}}: checked when the DAG runs
             if target not in names:
                 self.err(where, "dag.target", f"unknown task {target!r}")
 
@@ -270,8 +286,8 @@ class _Checker:
         kinds = [k for k in ("container", "script", "dag", "steps") if k in t]
         if len(kinds) != 1 and not any(k in t for k in _WHY):
             self.err(where, "container/script/dag/steps", "a template needs exactly one of them")
-        self.parameters(f"{where} inputs", t.get("inputs"), inputs=True)
-        self.parameters(f"{where} outputs", t.get("outputs"))
+        self.parameters(f"{where} inputs", t.get("inputs"), inputs=True, kind="inputs")
+        self.parameters(f"{where} outputs", t.get("outputs"), kind="outputs")
         if "container" in t:
             self.container(where, t["container"], script=False)
         if "script" in t:
@@ -287,10 +303,14 @@ class _Checker:
                     self.step(where, s, _STEP_OK)
         if "retryStrategy" in t:
             self.retry(where, t["retryStrategy"])
+        if "synchronization" in t:
+            for field, why in sync_problems(t["synchronization"], self.limits):
+                self.err(where, field, why)
+        self.machine(where, os_problems(t))
         for field, why in volume_problems(self.spec, t):
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
-            if key in t:
+            if key in t and "{{" not in to_str(t[key]):  # a parameter's: parsed when it runs
                 try:
                     parse_duration(t[key])
                 except ValueError as exc:
@@ -321,6 +341,10 @@ class _Checker:
         self.parameters("spec arguments", spec.get("arguments"))
         if "retryStrategy" in spec:
             self.retry("spec", spec["retryStrategy"])
+        if "synchronization" in spec:
+            for field, why in sync_problems(spec["synchronization"], self.limits):
+                self.err("spec", field, why)
+        self.machine("spec", os_problems(spec))
         for field, why in volume_problems(spec, None):
             self.err("spec", field, why)
         for t in spec["templates"]:
@@ -348,12 +372,37 @@ def _strings(obj: Any):
             yield from _strings(v)
 
 
-def validate(spec: dict, env: dict[str, str] | None = None) -> None:
-    """Raise SpecError listing every unsupported or invalid field of a workflow spec."""
-    errors = _Checker(spec, dict(os.environ if env is None else env)).run()
+def validate(
+    spec: dict,
+    env: dict[str, str] | None = None,
+    arguments: dict[str, Any] | None = None,
+    semaphores: dict[str, int] | None = None,
+) -> None:
+    """Raise SpecError listing every unsupported or invalid field of a workflow spec.
+
+    arguments: the workflow parameters given to the run (`-p`), substituted with the spec's own
+    values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`).
+    semaphores: the limits of the semaphores (`configmap/key` -> N) the run may use."""
+    errors = _Checker(
+        spec,
+        dict(os.environ if env is None else env),
+        _known_parameters(spec, arguments),
+        dict(semaphores or {}),
+    ).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))
         raise SpecError(f"the manifest cannot run locally:\n  {lines}")
+
+
+def _known_parameters(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
+    """Workflow parameter values known before the run, tolerating a malformed spec."""
+    values: dict[str, str] = {}
+    block = spec.get("arguments")
+    for p in (block.get("parameters") or []) if isinstance(block, dict) else []:
+        if isinstance(p, dict) and p.get("name") and p.get("value") is not None:
+            values[str(p["name"])] = to_str(p["value"])
+    values.update({k: to_str(v) for k, v in (overrides or {}).items()})
+    return values
 
 
 def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:

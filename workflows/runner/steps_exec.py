@@ -34,6 +34,7 @@ def _run_group(run, node, index, group, local, parents, scope, parallelism):
     values.update(local)
     for step in group:
         name = f"{gnode.name}.{step['name']}"
+        values["steps.name"] = step["name"]  # the step being planned, as Argo names it
         kids: list[Node] = []
         try:
             units, loop = ch.plan(step, values, name, step["name"])

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec
+from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec, sync
+from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
 from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
-from ckptflow.workflows.runner.substitution import parse_duration
+from ckptflow.workflows.runner.substitution import parse_duration, substitute
 
 __all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES", "REFUSED_EXIT"]
 
@@ -156,6 +157,7 @@ def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
     root = execute.start(
         run, name=wf_name, display=wf_name, template=spec["entrypoint"], args=params,
         boundary_id=None, parents=[], scope=scope,
+        artifacts=(spec.get("arguments") or {}).get("artifacts"),
     )  # fmt: skip
     interrupted = _wait(run, root, scope)
     phase, message = root.phase, root.message
@@ -179,6 +181,31 @@ def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
     return phase, message, interrupted
 
 
+def _locked_run(run: cx.Run, scope: cx.Scope, state: dict) -> tuple[str, str, bool]:
+    """`_run_to_end` holding the workflow-level `synchronization` locks (Pending until then)."""
+    values = run.global_vars()
+    wf_sync = substitute(run.spec.get("synchronization"), values)
+    if not wf_sync:
+        return _run_to_end(run, scope)
+    state["phase"] = "Pending"
+
+    def waiting(message: str) -> None:  # shown in the status file while Pending
+        state["message"] = message
+
+    try:
+        with sync.hold(
+            wf_sync, lock_dir=run.lock_dir, namespace=run.namespace,
+            limits=run.semaphore_limits, waiting=waiting,
+            should_stop=lambda: scope.reason() is not None,
+        ) as held:  # fmt: skip
+            if not held:
+                return FAILED, scope.reason()[1], False
+            state["phase"], state["message"] = "Running", ""
+            return _run_to_end(run, scope)
+    except KeyboardInterrupt:
+        return FAILED, "Stopped by user (interrupted)", True
+
+
 def _stop_everything(run: cx.Run) -> None:
     """Stop every process still running and wait for the executors' threads."""
     run.registry.stop_all()
@@ -193,7 +220,7 @@ def _execute(run: cx.Run, scope: cx.Scope, reporter: Reporter, state: dict) -> b
     the phase, message and finish time in `state`; return whether the user interrupted."""
     try:
         reporter.start(run.store)
-        phase, message, interrupted = _run_to_end(run, scope)
+        phase, message, interrupted = _locked_run(run, scope, state)
     finally:
         try:
             _stop_everything(run)
@@ -236,6 +263,9 @@ def run_workflow(
     env: dict[str, str] | None = None,
     isolate: bool = False,
     pod_node=None,
+    artifact_repository: Repository | None = None,
+    semaphores: dict[str, int] | None = None,
+    lock_dir: str | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -248,10 +278,14 @@ def run_workflow(
     isolate: run every container/script task as a pod (`isolation.py`, docs/pods.md); raises
     IsolationError (one line) where pods cannot work. pod_node: a `pods.Node` the caller made
     (and closes) to run the pods on, e.g. to bind shared services to its address first.
+    artifact_repository: where artifacts go (`artifact_repo.S3Repository` over a boto3-like
+    client, or `DirRepository`); default: the directory `WORKDIR/artifacts`.
+    semaphores: limits of `synchronization` semaphores (`configmap/key` -> N; sync.py).
+    lock_dir: where the machine's mutex/semaphore locks are (default sync.DEFAULT_LOCK_DIR).
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
-    validate(spec, env=base_env)
+    validate(spec, env=base_env, arguments=arguments, semaphores=semaphores)
     params = arguments_of(spec, arguments)
     wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
@@ -266,6 +300,8 @@ def run_workflow(
     )  # fmt: skip
     if isolate or pod_node is not None:
         run.isolation = isolation.open_isolation(spec, pod_node)
+    run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
+    run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
     reporter.status = lambda: write_status(status_path, _document(run, state))
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
