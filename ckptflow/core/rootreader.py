@@ -16,7 +16,8 @@ import uuid
 from ckptflow.core import codec, jsonfile, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.core.storage import AlreadyExists, Storage, StorageError, supported
+from ckptflow.core.storage import AlreadyExists, Storage, StorageError
+from ckptflow.core.uris import supported
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
 
