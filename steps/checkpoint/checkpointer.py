@@ -25,8 +25,8 @@ from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner,
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
+from ckptflow.core import locator, rootreader
 from ckptflow.core import manifest as mf
-from ckptflow.core import rootreader
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import Storage
 
@@ -164,7 +164,7 @@ class Checkpointer:
         return rootreader.committed_steps(self.storage)
 
     def manifest(self, step: int) -> dict:
-        return rootreader.read_manifest(rootreader.locate(self.storage, step), step)
+        return rootreader.read_manifest(locator.locate(self.storage, step), step)
 
     def latest(self) -> int | None:
         """The newest committed step whose commit marker and manifest are sound."""
@@ -179,7 +179,7 @@ class Checkpointer:
     def verify(self, step: int) -> dict:
         """Check every byte of a step against its manifest; raise CorruptCheckpoint naming files."""
         m = self.manifest(step)
-        bad = rootreader.verify_objects(rootreader.locate(self.storage, step), m)
+        bad = locator.verify_objects(locator.locate(self.storage, step), m)
         if bad:
             raise CorruptCheckpoint(
                 f"step {step} under {self.root} is corrupt: " + "; ".join(bad), bad
@@ -258,11 +258,11 @@ class Checkpointer:
     def _parent_stores(self) -> list[Storage]:
         """Where readers of this root find borrowed objects: from the root marker, or from the
         parent named by inherit() before the first save writes that marker."""
-        stores = rootreader.parent_stores(self.storage)
+        stores = locator.parent_stores(self.storage)
         if stores or self._parent is None:
             return stores
         st = Storage(self._parent["uri"])
-        return [rootreader.locate(st, self._parent["step"]), *rootreader.parent_stores(st)]
+        return [locator.locate(st, self._parent["step"]), *locator.parent_stores(st)]
 
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()
@@ -350,13 +350,13 @@ class Checkpointer:
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
-        located = rootreader.locate(self.storage, step)  # an archived step reads its archive root
+        located = locator.locate(self.storage, step)  # an archived step reads its archive root
         reader = CkptStorageReader(
             located,
             m,
             threads=self.threads,
             exchange=exchange,
-            fallbacks=rootreader.parent_stores(self.storage),
+            fallbacks=locator.parent_stores(self.storage),
         )
         try:
             dcp.load(

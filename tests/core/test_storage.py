@@ -9,7 +9,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from ckptflow.core import rootreader
+from ckptflow.core import locator
 from ckptflow.core.storage import Storage, StorageOptions
 from ckptflow.core.uris import join_uri
 
@@ -71,13 +71,13 @@ def test_archived_and_parent_roots_are_reached_with_the_roots_options():
         where.write("ckptflow-root.json", root)
         where.write("step-00000003/COMMIT", commit)
     st.write("step-00000003/ARCHIVED", b'{"uri": "memory://opts-locate/archive"}')
-    located = rootreader.locate(st, 3)
+    located = locator.locate(st, 3)
     assert located.uri == "memory://opts-locate/archive" and located.options is opts
     child = Storage("memory://opts-locate/child", options=opts)
     marker = {"format": "ckptflow-checkpoint-root", "root_id": "c" * 32}
     marker["parent"] = {"uri": "memory://opts-locate/hot", "step": 2, "root_id": "h" * 32}
     child.write("ckptflow-root.json", json.dumps(marker).encode())
-    (parent,) = rootreader.parent_stores(child)
+    (parent,) = locator.parent_stores(child)
     assert parent.uri == "memory://opts-locate/hot" and parent.options is opts
 
 
