@@ -24,7 +24,7 @@ from ckptflow import cli_args, env
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
-from ckptflow.core.storage import StorageError, classify
+from ckptflow.core.storage_errors import StorageError, classify
 
 _H = listing.human_bytes
 

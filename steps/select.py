@@ -28,7 +28,7 @@ from ckptflow import env
 from ckptflow.contract import SelectArgs, parse
 from ckptflow.core import rootreader, runroot
 from ckptflow.core.layout import step_dir
-from ckptflow.core.storage import join_uri
+from ckptflow.core.uris import join_uri
 
 log = logging.getLogger("ckptflow.select")
 

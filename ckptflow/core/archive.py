@@ -7,7 +7,7 @@ For each selected step (bases before the deltas that need them):
 2. every object the manifest needs is read (checked against its key), and written there,
    then the manifest, eval.json and, last, COMMIT (the archive step is valid only when whole);
 3. the copy is verified: manifest checksum and every object's size and checksum;
-4. `ARCHIVED` ({"uri"}) is written in the hot step folder: from then on `rootreader.locate` sends
+4. `ARCHIVED` ({"uri"}) is written in the hot step folder: from then on `locator.locate` sends
    loads of the step to the archive root, and the hot folder keeps COMMIT + manifest + ARCHIVED
    so the step stays listed;
 5. hot objects no hot step references any more (and older than the grace) are deleted, with
@@ -27,7 +27,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, gc, layout, listing, rootreader, runroot
+from ckptflow.core import codec, gc, layout, listing, locator, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import select_for_archive
 from ckptflow.core.storage import AlreadyExists, Storage
@@ -130,7 +130,7 @@ def _copy_object(src: Storage, dst: Storage, key: str, size: int, fallbacks: lis
     root, so the archive copy is self-contained). Returns the bytes written."""
     rel = layout.object_path(key)
     try:
-        blob, url = rootreader.read_object(src, key, fallbacks)
+        blob, url = locator.read_object(src, key, fallbacks)
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{src.url(rel)}: data file is missing", [src.url(rel)]) from None
     if len(blob) != size or codec.digest(blob) != key:
@@ -146,7 +146,7 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     m = rootreader.read_manifest(src, step)
     sizes = {k: v["size"] for k, v in m["objects"].items()}
     todo = sorted(k for k in sizes if k not in present or present[k].size != sizes[k])
-    fallbacks = rootreader.parent_stores(src)
+    fallbacks = locator.parent_stores(src)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ckpt-archive") as pool:
         copied = sum(pool.map(lambda k: _copy_object(src, dst, k, sizes[k], fallbacks), todo))
     sd = layout.step_dir(step)

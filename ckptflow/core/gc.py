@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import intent, jsonfile, layout, listing, rootreader, runroot
+from ckptflow.core import intent, jsonfile, layout, listing, locator, rootreader, runroot
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import Policy, RetentionPlan, plan_retention
@@ -269,7 +269,7 @@ def _current(st: Storage, step: int, cache: dict, root_id: str | None) -> listin
     if row is None:
         return listing.read_row(st, step, root_id, time.time())
     try:  # an archive run may have moved it meanwhile
-        row.tier = "archive" if rootreader.locate(st, step) is not st else "hot"
+        row.tier = "archive" if locator.locate(st, step) is not st else "hot"
     except CorruptCheckpoint:
         row.tier = "hot"
     return row

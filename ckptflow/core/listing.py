@@ -15,7 +15,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, layout, rootreader, runroot
+from ckptflow.core import codec, layout, locator, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import CatalogEntry
 from ckptflow.core.storage import Entry, Storage, StorageError
@@ -137,7 +137,7 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
         # after the hot manifest was read: a step whose redirect is bad is corrupt, and its
         # row still names the objects it needs (GC keeps them while the step is kept)
         try:
-            located = rootreader.locate(storage, step)
+            located = locator.locate(storage, step)
         except CorruptCheckpoint as exc:
             row.state, row.problems = "corrupt", list(exc.files) or [str(exc)]
             return row
@@ -170,7 +170,7 @@ def check_objects(
         have = found.size if found is not None else None
         if found is None:
             if key not in borrowed:
-                fallbacks = rootreader.parent_stores(located) if fallbacks is None else fallbacks
+                fallbacks = locator.parent_stores(located) if fallbacks is None else fallbacks
                 borrowed[key] = _size_in(fallbacks, key)
             have = borrowed[key]
         if have is None:
@@ -192,7 +192,7 @@ def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
         found = present.get(key)
         have = found.size if found is not None else None
         if found is None:
-            fallbacks = rootreader.parent_stores(storage) if fallbacks is None else fallbacks
+            fallbacks = locator.parent_stores(storage) if fallbacks is None else fallbacks
             have = _size_in(fallbacks, key)
         url = storage.url(layout.object_path(key))
         if have is None:
@@ -218,17 +218,17 @@ def verify_step(
     objects from parent roots) and check sizes and checksums. Returns (manifest, bad files);
     `progress(nbytes, total_bytes)` is called as each object is checked."""
     try:  # a bad ARCHIVED redirect is damage of this step: reported, the others go on
-        located = rootreader.locate(storage, step)
+        located = locator.locate(storage, step)
         m = rootreader.read_manifest(located, step)
     except CorruptCheckpoint as exc:
         return None, list(exc.files) or [str(exc)]
-    fallbacks = rootreader.parent_stores(located)
+    fallbacks = locator.parent_stores(located)
     total = sum(v["size"] for v in m["objects"].values())
 
     def one(key: str) -> str | None:
         size = m["objects"][key]["size"]
         try:
-            blob, url = rootreader.read_object(located, key, fallbacks)
+            blob, url = locator.read_object(located, key, fallbacks)
         except FileNotFoundError:
             return f"{located.url(layout.object_path(key))} (missing)"
         finally:

@@ -52,7 +52,7 @@ class RecordError(CheckpointError):
 # -- names ---------------------------------------------------------------------------------------
 def ckpt_uri(run_uri: str) -> str:
     """The checkpoint root URI of a run root."""
-    from ckptflow.core.storage import join_uri  # here: the names need no fsspec
+    from ckptflow.core.uris import join_uri  # here: the names need no fsspec
 
     return join_uri(run_uri, CKPT)
 

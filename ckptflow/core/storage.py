@@ -12,7 +12,6 @@ no environment (ckptflow.env does, for the entry points).
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
 import re
@@ -22,20 +21,21 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from ckptflow.core.storage_errors import (
+    AlreadyExists,
+    StorageError,
+    absent,
+    precondition_failed,
+    translate,
+)
+from ckptflow.core.uris import PROTOCOLS, join_path, split_uri
+
 MULTIPART_CHUNK = 8 << 20
 # File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
 # a look at it is sure to show a newer change time (see Storage.fingerprint).
 SETTLED_NS = 2_000_000_000
 # Temporary files of atomic exclusive creates on local disk (see Storage._write_local).
 _TMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
-
-
-class StorageError(RuntimeError):
-    """A storage problem the user can fix (bad URI, missing bucket, credentials, full disk)."""
-
-
-class AlreadyExists(StorageError):
-    """An exclusive create found the file already there."""
 
 
 @dataclass(frozen=True)
@@ -68,47 +68,14 @@ class StorageOptions:
         return opts
 
 
-def _split_uri(uri: str) -> tuple[str, str]:
-    if "://" in uri:
-        protocol, rest = uri.split("://", 1)
-        return protocol, rest.rstrip("/")
-    return "file", os.path.abspath(os.path.expanduser(uri))
-
-
-def _join(base: str, rel: str, uri: str) -> str:
-    """The filesystem path of `rel` below `base` (rejecting anything that escapes the root)."""
-    rel = rel.strip("/")
-    norm = posixpath.normpath(rel) if rel else ""
-    if norm.startswith("..") or posixpath.isabs(rel):
-        raise StorageError(f"path {rel!r} escapes the root {uri}")
-    return f"{base}/{norm}" if norm and norm != "." else base
-
-
-def join_uri(uri: str, rel: str) -> str:
-    """The full URI of `rel` below `uri`, as `Storage(uri).url(rel)` gives it, without opening
-    a filesystem (names of a run root's parts, computed before anything is read)."""
-    protocol, base = _split_uri(uri)
-    path = _join(base, rel, uri if "://" in uri else base)
-    return path if protocol == "file" else f"{protocol}://{path}"
-
-
-PROTOCOLS = ("file", "local", "memory", "s3")  # the only URI schemes a root may use
-
-
 def is_temporary(name: str) -> bool:
     """True for the hidden temporary file of an atomic write (left behind by a crash)."""
     return bool(_TMP_RE.match(name))
 
 
-def supported(uri: str) -> bool:
-    """True when `uri` is a local path or uses a scheme this module serves (a URI read from a
-    file, such as an ARCHIVED marker's, is checked with this before anything is opened)."""
-    return _split_uri(uri)[0] in PROTOCOLS
-
-
 def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
     """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
-    protocol, _ = _split_uri(uri)
+    protocol, _ = split_uri(uri)
     if protocol == "s3":
         return fsspec.filesystem("s3", **(options or StorageOptions()).s3_kwargs())
     if protocol in PROTOCOLS:
@@ -116,111 +83,6 @@ def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.Ab
     raise StorageError(
         f"unsupported storage URI {uri!r}: use a local path, file://, memory:// or s3://bucket/prefix"
     )
-
-
-# -- error classification ------------------------------------------------------------------------
-# One table, by exception type, errno and S3 error code (never by the text of a message: a path
-# may contain "412" or "403"). s3fs turns a botocore ClientError into an OSError subclass and
-# keeps the ClientError as __cause__, whose response carries the S3 code and HTTP status.
-_FIXES = {
-    "no-bucket": "the bucket does not exist; create it first (e.g. `aws s3 mb`)",
-    "denied": "access denied; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-    "and the bucket policy ({code})",
-    "no-credentials": "no S3 credentials; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-    "throttled": "S3 is throttling or unavailable ({code}); retry later",
-    "unreachable": "cannot reach the storage endpoint ({code}); check the URI, "
-    "AWS_ENDPOINT_URL and the network",
-    "local-denied": "permission denied; check this path's owner and mode, or use a root you "
-    "may write",
-    "disk-full": "no space left on device; free space or use another root",
-    "quota": "disk quota exceeded; free space, raise the quota or use another root",
-    "read-only": "read-only file system; use a writable root",
-    "not-a-folder": "a path component is a file, not a folder (or the reverse); check the root URI",
-    "missing": "no such file or folder (removed while in use?); check the root URI",
-}
-_S3_CODES = {
-    "NoSuchBucket": "no-bucket",
-    "AccessDenied": "denied",
-    "InvalidAccessKeyId": "denied",
-    "SignatureDoesNotMatch": "denied",
-    "ExpiredToken": "denied",
-    "InvalidToken": "denied",
-    "AllAccessDisabled": "denied",
-    "AccountProblem": "denied",
-    "RequestTimeTooSkewed": "denied",
-    "403": "denied",
-    "SlowDown": "throttled",
-    "ServiceUnavailable": "throttled",
-    "503": "throttled",
-}
-_HTTP_STATUS = {403: "denied", 503: "throttled"}  # when the code is one we do not know
-_ERRNOS = {
-    errno.ENOSPC: "disk-full",
-    errno.EDQUOT: "quota",
-    errno.EACCES: "local-denied",
-    errno.EPERM: "local-denied",
-    errno.EROFS: "read-only",
-    errno.ENOTDIR: "not-a-folder",
-    errno.EISDIR: "not-a-folder",
-    errno.EEXIST: "not-a-folder",  # outside a claim (see _claim), a file where a folder goes
-    errno.ENOENT: "missing",
-}
-# botocore exceptions by class name (the core does not import botocore)
-_TYPES = {
-    "NoCredentialsError": "no-credentials",
-    "PartialCredentialsError": "no-credentials",
-    "EndpointConnectionError": "unreachable",
-    "ConnectTimeoutError": "unreachable",
-    "ConnectionError": "unreachable",  # botocore's, and the built-in one (refused, reset)
-}
-
-
-def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
-    """The S3 error code and HTTP status behind `exc` (itself a botocore ClientError, or an
-    s3fs OSError caused by one); (None, None) for any other error."""
-    seen = 0
-    while exc is not None and seen < 8:
-        response = getattr(exc, "response", None)
-        if isinstance(response, dict):
-            code = (response.get("Error") or {}).get("Code")
-            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            return (str(code) if code is not None else None), status
-        exc, seen = exc.__cause__, seen + 1
-    return None, None
-
-
-def classify(exc: BaseException) -> str | None:
-    """The kind of a storage error (a key of _FIXES), or None for one the user cannot fix."""
-    if isinstance(exc, StorageError):
-        return None
-    code, status = s3_error(exc)
-    if code is not None or status is not None:
-        return _S3_CODES.get(code or "") or _HTTP_STATUS.get(status or 0)
-    for cls in type(exc).__mro__:
-        if cls.__name__ in _TYPES:
-            return _TYPES[cls.__name__]
-    return _ERRNOS.get(exc.errno) if isinstance(exc, OSError) else None
-
-
-def precondition_failed(exc: BaseException) -> bool:
-    """True when S3 refused an exclusive create (`If-None-Match: *`): the object exists."""
-    code, status = s3_error(exc)
-    return code == "PreconditionFailed" or status == 412
-
-
-def _translate(exc: BaseException, uri: str) -> BaseException:
-    """Turn backend exceptions a user can fix into StorageError with the fix named."""
-    kind = classify(exc)
-    if kind is None:
-        return exc
-    code = s3_error(exc)[0] or type(exc).__name__
-    return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}")
-
-
-def _absent(exc: FileNotFoundError) -> bool:
-    """True when a FileNotFoundError means the file is absent (s3fs raises it for a missing
-    bucket too, which must never read as "no such file": a root would look empty)."""
-    return classify(exc) != "no-bucket"
 
 
 class Storage:
@@ -232,7 +94,7 @@ class Storage:
         fs: fsspec.AbstractFileSystem | None = None,
         options: StorageOptions | None = None,
     ):
-        self.protocol, self._base = _split_uri(uri)
+        self.protocol, self._base = split_uri(uri)
         self.uri = uri if "://" in uri else self._base
         self.options = options or StorageOptions()
         self.fs = fs if fs is not None else filesystem_for(uri, self.options)
@@ -240,7 +102,7 @@ class Storage:
     # -- paths ---------------------------------------------------------------------------------
     def path(self, rel: str = "") -> str:
         """The filesystem path of `rel` (rejecting anything that escapes the root)."""
-        return _join(self._base, rel, self.uri)
+        return join_path(self._base, rel, self.uri)
 
     def url(self, rel: str = "") -> str:
         """The full URI of `rel`, as a user would type it."""
@@ -278,11 +140,11 @@ class Storage:
         try:
             return self.fs.cat_file(self.path(rel), **span)
         except FileNotFoundError as exc:
-            if _absent(exc):
+            if absent(exc):
                 raise
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
 
     def open(self, rel: str, mode: str = "rb", **kw):
         return self.fs.open(self.path(rel), mode, **kw)
@@ -291,14 +153,14 @@ class Storage:
         try:
             return self.fs.exists(self.path(rel))
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
 
     def is_file(self, rel: str = "") -> bool:
         """True when `rel` (default: the root itself) is a regular file, not a folder/prefix."""
         try:
             return bool(self.fs.isfile(self.path(rel)))
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
 
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
@@ -320,7 +182,7 @@ class Storage:
             except FileNotFoundError:
                 raise
             except Exception as exc:
-                raise _translate(exc, self.url(rel)) from exc
+                raise translate(exc, self.url(rel)) from exc
             etag = info.get("ETag")
             return (int(info.get("size") or 0), etag) if etag else None
         return None
@@ -332,21 +194,21 @@ class Storage:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:
             entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
         except FileNotFoundError as exc:
-            if not _absent(exc):
-                raise _translate(exc, self.url(rel)) from exc
+            if not absent(exc):
+                raise translate(exc, self.url(rel)) from exc
             if not rel.strip("/"):
                 # An empty root is fine; a missing bucket must not read as "no checkpoints".
                 self.check_reachable()
             return []
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
         names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
         return sorted(n for n in names if not _TMP_RE.match(n))
 
@@ -356,11 +218,11 @@ class Storage:
         try:
             found = self.fs.find(base, detail=True, withdirs=False)
         except FileNotFoundError as exc:
-            if not _absent(exc):
-                raise _translate(exc, self.url(rel)) from exc
+            if not absent(exc):
+                raise translate(exc, self.url(rel)) from exc
             return []
         except Exception as exc:
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
         out = []
         prefix = self._base.rstrip("/") + "/"
         for name, info in found.items():
@@ -416,7 +278,7 @@ class Storage:
                 if self._landed(rel, data):
                     return
                 raise AlreadyExists(f"{self.url(rel)} already exists") from exc
-            raise _translate(exc, self.url(rel)) from exc
+            raise translate(exc, self.url(rel)) from exc
 
     def _landed(self, rel: str, data: bytes | memoryview) -> bool:
         """True when an exclusive create on S3 lost only its reply: the client retried, the
@@ -484,7 +346,7 @@ class Storage:
             try:
                 os.utime(self.path(rel))
             except OSError as exc:
-                raise _translate(exc, self.url(rel)) from exc
+                raise translate(exc, self.url(rel)) from exc
             return
         self.write(rel, data)
 
@@ -499,10 +361,10 @@ class Storage:
             try:
                 self.fs.rm_file(self.path(rel))
             except FileNotFoundError as exc:
-                if not _absent(exc):
-                    raise _translate(exc, self.url(rel)) from exc
+                if not absent(exc):
+                    raise translate(exc, self.url(rel)) from exc
             except Exception as exc:
-                raise _translate(exc, self.url(rel)) from exc
+                raise translate(exc, self.url(rel)) from exc
 
     def check_reachable(self) -> None:
         """Fail early with a clear message when the bucket is missing or credentials are wrong."""
@@ -516,7 +378,7 @@ class Storage:
                 f"s3://{bucket}: the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"
             ) from exc
         except Exception as exc:
-            raise _translate(exc, f"s3://{bucket}") from exc
+            raise translate(exc, f"s3://{bucket}") from exc
 
 
 def _mtime(info: dict) -> float:

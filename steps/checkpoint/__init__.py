@@ -15,9 +15,9 @@ import importlib
 
 _EXPORTS = {
     "Checkpointer": "ckptflow.steps.checkpoint.checkpointer",
-    "LoadInfo": "ckptflow.steps.checkpoint.checkpointer",
-    "SaveHandle": "ckptflow.steps.checkpoint.checkpointer",
-    "SaveStats": "ckptflow.steps.checkpoint.checkpointer",
+    "LoadInfo": "ckptflow.steps.checkpoint.results",
+    "SaveHandle": "ckptflow.steps.checkpoint.results",
+    "SaveStats": "ckptflow.steps.checkpoint.results",
     "CheckpointError": "ckptflow.core.errors",
     "CorruptCheckpoint": "ckptflow.core.errors",
     "StateDictMismatch": "ckptflow.core.errors",

@@ -13,75 +13,24 @@ import logging
 import os
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from ckptflow.steps.checkpoint import compat, coop
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
+from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
 from ckptflow.steps.checkpoint.staging import Stager
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
+from ckptflow.core import locator, rootreader
 from ckptflow.core import manifest as mf
-from ckptflow.core import rootreader
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import Storage
 
 log = logging.getLogger("ckptflow.checkpoint")
-GIB = float(1 << 30)
-
-
-@dataclass
-class SaveStats:
-    """What one save cost this rank: the stall training saw and the background work."""
-
-    step: int
-    kind: str
-    wait_s: float = 0.0  # waiting for the previous save still in flight
-    stall_s: float = 0.0  # training blocked in save() (wait + snapshot, or the whole sync save)
-    background_s: float = 0.0  # encode, hash, upload and commit
-    bytes_raw: int = 0  # logical bytes this rank was responsible for
-    bytes_written: int = 0  # new stored bytes this rank uploaded
-    bytes_reused: int = 0  # raw bytes deduplicated against earlier checkpoints
-
-    @property
-    def gib_per_s(self) -> float:
-        secs = self.background_s or self.stall_s
-        return self.bytes_raw / GIB / secs if secs else 0.0
-
-    def as_dict(self) -> dict:
-        return {**self.__dict__, "gib_per_s": self.gib_per_s}
-
-
-class SaveHandle:
-    """A save in flight (or done). `wait()` returns its stats or raises its failure."""
-
-    def __init__(self, stats: SaveStats, future: Future | None = None):
-        self.stats = stats
-        self._future = future
-
-    def done(self) -> bool:
-        return self._future is None or self._future.done()
-
-    def wait(self) -> SaveStats:
-        if self._future is not None:
-            self._future.result()
-        return self.stats
-
-
-@dataclass
-class LoadInfo:
-    """What the last load did."""
-
-    step: int
-    requested: int | None
-    fell_back_from: list = field(default_factory=list)  # [(step, reason), ...]
-    bytes_read: int = 0
-    bytes_received: int = 0
-    seconds: float = 0.0
 
 
 def _unwrap(exc: CheckpointException) -> BaseException:
@@ -164,7 +113,7 @@ class Checkpointer:
         return rootreader.committed_steps(self.storage)
 
     def manifest(self, step: int) -> dict:
-        return rootreader.read_manifest(rootreader.locate(self.storage, step), step)
+        return rootreader.read_manifest(locator.locate(self.storage, step), step)
 
     def latest(self) -> int | None:
         """The newest committed step whose commit marker and manifest are sound."""
@@ -179,7 +128,7 @@ class Checkpointer:
     def verify(self, step: int) -> dict:
         """Check every byte of a step against its manifest; raise CorruptCheckpoint naming files."""
         m = self.manifest(step)
-        bad = rootreader.verify_objects(rootreader.locate(self.storage, step), m)
+        bad = locator.verify_objects(locator.locate(self.storage, step), m)
         if bad:
             raise CorruptCheckpoint(
                 f"step {step} under {self.root} is corrupt: " + "; ".join(bad), bad
@@ -258,11 +207,11 @@ class Checkpointer:
     def _parent_stores(self) -> list[Storage]:
         """Where readers of this root find borrowed objects: from the root marker, or from the
         parent named by inherit() before the first save writes that marker."""
-        stores = rootreader.parent_stores(self.storage)
+        stores = locator.parent_stores(self.storage)
         if stores or self._parent is None:
             return stores
         st = Storage(self._parent["uri"])
-        return [rootreader.locate(st, self._parent["step"]), *rootreader.parent_stores(st)]
+        return [locator.locate(st, self._parent["step"]), *locator.parent_stores(st)]
 
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
         t0 = time.perf_counter()
@@ -350,13 +299,13 @@ class Checkpointer:
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
-        located = rootreader.locate(self.storage, step)  # an archived step reads its archive root
+        located = locator.locate(self.storage, step)  # an archived step reads its archive root
         reader = CkptStorageReader(
             located,
             m,
             threads=self.threads,
             exchange=exchange,
-            fallbacks=rootreader.parent_stores(self.storage),
+            fallbacks=locator.parent_stores(self.storage),
         )
         try:
             dcp.load(

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ckptflow.core import codec, layout, rootreader
+from ckptflow.core import codec, layout, locator
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.storage import Storage
 
@@ -80,7 +80,7 @@ class ObjectFetcher:
         url = self.storage.url(layout.object_path(key))
         before = self._fingerprint(layout.object_path(key))
         try:
-            blob, url = rootreader.read_object(self.storage, key, self.fallbacks)
+            blob, url = locator.read_object(self.storage, key, self.fallbacks)
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
         with self._lock:

@@ -9,8 +9,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from ckptflow.core import rootreader
-from ckptflow.core.storage import Storage, StorageOptions, join_uri
+from ckptflow.core import locator
+from ckptflow.core.storage import Storage, StorageOptions
+from ckptflow.core.uris import join_uri
 
 CORE = Path(__file__).resolve().parents[2] / "ckptflow" / "core"
 
@@ -30,8 +31,14 @@ def test_options_become_s3fs_kwargs():
     assert "very-secret" not in repr(keyed)  # options may be logged; keys never are
 
 
-def test_storage_module_reads_no_environment():
-    tree = ast.parse((CORE / "storage.py").read_text())
+# The storage module and the two it was split into (its errors, its URIs): together they read
+# no environment and import nothing else of ckptflow.
+STORAGE_MODULES = ("storage", "storage_errors", "uris")
+
+
+@pytest.mark.parametrize("name", STORAGE_MODULES)
+def test_storage_module_reads_no_environment(name):
+    tree = ast.parse((CORE / f"{name}.py").read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -42,7 +49,8 @@ def test_storage_module_reads_no_environment():
             assert not (
                 node.attr in ("environ", "getenv") and getattr(node.value, "id", "") == "os"
             )
-    assert not {m for m in imported if m.startswith("ckptflow") and m != "ckptflow.core.storage"}
+    own = {f"ckptflow.core.{m}" for m in STORAGE_MODULES}
+    assert not {m for m in imported if m.startswith("ckptflow") and m not in own}
 
 
 def test_derived_storages_keep_the_options():
@@ -63,13 +71,13 @@ def test_archived_and_parent_roots_are_reached_with_the_roots_options():
         where.write("ckptflow-root.json", root)
         where.write("step-00000003/COMMIT", commit)
     st.write("step-00000003/ARCHIVED", b'{"uri": "memory://opts-locate/archive"}')
-    located = rootreader.locate(st, 3)
+    located = locator.locate(st, 3)
     assert located.uri == "memory://opts-locate/archive" and located.options is opts
     child = Storage("memory://opts-locate/child", options=opts)
     marker = {"format": "ckptflow-checkpoint-root", "root_id": "c" * 32}
     marker["parent"] = {"uri": "memory://opts-locate/hot", "step": 2, "root_id": "h" * 32}
     child.write("ckptflow-root.json", json.dumps(marker).encode())
-    (parent,) = rootreader.parent_stores(child)
+    (parent,) = locator.parent_stores(child)
     assert parent.uri == "memory://opts-locate/hot" and parent.options is opts
 
 

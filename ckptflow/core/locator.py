@@ -1,0 +1,125 @@
+"""Where a step's data lives: its archive root, when an ARCHIVED marker redirects the step
+(proved before it is followed), and the parent roots whose objects a fine-tune's manifests
+borrow; reading and verifying objects across them.
+
+Split from ckptflow.core.rootreader, whose markers, commits and manifests these read.
+"""
+
+from __future__ import annotations
+
+from ckptflow.core import codec, jsonfile, layout
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.rootreader import MAX_MARKER, read_commit, read_marker, read_parent, read_root_id
+from ckptflow.core.storage import Storage, StorageError
+from ckptflow.core.uris import supported
+
+
+def parent_stores(storage: Storage, depth: int = 8) -> list[Storage]:
+    """Where objects this root borrows live: its parent step's storage (its archive root when
+    that step was archived), then the parent's own parents. [] for an ordinary root."""
+    out: list[Storage] = []
+    parent, st = read_parent(storage), storage
+    while parent is not None and len(out) < depth:
+        st = st.peer(parent["uri"])
+        step = parent.get("step")
+        out.append(locate(st, step) if isinstance(step, int) else st)
+        parent = read_parent(st)
+    return out
+
+
+def read_object(storage: Storage, key: str, fallbacks: list[Storage]) -> tuple[bytes, str]:
+    """An object's stored bytes and URL: from `storage`, else from the first fallback (a parent
+    root) holding it. FileNotFoundError (naming `storage`'s URL) when none has it."""
+    rel = layout.object_path(key)
+    for st in (storage, *fallbacks):
+        try:
+            return st.read(rel), st.url(rel)
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(storage.url(rel))
+
+
+def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:
+    """Read every object a manifest needs, check size and checksum; return the bad files."""
+    bad = []
+    fallbacks = parent_stores(storage)
+    for key in sorted(keys if keys is not None else m["objects"]):
+        rel = layout.object_path(key)
+        try:
+            blob, _ = read_object(storage, key, fallbacks)
+        except FileNotFoundError:
+            bad.append(f"{storage.url(rel)} (missing)")
+            continue
+        if len(blob) != m["objects"][key]["size"]:
+            bad.append(
+                f"{storage.url(rel)} (size {len(blob)}, expected {m['objects'][key]['size']})"
+            )
+        elif codec.digest(blob) != key:
+            bad.append(f"{storage.url(rel)} (checksum mismatch)")
+    return bad
+
+
+def locate(storage: Storage, step: int) -> Storage:
+    """The storage that holds a step's data: its archive root when the step folder has an
+    ARCHIVED marker (written only after the archive copy was verified), else `storage` itself.
+
+    A redirect is proved before it is followed: it must use a supported URI scheme and name a
+    root whose marker has this root's id and whose copy of the step is committed as the same
+    save (save id and manifest checksum) as here. A torn, dangling or foreign redirect makes
+    the step corrupt (CorruptCheckpoint naming the marker: loads fall back), never a way to
+    read another run's data, and never a failure of the whole root."""
+    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
+    try:
+        blob = storage.read(rel, limit=MAX_MARKER + 1)
+    except FileNotFoundError:
+        return storage
+    url = storage.url(rel)
+    uri = _redirect_uri(blob)
+    if uri is None:
+        raise CorruptCheckpoint(f"{url}: archive marker is malformed (torn or not JSON)", [url])
+    if not supported(uri):
+        raise CorruptCheckpoint(
+            f"{url}: archive marker names {uri[:100]!r}, not a supported storage URI", [url]
+        )
+    archive = storage.peer(uri)
+    why = _not_the_copy(storage, archive, step)
+    if why:
+        raise CorruptCheckpoint(
+            f"{url}: ARCHIVED names {archive.uri}, which {why}; the step is not read there", [url]
+        )
+    return archive
+
+
+def _redirect_uri(blob: bytes) -> str | None:
+    """The `uri` of an ARCHIVED marker's bytes, or None when they are not a marker."""
+    try:
+        doc = jsonfile.loads(blob, what="ARCHIVED", max_bytes=MAX_MARKER)
+    except jsonfile.BadJsonFile:
+        return None
+    uri = doc.get("uri") if isinstance(doc, dict) else None
+    return uri if isinstance(uri, str) and uri and len(uri) <= 4096 else None
+
+
+def _not_the_copy(storage: Storage, archive: Storage, step: int) -> str | None:
+    """Why `archive` is not this root's copy of `step` (None when it is)."""
+    try:
+        here = read_commit(storage, step)
+    except FileNotFoundError:
+        return "cannot be checked: the step has no commit marker here"
+    try:
+        marker = read_marker(archive)
+        there = read_commit(archive, step)
+    except FileNotFoundError:
+        return "holds no committed copy of this step"
+    except (CheckpointError, StorageError, OSError) as exc:
+        return f"cannot be read as an archive root ({type(exc).__name__}: {str(exc)[:200]})"
+    if marker is None:
+        return "has no root marker"
+    if marker["root_id"] != read_root_id(storage):
+        return f"belongs to another run (root id {marker['root_id'][:64]})"
+    if (there.get("save_id"), there.get("manifest_xxh3")) != (
+        here["save_id"],
+        here["manifest_xxh3"],
+    ):
+        return f"holds a different save of step {step}"
+    return None

@@ -1,0 +1,45 @@
+"""Root URIs and the paths below them, computed without opening a filesystem (and without
+importing fsspec): a local path, file://, memory:// or s3://bucket/prefix.
+
+Split from ckptflow.core.storage, whose Storage resolves every relative path through these.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from ckptflow.core.storage_errors import StorageError
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    if "://" in uri:
+        protocol, rest = uri.split("://", 1)
+        return protocol, rest.rstrip("/")
+    return "file", os.path.abspath(os.path.expanduser(uri))
+
+
+def join_path(base: str, rel: str, uri: str) -> str:
+    """The filesystem path of `rel` below `base` (rejecting anything that escapes the root)."""
+    rel = rel.strip("/")
+    norm = posixpath.normpath(rel) if rel else ""
+    if norm.startswith("..") or posixpath.isabs(rel):
+        raise StorageError(f"path {rel!r} escapes the root {uri}")
+    return f"{base}/{norm}" if norm and norm != "." else base
+
+
+def join_uri(uri: str, rel: str) -> str:
+    """The full URI of `rel` below `uri`, as `Storage(uri).url(rel)` gives it, without opening
+    a filesystem (names of a run root's parts, computed before anything is read)."""
+    protocol, base = split_uri(uri)
+    path = join_path(base, rel, uri if "://" in uri else base)
+    return path if protocol == "file" else f"{protocol}://{path}"
+
+
+PROTOCOLS = ("file", "local", "memory", "s3")  # the only URI schemes a root may use
+
+
+def supported(uri: str) -> bool:
+    """True when `uri` is a local path or uses a scheme this module serves (a URI read from a
+    file, such as an ARCHIVED marker's, is checked with this before anything is opened)."""
+    return split_uri(uri)[0] in PROTOCOLS
