@@ -42,6 +42,9 @@ REFUSED = {
     "sidecar": "template 'sidecar-example': sidecars: sidecars need a pod",
     "hello-windows": "nodeSelector.kubernetes.io/os=windows",
 }
+# run as pods (`isolate=True`): volumes-emptydir checks /proc/mounts for its own mount, which
+# only a pod with a mount namespace of its own shows (in process mode it fails)
+ISOLATED = {"volumes-emptydir": "Succeeded"}
 OUTPUTS = {
     "artifact-passing": ("consume-artifact", "hello world"),
     "artifact-passing-subpath": ("consume-artifact", "hello world"),
@@ -60,7 +63,7 @@ def _run(name: str, tmp_path: Path, **kwargs):
 
 def test_the_vendored_examples_are_there_with_their_license():
     assert (VENDORED / "LICENSE").read_text().lstrip().startswith("Apache License")
-    missing = [n for n in [*RUNS, *REFUSED] if not (VENDORED / f"{n}.yaml").is_file()]
+    missing = [n for n in [*RUNS, *REFUSED, *ISOLATED] if not (VENDORED / f"{n}.yaml").is_file()]
     assert not missing, f"vendor these from Argo's examples/: {missing}"
 
 
@@ -91,3 +94,14 @@ def test_example_is_refused_naming_the_field(name, tmp_path):
         _run(name, tmp_path)
     assert REFUSED[name] in str(info.value)
     assert not (tmp_path / "w" / "pods").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("name", sorted(ISOLATED))
+def test_example_runs_as_pods_with_argos_outcome(name, tmp_path):
+    from ckptflow.workflows.runner.pods import available
+
+    why = available()
+    if why is not None:
+        pytest.skip(f"pods unavailable: {why}")
+    result = _run(name, tmp_path, isolate=True)
+    assert result.phase == ISOLATED[name], result.status["status"].get("message")
