@@ -20,21 +20,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from ckptflow.steps.checkpoint import dcp_metadata
 from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
+from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptflow.core import codec, intent, layout, listing
+from ckptflow.core import codec, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
 
-VERSION = "0.1.0"
 HEARTBEAT_S = layout.SAVE_LEASE_S / 4  # how often a save in progress refreshes its intent
 log = logging.getLogger("ckptflow.checkpoint")
 
@@ -377,59 +376,3 @@ class _Heartbeat:
             intent.end_intent(self.storage, self.rel, self.blob)
         except Exception as exc:
             log.warning("could not mark the save intent %s ended: %s", self.rel, exc)
-
-
-def _check_objects_present(storage: Storage, manifest: dict) -> None:
-    """Refuse to commit over objects that are gone or of the wrong size (a GC that freed them,
-    a lost upload): one listing of the root, then the parent roots for borrowed ones."""
-    bad = listing.missing_objects(storage, {k: v["size"] for k, v in manifest["objects"].items()})
-    if bad:
-        raise CheckpointError(
-            f"step {manifest['step']} under {storage.uri} was not committed: "
-            f"{len(bad)} object(s) it needs are missing or damaged ({'; '.join(bad[:3])}); "
-            "save again (were they freed by a `ckptflow ckpt gc` while this save's heartbeat "
-            "lapsed, or lost by the storage?)"
-        )
-
-
-def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult]) -> dict:
-    """The JSON manifest of a save from DCP's metadata and every rank's write results."""
-    tensors, values = dcp_metadata.metadata_to_json(metadata)
-    items, objects = {}, {}
-    raw_total = new_total = 0
-    for wr in results:
-        rec = wr.storage_data
-        key = mf.item_key(rec["fqn"], rec["offset"])
-        if key in items:  # two items under one key: one of them would be lost
-            raise CheckpointError(f"two write items share the manifest key {key!r}")
-        items[key] = rec
-        for p in rec["parts"]:
-            raw_total += p["raw_size"]
-            new_total += 0 if p.get("reused") else p["stored_size"]
-            objects[p["object"]] = {"size": p["stored_size"]}
-            if p["base"] is not None:
-                objects[p["base"]["object"]] = {"size": p["base"]["stored_size"]}
-    planner = {k: list(v) for k, v in (metadata.planner_data or {}).items()}
-    return {
-        "format": layout.MANIFEST_FORMAT,
-        "format_version": layout.FORMAT_VERSION,
-        "root_id": job.root_id,
-        "step": job.step,
-        "save_id": job.save_id,
-        "created_at": time.time(),
-        "library": {"ckptflow": VERSION, "torch": torch.__version__.split("+")[0]},
-        "world_size": job.world_size,
-        "kind": job.kind,
-        "base_step": job.base_step,
-        "metadata": {k: v for k, v in job.metadata.items() if not k.startswith("_")},
-        "tensors": tensors,
-        "values": values,
-        "items": items,
-        "objects": objects,
-        "planner_data": planner,
-        "stats": {
-            "raw_bytes": raw_total,
-            "stored_bytes": sum(o["size"] for o in objects.values()),
-            "new_bytes": new_total,
-        },
-    }
