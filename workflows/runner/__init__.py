@@ -5,8 +5,8 @@ Standalone: pure Python + PyYAML. It imports nothing else of ckptflow (no builde
 checkpoint core), neither hera nor torch (tests/workflows/test_runner_imports.py).
 """
 
+from ckptflow.workflows.runner.document import SpecError, load_manifest
 from ckptflow.workflows.runner.isolation import IsolationError
-from ckptflow.workflows.runner.spec import SpecError, load_manifest
 from ckptflow.workflows.runner.workflow import REFUSED_EXIT, RunResult, run_workflow, workflow_name
 
 __all__ = [

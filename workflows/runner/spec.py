@@ -1,5 +1,5 @@
-"""The Argo spec parser: load a Workflow / WorkflowTemplate manifest (Argo YAML) and refuse,
-before anything runs, what the local runner cannot do faithfully.
+"""The Argo spec validator: refuse, before anything runs, what the local runner cannot do
+faithfully in a Workflow / WorkflowTemplate spec (loaded by document.py).
 
 Fields with no meaning on one machine (image, resources, scheduling, pod metadata) are ignored;
 fields that change what runs or how (artifacts, configMap/secret volumes, resource templates,
@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any
 
-import yaml
 from ckptflow.workflows.runner import depends as dep
 from ckptflow.workflows.runner.artifacts import artifact_problems
+from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.sync import sync_problems
 from ckptflow.workflows.runner.volumes import volume_problems
 
-__all__ = ["SpecError", "load_manifest", "validate", "workflow_spec"]
-
-KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
+__all__ = ["SpecError", "validate"]
 
 _SPEC_OK = {"entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds"}
 _SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates", "synchronization"}
@@ -79,40 +76,6 @@ _WHY = {
     "suspend-spec": "a suspended workflow waits for an API call",
     "shutdown": "shutdown is an API operation",
 }
-
-
-class SpecError(ValueError):
-    """The Argo Workflow manifest cannot run locally; the message lists every problem with its
-    field. (Not `ckptflow.core.manifest.ManifestError`: that one is a checkpoint's JSON manifest.)"""
-
-
-def load_manifest(path: str) -> dict:
-    """Read a YAML (or JSON) manifest holding one Workflow or WorkflowTemplate."""
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{path}: no such manifest file")
-    try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from exc
-    if len(docs) != 1 or not isinstance(docs[0], dict):
-        raise SpecError(f"{path}: expected exactly one Workflow document, found {len(docs)}")
-    return docs[0]
-
-
-def workflow_spec(manifest: dict) -> dict:
-    """The spec of a Workflow/WorkflowTemplate manifest (or of a bare spec)."""
-    if "spec" in manifest or "kind" in manifest:
-        kind = manifest.get("kind", "Workflow")
-        if kind not in KINDS:
-            raise SpecError(f"kind {kind!r} cannot run; expected one of {', '.join(KINDS)}")
-        spec = manifest.get("spec")
-        if kind == "CronWorkflow" and isinstance(spec, dict):
-            spec = spec.get("workflowSpec")  # run one instance now, ignoring the schedule
-        if not isinstance(spec, dict):
-            raise SpecError("manifest has no spec")
-        return spec
-    return manifest
 
 
 class _Checker:
@@ -392,39 +355,3 @@ def validate(
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))
         raise SpecError(f"the manifest cannot run locally:\n  {lines}")
-
-
-def _known_parameters(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
-    """Workflow parameter values known before the run, tolerating a malformed spec."""
-    values: dict[str, str] = {}
-    block = spec.get("arguments")
-    for p in (block.get("parameters") or []) if isinstance(block, dict) else []:
-        if isinstance(p, dict) and p.get("name") and p.get("value") is not None:
-            values[str(p["name"])] = to_str(p["value"])
-    values.update({k: to_str(v) for k, v in (overrides or {}).items()})
-    return values
-
-
-def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
-    """Workflow parameters: spec.arguments overridden by `overrides` (like `argo submit -p`)."""
-    values: dict[str, str] = {}
-    missing = []
-    overrides = {k: to_str(v) for k, v in (overrides or {}).items()}
-    for p in (spec.get("arguments") or {}).get("parameters") or []:
-        name = p["name"]
-        if name in overrides:
-            values[name] = overrides[name]
-        elif p.get("value") is not None:
-            values[name] = to_str(p["value"])
-        else:
-            missing.append(name)
-            continue
-        enum = p.get("enum")
-        if enum and values[name] not in [to_str(e) for e in enum]:
-            raise SpecError(f"parameter {name}={values[name]!r} is not one of {enum}")
-    for name, value in overrides.items():
-        values.setdefault(name, value)
-    if missing:
-        flags = " ".join(f"-p {m}=VALUE" for m in missing)
-        raise SpecError(f"workflow parameters without a value: {', '.join(missing)}; pass {flags}")
-    return values

@@ -20,10 +20,11 @@ from typing import Any, TextIO
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec, sync
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
+from ckptflow.workflows.runner.document import arguments_of, workflow_spec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
-from ckptflow.workflows.runner.spec import arguments_of, validate, workflow_spec
+from ckptflow.workflows.runner.spec import validate
 from ckptflow.workflows.runner.substitution import parse_duration, substitute
 
 __all__ = ["RunResult", "run_workflow", "workflow_name", "EXIT_CODES", "REFUSED_EXIT"]
