@@ -23,7 +23,8 @@ import time
 from ckptflow import cli_args, env
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.core.retention import POLICY_EXAMPLE, PolicyError, parse_duration
+from ckptflow.core.policy_syntax import PolicyError, parse_duration
+from ckptflow.core.retention import POLICY_EXAMPLE
 from ckptflow.core.storage_errors import StorageError, classify
 
 _H = listing.human_bytes

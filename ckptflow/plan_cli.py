@@ -24,7 +24,7 @@ from ckptflow.core.planner import (
     plan,
     precision_bytes,
 )
-from ckptflow.core.retention import PolicyError, parse_duration
+from ckptflow.core.policy_syntax import PolicyError, parse_duration
 
 
 def build_parser() -> argparse.ArgumentParser:

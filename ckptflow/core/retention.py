@@ -49,24 +49,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhdw])")
+from ckptflow.core.policy_syntax import PolicyError, Tier, _parse_tiers
+
 _WHOLE = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit takes "²", int() does not
 POLICY_EXAMPLE = "last=5,thin=2h:all/1d:1h/7d:1d/*:7d,best=val_loss:min:3"
-
-
-class PolicyError(ValueError):
-    """A retention policy or duration the user wrote that cannot be used; the message says why."""
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a duration such as ``90s``, ``30m``, ``2h``, ``1.5d`` or ``1w``."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    if not m or float(m[1]) <= 0:
-        raise PolicyError(
-            f"bad duration {text!r}: write a positive number and a unit s, m, h, d or w (e.g. 7d)"
-        )
-    return float(m[1]) * _UNITS[m[2]]
 
 
 @dataclass(frozen=True)
@@ -102,38 +88,6 @@ class KeepLast:
     def select(self, entries: Iterable[CatalogEntry], now: float) -> dict[int, str]:
         steps = sorted(e.step for e in entries if e.valid)
         return {s: f"last-{self.n}" for s in (steps[-self.n :] if self.n else [])}
-
-
-@dataclass(frozen=True)
-class Tier:
-    """One thinning tier: entries younger than max_age keep one per `every` seconds (None: all)."""
-
-    max_age: float  # upper age limit in seconds (math.inf for '*')
-    every: float | None  # bucket width in seconds; None keeps every entry
-    age_label: str  # the AGE as written ('2h', '*')
-    every_label: str  # the EVERY as written ('1h', 'all')
-
-
-def _parse_tiers(spec: str) -> tuple[Tier, ...]:
-    parts = [p.strip() for p in re.split(r"[,/]", spec) if p.strip()]
-    if not parts:
-        raise PolicyError(f"empty thinning spec {spec!r}: write e.g. 2h:all,1d:1h,7d:1d,*:7d")
-    tiers: list[Tier] = []
-    for part in parts:
-        age_text, sep, every_text = part.partition(":")
-        age_text, every_text = age_text.strip().lower(), every_text.strip().lower()
-        if not sep or not age_text or not every_text:
-            raise PolicyError(f"thinning tier {part!r} must be AGE:EVERY, e.g. 1d:1h or *:7d")
-        if tiers and tiers[-1].max_age == math.inf:
-            raise PolicyError(f"thinning tier {part!r} follows '*': the '*' tier must be last")
-        age = math.inf if age_text == "*" else parse_duration(age_text)
-        every = None if every_text == "all" else parse_duration(every_text)
-        if tiers and age <= tiers[-1].max_age:
-            raise PolicyError(
-                f"thinning tiers must have increasing ages: {age_text} follows {tiers[-1].age_label}"
-            )
-        tiers.append(Tier(age, every, age_text, every_text))
-    return tuple(tiers)
 
 
 @dataclass(frozen=True)

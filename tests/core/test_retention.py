@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckptflow.core.policy_syntax import parse_duration
 from ckptflow.core.retention import (
     CatalogEntry,
     KeepBest,
@@ -17,7 +18,6 @@ from ckptflow.core.retention import (
     Policy,
     PolicyError,
     Thinning,
-    parse_duration,
     plan_retention,
     select_for_archive,
 )
@@ -31,7 +31,7 @@ def hourly(n: int, **kw) -> list[CatalogEntry]:
     return [CatalogEntry(i, i * H, **kw) for i in range(n)]
 
 
-@pytest.mark.parametrize("module", ["retention", "planner"])
+@pytest.mark.parametrize("module", ["retention", "policy_syntax", "planner"])
 def test_pure_python_modules_import_no_torch(module):
     # static check: the package __init__ (not ours) may import torch, these modules must not
     path = Path(__file__).parents[2] / "ckptflow" / "core" / f"{module}.py"
@@ -44,6 +44,7 @@ def test_pure_python_modules_import_no_torch(module):
     assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "fsspec")}
     assert {m for m in imported if m.startswith("ckptflow")} <= {
         "ckptflow.core.retention",
+        "ckptflow.core.policy_syntax",
         "ckptflow.core.planner",
     }
 
