@@ -42,6 +42,7 @@ def evaluator(
     retries: int,
     deadline_s: int,
     backoff_s: int = 10,
+    daemon: bool = False,
 ) -> Container:
     """A `ckptflow.steps.evaluate` template: the pretraining DAG's background one (following
     the run) or this WorkflowTemplate's (one step). Each input becomes the argument of the same
@@ -59,6 +60,7 @@ def evaluator(
         retries=retries,
         backoff_s=backoff_s,
         deadline_s=deadline_s,
+        daemon=daemon,
     )
 
 

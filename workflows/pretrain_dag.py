@@ -88,15 +88,21 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         deadline_s=c.rank_deadline_s,
         shm_size=c.shm_size,
     )
-    background = evaluator(
-        "evaluate-background",
-        replace(c.evaluator, until_finished=True),  # it exits once the run is FINISHED
-        ("run_root", "parent_run_id"),
-        platform=p,
-        resources=c.evaluator_resources,
-        retries=c.retries,
-        backoff_s=c.retry_backoff_s,
-        deadline_s=c.rank_deadline_s,
+    following = replace(c.evaluator, until_finished=True)  # it exits once the run is FINISHED
+    kinds = {"background": True, "final": False}
+    background, final = (
+        evaluator(
+            f"evaluate-{kind}",
+            following,
+            ("run_root", "parent_run_id"),
+            platform=p,
+            resources=c.evaluator_resources,
+            retries=c.retries,
+            backoff_s=c.retry_backoff_s,
+            deadline_s=c.rank_deadline_s,
+            daemon=daemon,
+        )
+        for kind, daemon in kinds.items()
     )
     refs = {"run_root": param("run_root"), "parent_run_id": param("parent_run_id")}
     with DAG(
@@ -108,8 +114,13 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
             arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
             with_items=list(range(c.ranks)),
         )
+        # The background evaluator is a daemon: when the ranks fail, failFast starts nothing
+        # more and the DAG ends (Failed) at once, stopping it, rather than waiting for a
+        # FINISHED that never comes (issue 15). When they succeed, `evaluate-final` follows
+        # the run to its end beside it: every checkpoint is evaluated once (claims).
         background(name="evaluate", arguments=refs)
-        host >> ranks
+        last = final(name="evaluate-final", arguments=refs)
+        host >> ranks >> last
     return dag
 
 

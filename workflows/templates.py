@@ -140,6 +140,11 @@ def step(
         # its hostname (socket.getfqdn()) unless given one, and a pod's hostname does not
         # resolve from other pods. The pod's IP from the downward API does (--local-addr).
         env = [*(env or []), FieldEnv(name="PET_LOCAL_ADDR", field_path="status.podIP")]
+        # A retried rank joins a new rendezvous round, but an agent that kept its rank
+        # reuses the store address it cached in round one and never publishes the new
+        # round's MASTER_ADDR: the newcomer times out waiting for it (issue 15). Without
+        # the shared store every round publishes its own (dynamic_rendezvous.py).
+        env.append(Env(name="TORCH_DISABLE_SHARE_RDZV_TCP_STORE", value="1"))
     volumes = []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.

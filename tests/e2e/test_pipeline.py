@@ -9,7 +9,8 @@ import pytest
 from tests.e2e.argo import global_output, outputs, small_settings, submit, unique_root, workflow
 from tests.e2e.conftest import MLFLOW
 
-pytestmark = pytest.mark.cluster
+# The shared run waits up to 2,400 s (in the first test's setup): beyond pytest's global 600 s.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(2700)]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def test_committed_checkpoints_are_in_minio_and_every_one_was_evaluated(pipeline
     from ckptflow.core.storage import Storage
 
     _, _, wf = pipeline
-    roots = outputs(wf, "ckpt_root")
+    # Only rank 0 of a job writes outputs: the other ranks' ckpt_root is empty.
+    roots = sorted({r for r in outputs(wf, "ckpt_root") if r})
     assert len(roots) >= 3, f"expected pretraining and 2 fine-tune roots, got {roots}"
     committed = {}
     for root in roots:
@@ -46,16 +48,18 @@ def test_committed_checkpoints_are_in_minio_and_every_one_was_evaluated(pipeline
             ck.verify(ck.latest())
         finally:
             ck.close()
-    # Each evaluator reports the steps it evaluated: all the committed ones of one root,
-    # each with its eval.json beside the checkpoint.
-    evaluated = [json.loads(v) for v in outputs(wf, "evaluated")]
+    # Each evaluator reports the steps it evaluated, all of one root (the pretraining DAG's
+    # background and final evaluators share its root's steps between them); together they
+    # evaluated every committed step of that root, each with its eval.json beside it.
+    evaluated = [s for s in (json.loads(v) for v in outputs(wf, "evaluated") if v) if s]
     assert evaluated, "no evaluator output"
+
+    def all_evaluated(root: str) -> bool:
+        return all(Storage(root).exists(eval_path(step)) for step in committed[root])
+
     for steps in evaluated:
-        matching = [r for r, c in committed.items() if set(c) == set(steps)]
-        assert matching, f"evaluated {steps} is not every checkpoint of a root: {committed}"
-        store = Storage(matching[0])
-        for step in steps:
-            assert store.exists(eval_path(step)), f"{matching[0]}: step {step}"
+        matching = [r for r, c in committed.items() if set(steps) <= set(c) and all_evaluated(r)]
+        assert matching, f"evaluated {steps}: no root of theirs has every step evaluated"
 
 
 def _descendants(client, experiment_id: str, run_id: str) -> list:

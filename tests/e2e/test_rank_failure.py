@@ -18,7 +18,8 @@ from tests.e2e.argo import (
 )
 from tests.e2e.conftest import MLFLOW, kubectl, kubectl_json
 
-pytestmark = pytest.mark.cluster
+# Up to 900 s for a commit, then 1,800 s for the end: beyond pytest's global 600 s.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3000)]
 
 
 def _running_rank_pods(wf_name: str) -> list[str]:

@@ -129,6 +129,12 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     assert rank_args[-2:] == ["--output-dir", "/tmp/outputs"]
     eval_args = tpl["evaluate-background"]["container"]["args"]
     assert "--until-finished" in eval_args
+    # A daemon: failed ranks end the DAG at once (stopping it); the final one follows the
+    # run to FINISHED after the ranks succeeded (issue 15).
+    assert tpl["evaluate-background"]["daemon"] is True
+    assert dag["evaluate-final"]["depends"] == "rank"
+    assert "daemon" not in tpl["evaluate-final"]
+    assert "--until-finished" in tpl["evaluate-final"]["container"]["args"]
 
 
 def test_rank_agents_publish_their_pod_ip_not_their_hostname():
