@@ -15,11 +15,10 @@ from hypothesis.stateful import precondition, rule
 from ckptflow.core import layout
 from ckptflow.core.storage import Storage
 from tests.faults.adversary import damage
-from tests.faults.adversary.machine import has
+from tests.faults.adversary.machine import has, refusable
 
-JSON_TARGETS = (
-    "root marker", "archive root marker", "COMMIT", "manifest", "intent", "PIN", "eval.json", "ARCHIVED"
-)  # fmt: skip
+JSON_TARGETS = ("root marker", "archive root marker", "COMMIT", "manifest", "intent")
+JSON_TARGETS += ("PIN", "eval.json", "ARCHIVED")
 ARCHIVED_TARGETS = ("dangling", "http", "foreign run", "hot alias", "hot root", "archive root")
 
 
@@ -33,13 +32,40 @@ class AttackRules:
             out += [(root, e.path) for e in store.walk(layout.OBJECTS)]
         return sorted(out)
 
+    def _own_objects(self) -> list[tuple[str, str]]:
+        """Objects the newest saved step needs and no other saved step does."""
+        saved = self.truth.saved
+        if not saved:
+            return []
+        newest = max(saved)
+        others = {k for s, r in saved.items() if s != newest for k in r.sizes}
+        return sorted(k for k in saved[newest].sizes if k not in others)
+
     @has("objects")
-    @rule(data=st.data(), n=st.integers(0, 1 << 16),
-          how=st.sampled_from(["delete", "truncate", "empty", "flip", "swap", "replace",
-                               "replace-foreign", "duplicate"]))  # fmt: skip
-    def damage_object(self, data, n: int, how: str) -> None:
+    @rule(
+        data=st.data(),
+        n=st.integers(0, 1 << 16),
+        how=st.sampled_from(
+            [
+                "delete",
+                "truncate",
+                "empty",
+                "flip",
+                "swap",
+                "replace",
+                "replace-foreign",
+                "duplicate",
+                "shadow",
+                "shard in the way",
+            ]
+        ),
+        pick=st.sampled_from(["the newest step's own", "any"]),
+    )
+    @refusable
+    def damage_object(self, data, n: int, how: str, pick: str) -> None:
+        """Damage one object: one only the newest step needs, or any (both roots)."""
         self._op("damage_object")
-        objs = self._objects()
+        objs = (pick == "any" and self._objects()) or self._own_objects() or self._objects()
         if not objs:
             return
         root, rel = data.draw(st.sampled_from(objs), label="object")
@@ -54,6 +80,10 @@ class AttackRules:
             what = damage.flip(store, rel, n)
         elif how == "duplicate":
             what = damage.duplicate_object(store, rel, n)
+        elif how == "shadow":
+            what = damage.shadow(store, rel)
+        elif how == "shard in the way":
+            what = damage.shard_in_the_way(store, rel)
         elif how == "replace-foreign":
             fst = Storage(self.roots.foreign)
             others = sorted(e.path for e in fst.walk(layout.OBJECTS))
@@ -82,7 +112,7 @@ class AttackRules:
         name = names.get(target)
         out = []
         for root in ("hot", "arch"):
-            for s in self._hot_steps(root):
+            for s in reversed(self._hot_steps(root)):  # newest first
                 sd = layout.step_dir(s)
                 if name is not None:
                     out.append((root, f"{sd}/{name}"))
@@ -96,8 +126,13 @@ class AttackRules:
         return out
 
     @has("json")
-    @rule(data=st.data(), kind=st.sampled_from(JSON_TARGETS), n=st.integers(0, 1 << 16),
-          how=st.sampled_from(["delete", "tear", "flip", "forge", "replace"]))  # fmt: skip
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(JSON_TARGETS),
+        n=st.integers(0, 1 << 16),
+        how=st.sampled_from(["delete", "tear", "flip", "forge", "replace"]),
+    )
+    @refusable
     def damage_json(self, data, kind: str, how: str, n: int) -> None:
         """Delete, tear, flip, forge a field (nest, inflate, wrong type) or replace with another
         valid file of the kind; forging an absent PIN/eval.json/COMMIT plants it."""
@@ -149,8 +184,14 @@ class AttackRules:
         return damage.replace(store, rel, blob, label)
 
     @has("json")
-    @rule(data=st.data(), consistent=st.booleans(),
-          how=st.sampled_from(["field", "list-shaped", "duplicate chunk", "other step's", "foreign run's"]))  # fmt: skip
+    @rule(
+        data=st.data(),
+        consistent=st.booleans(),
+        how=st.sampled_from(
+            ["field", "list-shaped", "duplicate chunk", "other step's", "foreign run's"]
+        ),
+    )
+    @refusable
     def forge_manifest(self, data, how: str, consistent: bool) -> None:
         """Forge the manifest a COMMIT names; `consistent` re-hashes the COMMIT to match, so the
         forgery reaches the validator (a list-shaped or duplicate-chunk one always is)."""
@@ -193,6 +234,7 @@ class AttackRules:
         to=st.sampled_from(ARCHIVED_TARGETS),
         hostile=st.sampled_from(("",) * 4 + damage.HOSTILE_KINDS),  # mostly a well-formed marker
     )
+    @refusable
     def forge_archived(self, data, to: str, hostile: str) -> None:
         """Plant or overwrite an ARCHIVED marker: a URI that is dangling, http://, another run's
         root, the hot root (or an alias of it), the archive root; or a hostile field."""
@@ -200,7 +242,7 @@ class AttackRules:
         steps = self._hot_steps()
         if not steps:
             return
-        step = data.draw(st.sampled_from(steps), label="step")
+        step = data.draw(st.sampled_from(steps[::-1]), label="step")
         uri = {
             "dangling": self.roots.nowhere,
             "http": "http://127.0.0.1:9/ckpt",
@@ -220,6 +262,7 @@ class AttackRules:
 
     @has("json")
     @rule(how=st.sampled_from(["list", "nest", "inflate", "dict"]), ahead=st.integers(1, 3))
+    @refusable
     def plant_pending(self, how: str, ahead: int) -> None:
         """An uncommitted step folder holding a hostile manifest (GC reads pending manifests)."""
         self._op("plant_pending")
@@ -251,15 +294,22 @@ class AttackRules:
     @has("folders")
     @rule(
         data=st.data(),
-        how=st.sampled_from(["swap", "duplicate", "delete"]),
+        how=st.sampled_from(["swap", "duplicate", "delete", "file in the way"]),
         ahead=st.integers(0, 3),
     )
+    @refusable
     def damage_folder(self, data, how: str, ahead: int) -> None:
+        """Swap two step folders, copy one to a step number still to come, delete one, or put
+        a file where a coming step's folder will be."""
         self._op("damage_folder")
+        if how == "file in the way":
+            what = damage.file_in_the_way(self.stores["hot"], self.next_step + ahead)
+            self._damaged(f"step folder: {how}", what)
+            return
         steps = self._hot_steps()
         if not steps:
             return
-        a = data.draw(st.sampled_from(steps), label="step")
+        a = data.draw(st.sampled_from(steps[::-1]), label="step")
         store = self.stores["hot"]
         if how == "swap":
             what = damage.swap_folders(

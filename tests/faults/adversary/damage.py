@@ -3,11 +3,12 @@
 Every function works through `Storage` (local disk and S3 alike) on one file, or a pair, and
 returns a one-line description for the log. Damage to data files: delete, truncate, flip a
 byte keeping the size, empty, swap two files, replace one with another valid object, duplicate
-one under a new name. Damage to JSON files (root marker, COMMIT, manifest, saving intent,
-ARCHIVED, PIN, eval.json): delete, tear (half of its bytes, written in place), flip a byte,
-nest (50,000 levels deep: `json.loads` raises RecursionError), inflate (a 5,000-digit integer:
-`json.loads` raises ValueError), forge a field with a value of the wrong type, replace with
-another valid file of the same kind, plant where none was. A forged manifest can be made
+one under a new name, shadow one by a folder, put a file where its shard folder was. Damage to
+JSON files (root marker, COMMIT, manifest, saving intent, ARCHIVED, PIN, eval.json): delete,
+tear (half of its bytes, written in place), flip a byte, nest (50,000 levels deep: `json.loads`
+raises RecursionError), inflate (a 5,000-digit integer: `json.loads` raises ValueError), forge a
+field with a value of the wrong type, replace with another valid file of the same kind, plant
+where none was. Step folders: swap, copy, delete, a file in the way. A forged manifest can be made
 consistent: its COMMIT's checksum rewritten to match, so the damage reaches the validator.
 """
 
@@ -112,6 +113,26 @@ def swap(st: Storage, a: str, b: str, st_b: Storage | None = None) -> str:
 def replace(st: Storage, rel: str, blob: bytes, source: str) -> str:
     st.write(rel, blob)
     return f"replaced {rel} with {source}"
+
+
+def shadow(st: Storage, rel: str) -> str:
+    """A folder where the file was (locally: reads fail with IsADirectoryError); on S3 a key
+    below it, so the name is both an object and a prefix."""
+    if st.protocol == "file":
+        st.delete([rel])
+        st.write(f"{rel}/shadow", b"x")
+        return f"replaced {rel} by a folder"
+    st.write(f"{rel}/shadow", b"x")
+    return f"put a key below {rel} (an object and a prefix at once)"
+
+
+def shard_in_the_way(st: Storage, rel: str) -> str:
+    """The object's shard folder `objects/<xx>` replaced by a file (its objects gone): a save
+    writing an object there fails locally; on S3 the name is an object and a prefix."""
+    shard = rel.rsplit("/", 1)[0]
+    st.delete([e.path for e in st.walk(shard)])
+    st.write(shard, b"not a folder")
+    return f"replaced the shard folder {shard} by a file"
 
 
 def duplicate_object(st: Storage, rel: str, n: int) -> str:
@@ -239,6 +260,13 @@ def duplicate_folder(st: Storage, src: int, dst: int) -> str:
 def delete_folder(st: Storage, step: int) -> str:
     _clear(st, layout.step_dir(step))
     return f"deleted the step folder {layout.step_dir(step)}"
+
+
+def file_in_the_way(st: Storage, step: int) -> str:
+    """A file where a step folder will be (a save of that step then cannot create its folder
+    locally; on S3 the name is an object and a prefix at once)."""
+    st.write(layout.step_dir(step), b"not a folder")
+    return f"planted a file named {layout.step_dir(step)}"
 
 
 def plant_pending(st: Storage, step: int, how: str) -> str:

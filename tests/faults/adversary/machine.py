@@ -5,6 +5,7 @@ attacks.py."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 from collections import Counter
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ckptflow.core import layout
-from ckptflow.core.storage import Storage
+from ckptflow.core.storage import Storage, StorageError
 from tests.faults.adversary.storage import AdversaryStorage, Countdown, SimulatedCrash, make_roots
 from tests.faults.adversary.truth import (
     ABSENT,
@@ -62,6 +63,21 @@ class Stats:
             "rules": dict(self.rules),
             "damage": dict(self.damage),
         }
+
+
+def refusable(fn):
+    """For a rule that writes through Storage into a root the adversary damaged: the storage
+    may refuse (a file where a folder should be); that is part of the damage, not a failure
+    of the model."""
+
+    @functools.wraps(fn)
+    def run(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except (OSError, StorageError) as exc:
+            self._damaged(f"{fn.__name__}: refused", f"the storage refused part of it: {exc}")
+
+    return run
 
 
 def has(group: str | None = None):
@@ -147,7 +163,8 @@ class Machine(RuleBasedStateMachine):
         ]
 
     def _step_or_none(self, data, label: str = "step") -> int | None:
-        steps = sorted(set(self.truth.saved) | set(self._hot_steps()))
+        # newest first: the shrinker moves towards the first element
+        steps = sorted(set(self.truth.saved) | set(self._hot_steps()), reverse=True)
         return data.draw(st.sampled_from(steps), label=label) if steps else None
 
     # -- setup -----------------------------------------------------------------------------------
@@ -161,8 +178,12 @@ class Machine(RuleBasedStateMachine):
         self._new_ck()
 
     # -- saves -----------------------------------------------------------------------------------
-    @rule(block=st.booleans(), change=st.sampled_from(["new", "same", "frozen"]), gap=st.integers(1, 2),
-          restart=st.sampled_from([None, 1, 2, 3]))  # fmt: skip
+    @rule(
+        block=st.booleans(),
+        change=st.sampled_from(["new", "same", "frozen"]),
+        gap=st.integers(1, 2),
+        restart=st.sampled_from([None, 1, 2, 3]),
+    )
     def save(self, block: bool, change: str, gap: int, restart: int | None) -> None:
         """A save: `new` tensors change, `same` nothing but the step value changes (everything is
         deduplicated), `frozen` the frozen tensors change too. `restart=N`: the trainer first
@@ -175,8 +196,11 @@ class Machine(RuleBasedStateMachine):
         self._save(block, change, gap)
 
     @precondition(lambda self: "crash" in self.groups)
-    @rule(block=st.booleans(), after=st.integers(0, 3),
-          at=st.sampled_from([None, "root marker", "intent", "object", "manifest", "COMMIT"]))  # fmt: skip
+    @rule(
+        block=st.booleans(),
+        after=st.integers(0, 3),
+        at=st.sampled_from([None, "root marker", "intent", "object", "manifest", "COMMIT"]),
+    )
     def crash_save(self, block: bool, after: int, at: str | None) -> None:
         """A save whose process dies at its `after`-th write of kind `at` (None: any); the
         trainer then restarts."""

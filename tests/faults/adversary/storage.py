@@ -143,7 +143,13 @@ def make_roots(backend: str, bucket: str | None) -> Roots:
             "symlink alias": os.path.join(base, "link", "ckpt"),
             "double-slash alias": "/" + hot,
         }
-        return Roots(hot, os.path.join(base, "arch", "ckpt"), aliases, foreign_root(),
-                     os.path.join(base, "nowhere", "ckpt"), base)  # fmt: skip
+        return Roots(
+            hot,
+            os.path.join(base, "arch", "ckpt"),
+            aliases,
+            foreign_root(),
+            os.path.join(base, "nowhere", "ckpt"),
+            base,
+        )
     prefix = f"s3://{bucket}/{uuid.uuid4().hex[:12]}"
     return Roots(f"{prefix}/hot", f"{prefix}/arch", {}, foreign_root(), f"{prefix}/nowhere")

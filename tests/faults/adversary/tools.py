@@ -14,6 +14,7 @@ from hypothesis.stateful import rule
 
 from ckptflow.core import archive as archive_mod
 from ckptflow.core import layout
+from ckptflow.core.storage import StorageError
 from tests.faults.adversary import damage
 from tests.faults.adversary.machine import has
 from tests.faults.adversary.storage import AdversaryStorage, Countdown, SimulatedCrash
@@ -87,20 +88,21 @@ class ToolRules:
     @has("json")
     @rule(data=st.data(), loss=st.floats(0, 10))
     def evaluate(self, data, loss: float) -> None:
-        """An evaluator records metrics for a step (eval.json, which damage may then hit)."""
+        """An evaluator records metrics for a step (eval.json, which damage may then hit), as
+        ckptflow.steps.evaluate does, through Storage: a refusal is fine (the folder may be
+        damaged), a wrong reason is not (d)."""
         self._op("evaluate")
         step = self._step_or_none(data)
-        if step is not None:
-            doc = {
-                "step": step,
-                "metrics": {"loss": loss},
-                "evaluated_at": time.time(),
-                "evaluator": "adversary",
-            }
-            self.stores["hot"].write(
-                f"{layout.step_dir(step)}/{layout.EVAL}", json.dumps(doc).encode()
-            )
-            self.dirty = True
+        if step is None:
+            return
+        doc = {"step": step, "metrics": {"loss": loss}, "evaluated_at": time.time()}
+        rel = f"{layout.step_dir(step)}/{layout.EVAL}"
+        try:
+            self.stores["hot"].write(rel, json.dumps(doc).encode())
+        except (OSError, StorageError) as exc:
+            check_api_error(f"writing {rel}", exc, self.roots.all())
+            note(f"the evaluator could not write {rel}: {exc}")
+        self.dirty = True
 
     @has("gc")
     @rule(keep=st.sampled_from([1, 2, 3]), grace=st.sampled_from(["0", "1h"]))
@@ -113,8 +115,11 @@ class ToolRules:
         self._gc_check(expect, f"gc --policy last={keep} --grace {grace}")
 
     @has("inflight")
-    @rule(phase=st.sampled_from(["manifest", "COMMIT"]), keep=st.sampled_from([1, 2]),
-          grace=st.sampled_from(["0", "1h"]))  # fmt: skip
+    @rule(
+        phase=st.sampled_from(["manifest", "COMMIT"]),
+        keep=st.sampled_from([1, 2]),
+        grace=st.sampled_from(["0", "1h"]),
+    )
     def gc_during_save(self, phase: str, keep: int, grace: str) -> None:
         """GC runs while an async save is held just before writing its manifest (or COMMIT);
         the save then goes on. Invariant (e) holds for the save if it reports success."""
@@ -173,12 +178,15 @@ class ToolRules:
             rec = self.truth.saved[s]
             if self.probe.digest(*commit) == rec.deps[commit] and self.truth.bad_deps(s):
                 raise NeededDeleted(
-                    f"`{what}` left step {s} committed but without files it needs: {self.truth.bad_deps(s)[:5]}"
+                    f"`{what}` left step {s} committed but without files it needs: "
+                    f"{self.truth.bad_deps(s)[:5]}"
                 )
 
     @has("archive")
-    @rule(to=st.sampled_from(["archive root", "symlink alias", "double-slash alias"]),
-          grace=st.sampled_from(["0", "1h"]))  # fmt: skip
+    @rule(
+        to=st.sampled_from(["archive root", "symlink alias", "double-slash alias"]),
+        grace=st.sampled_from(["0", "1h"]),
+    )
     def archive(self, to: str, grace: str) -> None:
         """`ckpt archive --older-than 0` to the archive root or to another spelling of the hot
         root itself; invariant (c): every data-intact step stays whole, wherever it now is."""
@@ -200,8 +208,13 @@ class ToolRules:
         self._archive_check(before, f"archive --to {to} --grace {grace}")
 
     @has("crash")
-    @rule(after=st.integers(0, 3), grace=st.sampled_from(["0", "1h"]),
-          at=st.sampled_from([None, "root marker", "object", "manifest", "COMMIT", "ARCHIVED", "delete"]))  # fmt: skip
+    @rule(
+        after=st.integers(0, 3),
+        grace=st.sampled_from(["0", "1h"]),
+        at=st.sampled_from(
+            [None, "root marker", "object", "manifest", "COMMIT", "ARCHIVED", "delete"]
+        ),
+    )
     def crash_archive(self, after: int, grace: str, at: str | None) -> None:
         """An archive run that dies at its `after`-th write (or delete) of kind `at` (None: any),
         in the hot or the archive root."""
@@ -214,9 +227,14 @@ class ToolRules:
         before = self._archive_before()
         try:
             archive_mod.archive(
-                self.roots.hot, self.roots.arch, 0.0, apply=True,
-                grace_s=0.0 if grace == "0" else 3600.0, storage=hot, dest=dst,
-            )  # fmt: skip
+                self.roots.hot,
+                self.roots.arch,
+                0.0,
+                apply=True,
+                grace_s=0.0 if grace == "0" else 3600.0,
+                storage=hot,
+                dest=dst,
+            )
         except SimulatedCrash as exc:
             note(f"archive died at {exc}")
         except BaseException as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import traceback
 from dataclasses import dataclass, field
 
@@ -108,7 +109,8 @@ def diff(saved, loaded, path: str = "") -> str | None:
         if not isinstance(loaded, torch.Tensor):
             return f"{path}: a tensor was saved, {type(loaded).__name__} loaded"
         if saved.dtype != loaded.dtype or saved.shape != loaded.shape:
-            return f"{path}: saved {saved.dtype}{list(saved.shape)}, loaded {loaded.dtype}{list(loaded.shape)}"
+            was, got = f"{saved.dtype}{list(saved.shape)}", f"{loaded.dtype}{list(loaded.shape)}"
+            return f"{path}: saved {was}, loaded {got}"
         a = saved.contiguous().reshape(-1).view(torch.uint8)
         b = loaded.contiguous().reshape(-1).view(torch.uint8)
         return (
@@ -251,9 +253,14 @@ class Truth:
         out = []
         for (root, rel), want in sorted(rec.deps.items()):
             have = self.probe.digest(root, rel)
-            if have != want:
-                what = "missing" if have == ABSENT else ("present" if want == ABSENT else "changed")
-                out.append(f"{root}:{rel} {what}")
+            if have == want:
+                continue
+            what = "missing" if have == ABSENT else ("present" if want == ABSENT else "changed")
+            size, expected = self.probe.size(root, rel), rec.sizes.get((root, rel))
+            if what == "changed" and expected is not None:
+                same = size == expected
+                what = "changed, same size" if same else f"changed, {size} bytes, not {expected}"
+            out.append(f"{root}:{rel} {what}")
         return out
 
     def data_intact(self, step: int) -> bool:
@@ -295,8 +302,11 @@ def _json(blob: bytes | None):
 # -- tools -----------------------------------------------------------------------------------------
 def _where(exc: BaseException) -> str:
     """`Type: message` and the innermost ckptflow frame that raised it (for the report)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/ckptflow/" in f.filename
-              or "/steps/" in f.filename]  # fmt: skip
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "/ckptflow/" in f.filename or "/steps/" in f.filename
+    ]
     at = ""
     if frames:
         f = frames[-1]
@@ -325,7 +335,20 @@ def run_cli(argv: list[str], roots: list[str]) -> tuple[int, str, str]:
         raise NotClean(f"`ckptflow {' '.join(argv)}` exited {rc}:\n{text[-2000:]}")
     if rc != 0 and not any(r in text for r in roots):
         raise NotClean(f"`ckptflow {' '.join(argv)}` exited {rc} naming no file:\n{text[-2000:]}")
+    if rc != 0 and _false_exists(text):
+        raise NotClean(f"`ckptflow {' '.join(argv)}` exited {rc}: {_false_exists(text)}")
     return rc, out.getvalue(), err.getvalue()
+
+
+def _false_exists(text: str) -> str | None:
+    """An 'X already exists' error for a file that is never created exclusively (only COMMIT
+    and root markers are): some other failure (a file where a folder belongs, say) was
+    classified by its type or text as a lost race."""
+    for m in re.finditer(r"(\S+) already exists", text):
+        name = m[1].rsplit("/", 1)[-1]
+        if name not in (layout.COMMIT, layout.ROOT_MARKER):
+            return f"says {m[1]} already exists, but nothing creates it exclusively"
+    return None
 
 
 def check_api_error(op: str, exc: BaseException, roots: list[str]) -> None:
@@ -338,3 +361,5 @@ def check_api_error(op: str, exc: BaseException, roots: list[str]) -> None:
         raise NotClean(f"{op} raised {_where(exc)}, not a CheckpointError") from None
     if not any(r in str(exc) for r in roots):
         raise NotClean(f"{op} failed naming no file: {exc}") from None
+    if _false_exists(str(exc)):
+        raise NotClean(f"{op} failed: {_false_exists(str(exc))} ({type(exc).__name__})") from None
