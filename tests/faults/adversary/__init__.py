@@ -8,7 +8,8 @@ dtype), `ckptflow ckpt` ls / ls --verify / verify / pin / unpin / gc (last=N, --
 / archive (to the archive root or to an alias of the hot root), GC while a save is held between
 its data and its manifest or COMMIT, a tool or save that dies at its N-th write (a local
 in-place write then leaves half of its bytes), an evaluator writing eval.json. Damage: see
-damage.py. Which of them a machine uses is its `groups` (see `make_machine`).
+damage.py. Which of them a machine uses is its `groups` (see `make_machine`); `replay` runs
+one given sequence (a regression test of a sequence hypothesis found).
 
 The machine runs on local disk or on the in-process S3 server; `roots` gives each example a
 fresh hot root and archive root, an alias of the hot root (local: a symlink, and a `//`
@@ -36,3 +37,25 @@ def make_machine(name: str, groups, backend: str = "local", bucket: str | None =
         (Adversary,),
         {"groups": frozenset(groups), "backend": backend, "bucket": bucket, "stats": Stats()},
     )
+
+
+def replay(
+    groups,
+    steps,
+    *,
+    full_every: int = 1,
+    names: str = "plain",
+    backend: str = "local",
+    bucket: str | None = None,
+) -> None:
+    """Run one sequence of rules, [(rule name, keyword arguments)], on a fresh machine with
+    the invariants checked after each, as hypothesis runs it (a Violation is raised)."""
+    machine = make_machine("replay", groups, backend, bucket)()
+    try:
+        machine.start(full_every=full_every, names=names)
+        machine.newest_intact_step_loads_and_is_listed()
+        for name, kwargs in steps:
+            getattr(machine, name)(**kwargs)
+            machine.newest_intact_step_loads_and_is_listed()
+    finally:
+        machine.teardown()

@@ -8,14 +8,13 @@ import json
 import time
 import uuid
 
-from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from ckptflow.core import layout
 from ckptflow.core.storage import Storage
 from tests.faults.adversary import damage
-from tests.faults.adversary.machine import has, refusable
+from tests.faults.adversary.machine import PICK, choose, has, note, refusable
 
 JSON_TARGETS = ("root marker", "archive root marker", "COMMIT", "manifest", "intent")
 JSON_TARGETS += ("PIN", "eval.json", "ARCHIVED")
@@ -43,7 +42,8 @@ class AttackRules:
 
     @has("objects")
     @rule(
-        data=st.data(),
+        pick=PICK,
+        pick2=PICK,
         n=st.integers(0, 1 << 16),
         how=st.sampled_from(
             [
@@ -59,16 +59,16 @@ class AttackRules:
                 "shard in the way",
             ]
         ),
-        pick=st.sampled_from(["the newest step's own", "any"]),
+        which=st.sampled_from(["the newest step's own", "any"]),
     )
     @refusable
-    def damage_object(self, data, n: int, how: str, pick: str) -> None:
+    def damage_object(self, pick: int, pick2: int, n: int, how: str, which: str) -> None:
         """Damage one object: one only the newest step needs, or any (both roots)."""
         self._op("damage_object")
-        objs = (pick == "any" and self._objects()) or self._own_objects() or self._objects()
+        objs = (which == "any" and self._objects()) or self._own_objects() or self._objects()
         if not objs:
             return
-        root, rel = data.draw(st.sampled_from(objs), label="object")
+        root, rel = choose(objs, pick)
         store = self.stores[root]
         if how == "delete":
             what = damage.delete(store, rel)
@@ -90,7 +90,7 @@ class AttackRules:
             other = others[n % len(others)]
             what = damage.replace(store, rel, fst.read(other), f"the foreign run's {other}")
         else:
-            root2, rel2 = data.draw(st.sampled_from(objs), label="other object")
+            root2, rel2 = choose(objs, pick2)
             if how == "swap":
                 what = damage.swap(store, rel, rel2, self.stores[root2])
             else:
@@ -118,37 +118,45 @@ class AttackRules:
                     out.append((root, f"{sd}/{name}"))
                 else:  # intents (and manifests, for forge_manifest)
                     prefix = "saving-" if target == "intent" else "manifest-"
-                    out += [
-                        (root, f"{sd}/{n}")
-                        for n in self.stores[root].listdir(sd)
-                        if n.startswith(prefix)
-                    ]
+                    names = [n for n in self.stores[root].listdir(sd) if n.startswith(prefix)]
+                    out += [(root, f"{sd}/{n}") for n in self._stable(root, s, names)]
         return out
+
+    def _stable(self, root: str, step: int, names: list[str]) -> list[str]:
+        """Names of a step's manifests or intents in an order that does not depend on their
+        random save ids (so a replayed sequence picks the same file): the one COMMIT names
+        first."""
+        commit = damage.parse(self.probe.blob(root, layout.commit_path(step)))
+        sid = str(commit.get("save_id")) if isinstance(commit, dict) else ""
+        return sorted(names, key=lambda n: (sid not in n, n.startswith("manifest-0123"), n))
 
     @has("json")
     @rule(
-        data=st.data(),
+        pick=PICK,
+        pick2=PICK,
         kind=st.sampled_from(JSON_TARGETS),
         n=st.integers(0, 1 << 16),
         how=st.sampled_from(["delete", "tear", "flip", "forge", "replace"]),
+        field=st.integers(0, 15),
+        hostile=st.sampled_from(damage.HOSTILE_KINDS),
     )
     @refusable
-    def damage_json(self, data, kind: str, how: str, n: int) -> None:
+    def damage_json(
+        self, pick: int, pick2: int, kind: str, how: str, n: int, field: int, hostile: str
+    ) -> None:
         """Delete, tear, flip, forge a field (nest, inflate, wrong type) or replace with another
         valid file of the kind; forging an absent PIN/eval.json/COMMIT plants it."""
         self._op("damage_json")
         files = self._json_files(kind)
         if not files:
             return
-        root, rel = data.draw(st.sampled_from(files), label="file")
+        root, rel = choose(files, pick)
         store = self.stores[root]
         if how == "forge":
-            fields = damage.FIELDS[kind.removeprefix("archive ")]
-            fld = data.draw(st.sampled_from(("", *fields)), label="field")
-            hostile = data.draw(st.sampled_from(damage.HOSTILE_KINDS), label="value")
+            fld = choose(("", *damage.FIELDS[kind.removeprefix("archive ")]), field)
             what, how = damage.forge(store, rel, fld, hostile), f"forge {hostile}"
         elif how == "replace":
-            what = self._replace_json(data, kind, store, rel)
+            what = self._replace_json(pick2, kind, store, rel)
         elif damage.read_or_none(store, rel) is None:
             return
         elif how == "delete":
@@ -159,7 +167,7 @@ class AttackRules:
             what = damage.flip(store, rel, n)
         self._damaged(f"{kind}: {how}", f"{root}: {what}")
 
-    def _replace_json(self, data, target: str, store: Storage, rel: str) -> str:
+    def _replace_json(self, pick: int, target: str, store: Storage, rel: str) -> str:
         fst = Storage(self.roots.foreign)
         if target.endswith("root marker"):
             sources = [("the foreign run's root marker", fst, layout.ROOT_MARKER)]
@@ -177,7 +185,7 @@ class AttackRules:
                 sources.append(("the foreign run's COMMIT", fst, f"{layout.step_dir(step)}/{name}"))
         if not sources:
             return f"replace of {rel}: no other {target} to copy, nothing done"
-        label, src, src_rel = data.draw(st.sampled_from(sources), label="source")
+        label, src, src_rel = choose(sources, pick)
         blob = damage.read_or_none(src, src_rel)
         if blob is None:
             return f"replace of {rel}: {label} is absent, nothing done"
@@ -185,25 +193,29 @@ class AttackRules:
 
     @has("json")
     @rule(
-        data=st.data(),
+        pick=PICK,
+        pick2=PICK,
         consistent=st.booleans(),
         how=st.sampled_from(
             ["field", "list-shaped", "duplicate chunk", "other step's", "foreign run's"]
         ),
+        field=st.integers(0, 15),
+        hostile=st.sampled_from(damage.HOSTILE_KINDS),
     )
     @refusable
-    def forge_manifest(self, data, how: str, consistent: bool) -> None:
+    def forge_manifest(
+        self, pick: int, pick2: int, how: str, consistent: bool, field: int, hostile: str
+    ) -> None:
         """Forge the manifest a COMMIT names; `consistent` re-hashes the COMMIT to match, so the
         forgery reaches the validator (a list-shaped or duplicate-chunk one always is)."""
         self._op("forge_manifest")
         files = [(r, p) for r, p in self._json_files("manifest")]
         if not files:
             return
-        root, rel = data.draw(st.sampled_from(files), label="manifest")
+        root, rel = choose(files, pick)
         store, step = self.stores[root], layout.parse_step_dir(rel.split("/", 1)[0])
         if how == "field":
-            fld = data.draw(st.sampled_from(("", *damage.FIELDS["manifest"])), label="field")
-            hostile = data.draw(st.sampled_from(damage.HOSTILE_KINDS), label="value")
+            fld = choose(("", *damage.FIELDS["manifest"]), field)
             if consistent:
                 what = damage.forge_manifest(store, step, rel, fld, hostile)
             else:
@@ -221,7 +233,7 @@ class AttackRules:
                 src = [(self.stores[r], p) for r, p in files if p != rel]
             if not src:
                 return
-            sst, srel = data.draw(st.sampled_from(src), label="source")
+            sst, srel = choose(src, pick2)
             blob = sst.read(srel)
             what = damage.replace(store, rel, blob, srel)
             if consistent:
@@ -230,19 +242,19 @@ class AttackRules:
 
     @has("archive")
     @rule(
-        data=st.data(),
+        pick=PICK,
         to=st.sampled_from(ARCHIVED_TARGETS),
         hostile=st.sampled_from(("",) * 4 + damage.HOSTILE_KINDS),  # mostly a well-formed marker
     )
     @refusable
-    def forge_archived(self, data, to: str, hostile: str) -> None:
+    def forge_archived(self, pick: int, to: str, hostile: str) -> None:
         """Plant or overwrite an ARCHIVED marker: a URI that is dangling, http://, another run's
         root, the hot root (or an alias of it), the archive root; or a hostile field."""
         self._op("forge_archived")
         steps = self._hot_steps()
         if not steps:
             return
-        step = data.draw(st.sampled_from(steps[::-1]), label="step")
+        step = choose(steps[::-1], pick)
         uri = {
             "dangling": self.roots.nowhere,
             "http": "http://127.0.0.1:9/ckpt",
@@ -293,12 +305,13 @@ class AttackRules:
     # -- damage: step folders --------------------------------------------------------------------
     @has("folders")
     @rule(
-        data=st.data(),
+        pick=PICK,
+        pick2=PICK,
         how=st.sampled_from(["swap", "duplicate", "delete", "file in the way"]),
         ahead=st.integers(0, 3),
     )
     @refusable
-    def damage_folder(self, data, how: str, ahead: int) -> None:
+    def damage_folder(self, pick: int, pick2: int, how: str, ahead: int) -> None:
         """Swap two step folders, copy one to a step number still to come, delete one, or put
         a file where a coming step's folder will be."""
         self._op("damage_folder")
@@ -309,12 +322,10 @@ class AttackRules:
         steps = self._hot_steps()
         if not steps:
             return
-        a = data.draw(st.sampled_from(steps[::-1]), label="step")
+        a = choose(steps[::-1], pick)
         store = self.stores["hot"]
         if how == "swap":
-            what = damage.swap_folders(
-                store, a, data.draw(st.sampled_from(steps), label="other step")
-            )
+            what = damage.swap_folders(store, a, choose(steps, pick2))
         elif how == "duplicate":
             what = damage.duplicate_folder(store, a, self.next_step + ahead)
         else:

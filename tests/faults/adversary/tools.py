@@ -8,15 +8,14 @@ import json
 import re
 import time
 
-from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from ckptflow.core import archive as archive_mod
 from ckptflow.core import layout
 from ckptflow.core.storage import StorageError
 from tests.faults.adversary import damage
-from tests.faults.adversary.machine import has
+from tests.faults.adversary.machine import PICK, has, note
 from tests.faults.adversary.storage import AdversaryStorage, Countdown, SimulatedCrash
 from tests.faults.adversary.truth import ABSENT, NeededDeleted, Undetected, check_api_error
 
@@ -66,10 +65,10 @@ class ToolRules:
                 )
 
     @has()
-    @rule(data=st.data(), pin=st.booleans())
-    def pin(self, data, pin: bool) -> None:
+    @rule(pick=PICK, pin=st.booleans())
+    def pin(self, pick: int, pin: bool) -> None:
         self._op("pin" if pin else "unpin")
-        step = self._step_or_none(data)
+        step = self._step_or_none(pick)
         if step is None:
             return
         if pin:
@@ -86,13 +85,13 @@ class ToolRules:
         self.dirty = True
 
     @has("json")
-    @rule(data=st.data(), loss=st.floats(0, 10))
-    def evaluate(self, data, loss: float) -> None:
+    @rule(pick=PICK, loss=st.floats(0, 10))
+    def evaluate(self, pick: int, loss: float) -> None:
         """An evaluator records metrics for a step (eval.json, which damage may then hit), as
         ckptflow.steps.evaluate does, through Storage: a refusal is fine (the folder may be
         damaged), a wrong reason is not (d)."""
         self._op("evaluate")
-        step = self._step_or_none(data)
+        step = self._step_or_none(pick)
         if step is None:
             return
         doc = {"step": step, "metrics": {"loss": loss}, "evaluated_at": time.time()}
@@ -207,7 +206,8 @@ class ToolRules:
         )
         self._archive_check(before, f"archive --to {to} --grace {grace}")
 
-    @has("crash")
+    @has("archive")
+    @precondition(lambda self: "crash" in self.groups)
     @rule(
         after=st.integers(0, 3),
         grace=st.sampled_from(["0", "1h"]),
