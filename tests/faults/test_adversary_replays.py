@@ -1,0 +1,240 @@
+"""Minimal sequences the adversary (tests/faults/adversary/) found, replayed one by one.
+
+Each is a defect of issue 14 (or one found with them), shrunk by hypothesis and then by hand to
+the fewest operations; each names the invariant it breaks. Until its fix lands (on another
+branch) each is an xfail that must fail with exactly that violation; then it XPASSes and its
+mark goes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.faults.adversary import GROUPS, replay
+from tests.faults.adversary.truth import (
+    BadSave,
+    NeededDeleted,
+    NotClean,
+    WrongBytes,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def save(**kw):
+    return ("save", {"block": True, "change": "new", "gap": 1, "restart": None, **kw})
+
+
+def gc(keep: int, grace: str):
+    return ("gc", {"keep": keep, "grace": grace})
+
+
+def ls():
+    return ("inspect", {"cmd": "ls"})
+
+
+def load(how: str = "newest, fresh process", pick: int = 0):
+    return ("load", {"pick": pick, "how": how})
+
+
+def obj(how: str, pick: int = 0, which: str = "the newest step's own"):
+    return ("damage_object", {"pick": pick, "pick2": 0, "n": 0, "how": how, "which": which})
+
+
+def json_(kind: str, how: str, field: int = 0, hostile: str = "nest", pick: int = 0):
+    args = {"pick": pick, "pick2": 0, "kind": kind, "how": how, "n": 0}
+    return ("damage_json", {**args, "field": field, "hostile": hostile})
+
+
+def manifest(how: str, field: int = 0, hostile: str = "nest", consistent: bool = True):
+    args = {"pick": 0, "pick2": 0, "how": how, "consistent": consistent}
+    return ("forge_manifest", {**args, "field": field, "hostile": hostile})
+
+
+def archived(to: str, pick: int = 0, hostile: str = ""):
+    return ("forge_archived", {"pick": pick, "to": to, "hostile": hostile})
+
+
+# id: (defect, violation it raises, steps[, machine options])
+REPLAYS = {
+    "root-marker-deleted-gc-deletes-every-step": (
+        "root marker lost: gc treats every step as foreign and deletes the newest (c)",
+        NeededDeleted,
+        [save(), save(), json_("root marker", "delete"), gc(1, "1h")],
+    ),
+    "root-marker-deleted-next-save-orphans": (
+        "root marker lost: the next save creates a new root id and orphans every step (e)",
+        BadSave,
+        [save(), json_("root marker", "delete"), save()],
+    ),
+    "root-marker-forged-id-next-save-orphans": (
+        "root marker's root_id forged (any string): the next save commits under it (e)",
+        BadSave,
+        [save(), json_("root marker", "forge", field=3, hostile="string"), save()],
+    ),
+    "same-size-flip-gc-last-1": (
+        "same-size flip in the newest step: gc last=1 keeps it, deletes the last good step (c)",
+        NeededDeleted,
+        [save(), save(), obj("flip"), gc(1, "0")],
+    ),
+    "dedup-reuses-bit-rotted-object": (
+        "a save deduplicates against an object flipped (same size) since: commits it (e)",
+        BadSave,
+        [save(), obj("flip", pick=3), save()],
+    ),
+    "dedup-reuses-deleted-object": (
+        "a save deduplicates against an object deleted since: commits without it (e)",
+        BadSave,
+        [save(), obj("delete", pick=3), save()],
+    ),
+    "delta-base-object-deleted": (
+        "a delta save references its base's object, deleted since: commits without it (e)",
+        BadSave,
+        [save(), obj("delete", pick=0), save()],
+        {"full_every": 2},
+    ),
+    "gc-grace-0-during-save-before-manifest": (
+        "gc --grace 0 frees the objects of a save in flight, which then commits (e)",
+        BadSave,
+        [save(), ("gc_during_save", {"phase": "manifest", "keep": 1, "grace": "0"})],
+    ),
+    "gc-grace-0-during-save-before-commit": (
+        "gc --grace 0 deletes the manifest of a save in flight, whose COMMIT then names it (e)",
+        BadSave,
+        [save(), ("gc_during_save", {"phase": "COMMIT", "keep": 1, "grace": "0"})],
+    ),
+    "item-keys-collide": (
+        "item keys fqn@offsets collide (tensor a, value a@0): the save commits an unloadable step (e)",
+        BadSave,
+        [save()],
+        {"names": "colliding"},
+    ),
+    "load-into-float64-converts": (
+        "a load into float64 tensors converts silently instead of refusing (a)",
+        WrongBytes,
+        [save(), load("step into float64")],
+    ),
+    "duplicate-chunk-passes-validation": (
+        "a manifest listing a chunk twice passes validation: row 1 of w is never loaded (a)",
+        WrongBytes,
+        [save(), manifest("duplicate chunk"), load()],
+    ),
+    "archived-redirects-to-another-run": (
+        "an ARCHIVED marker naming another run's root: the newest step loads that run's data (a)",
+        WrongBytes,
+        [save(), save(), archived("foreign run")],
+    ),
+    "archived-http-breaks-ls": (
+        "an http:// ARCHIVED marker on an old step: ls fails as a whole, naming no file (d)",
+        NotClean,
+        [save(), save(), archived("http", pick=1)],
+    ),
+    "archived-relative-uri": (
+        "ARCHIVED {uri: 'yesterday'} is read relative to the working directory; load() fails "
+        "instead of falling back, naming no file (d)",
+        NotClean,
+        [save(), save(), archived("dangling", hostile="string")],
+    ),
+    "archived-hot-root-gc-frees-it": (
+        "ARCHIVED naming the hot root itself: gc frees that step's objects as archived; the next "
+        "deduplicating save commits without them (e)",
+        BadSave,
+        [save(), save(), archived("hot root"), gc(1, "0"), save(change="same")],
+    ),
+    "archive-crash-tears-archived": (
+        "ARCHIVED is written in place: an archive run dying while writing it tears it (c)",
+        NeededDeleted,
+        [save(), save(), ("crash_archive", {"after": 0, "at": "ARCHIVED", "grace": "0"})],
+    ),
+    "archive-to-symlink-alias": (
+        "archive --to a symlink of the hot root deletes the only copy (c)",
+        NeededDeleted,
+        [save(), save(), ("archive", {"to": "symlink alias", "grace": "0"})],
+    ),
+    "archive-to-double-slash-alias": (
+        "archive --to //<hot root> deletes the only copy (c)",
+        NeededDeleted,
+        [save(), save(), ("archive", {"to": "double-slash alias", "grace": "0"})],
+    ),
+    "archive-to-alias-then-gc": (
+        "archived to an alias with the default grace, the step's objects are freed by gc (c)",
+        NeededDeleted,
+        [save(), save(), save(), ("archive", {"to": "symlink alias", "grace": "1h"}), gc(2, "0")],
+    ),
+    "nested-manifest-crashes-load": (
+        "a 50,000-deep manifest (checksum matching) crashes load and ls with RecursionError (d)",
+        NotClean,
+        [save(), manifest("field", hostile="nest"), load()],
+    ),
+    "huge-int-manifest-crashes-load": (
+        "a manifest holding a 5,000-digit integer crashes load and ls with ValueError (d)",
+        NotClean,
+        [save(), manifest("field", hostile="inflate"), load()],
+    ),
+    "huge-int-root-marker-crashes-ls": (
+        "a root marker holding a 5,000-digit integer crashes load and ls with ValueError (d)",
+        NotClean,
+        [save(), json_("root marker", "forge", field=2, hostile="inflate"), ls()],
+    ),
+    "nested-pin-crashes-ls": (
+        "a 50,000-deep PIN crashes ls and gc with RecursionError (d)",
+        NotClean,
+        [save(), ("pin", {"pick": 0, "pin": True}), json_("PIN", "forge")],
+    ),
+    "nested-eval-crashes-ls": (
+        "a 50,000-deep eval.json crashes ls and gc with RecursionError (d)",
+        NotClean,
+        [save(), json_("eval.json", "forge")],
+    ),
+    "nested-archived-crashes-ls": (
+        "a 50,000-deep ARCHIVED crashes load, ls and gc with RecursionError (d)",
+        NotClean,
+        [save(), archived("archive root", hostile="nest"), ls()],
+    ),
+    "list-pending-manifest-crashes-gc": (
+        "a list-shaped manifest in an uncommitted folder crashes gc with AttributeError (d)",
+        NotClean,
+        [save(), ("plant_pending", {"how": "list", "ahead": 1}), gc(1, "1h")],
+    ),
+    "nested-pending-manifest-crashes-gc": (
+        "a 50,000-deep manifest in an uncommitted folder crashes gc with RecursionError (d)",
+        NotClean,
+        [save(), ("plant_pending", {"how": "nest", "ahead": 1}), gc(1, "1h")],
+    ),
+    "manifest-stats-null-crashes-ls": (
+        "a manifest whose stats is null (checksum matching) crashes ls with TypeError (d)",
+        NotClean,
+        [save(), manifest("field", field=2, hostile="null"), ls()],
+    ),
+    "commit-committed-at-string-crashes-ls": (
+        "a COMMIT whose committed_at is a string crashes ls with ValueError (d)",
+        NotClean,
+        [save(), json_("COMMIT", "forge", field=3, hostile="string"), ls()],
+    ),
+    "file-in-the-way-reads-already-exists": (
+        "a file where a step folder belongs fails the save as '<intent> already exists': errors "
+        "classified by type, not by what happened (d)",
+        NotClean,
+        [save(), ("damage_folder", {"pick": 0, "pick2": 0, "how": "file in the way", "ahead": 0}),
+         save()],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            key,
+            id=key,
+            marks=pytest.mark.xfail(
+                strict=False, raises=spec[1], reason="issue 14 defect not yet fixed: " + spec[0]
+            ),
+        )
+        for key, spec in REPLAYS.items()
+    ],
+)
+def test_replay(case, fault):
+    defect, violation, steps, *options = REPLAYS[case]
+    fault("adversary", f"replay: {defect}", cases=1, detail=f"{len(steps)} operations")
+    replay(GROUPS, steps, **(options[0] if options else {}))
