@@ -1,9 +1,10 @@
 """Minimal sequences the adversary (tests/faults/adversary/) found, replayed one by one.
 
-Each is a defect of issue 14 (or one found with them), shrunk by hypothesis and then by hand to
-the fewest operations; each names the invariant it breaks. Until its fix lands (on another
-branch) each is an xfail that must fail with exactly that violation; then it XPASSes and its
-mark goes.
+Each was a defect of issue 14 (or one found with them), shrunk by hypothesis and then by hand to
+the fewest operations; each names the invariant it broke and the Violation it raised. All are
+fixed on main now, so each is a plain regression test: the sequence must run with every
+invariant holding. A sequence that still breaks one goes in as an xfail(strict=True) with
+`raises=` its violation and a reason naming it, until its fix lands.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def archived(to: str, pick: int = 0, hostile: str = ""):
     return ("forge_archived", {"pick": pick, "to": to, "hostile": hostile})
 
 
-# id: (defect, violation it raises, steps[, machine options])
+# id: (defect it was, violation it raised before its fix, steps[, machine options])
 REPLAYS = {
     "root-marker-deleted-gc-deletes-every-step": (
         "root marker lost: gc treats every step as foreign and deletes the newest (c)",
@@ -221,20 +222,22 @@ REPLAYS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            key,
-            id=key,
-            marks=pytest.mark.xfail(
-                strict=False, raises=spec[1], reason="issue 14 defect not yet fixed: " + spec[0]
-            ),
-        )
-        for key, spec in REPLAYS.items()
-    ],
-)
+# id: (defect, reason it is still expected to fail) for sequences that still break an invariant.
+STILL_FAILING: dict[str, str] = {}
+
+
+def _param(key: str):
+    spec = REPLAYS[key]
+    if key not in STILL_FAILING:
+        return pytest.param(key, id=key)
+    mark = pytest.mark.xfail(strict=True, raises=spec[1], reason=STILL_FAILING[key])
+    return pytest.param(key, id=key, marks=mark)
+
+
+@pytest.mark.parametrize("case", [_param(key) for key in REPLAYS])
 def test_replay(case, fault):
+    """The sequence that once broke an invariant now keeps every invariant (the Violation
+    named in REPLAYS is what it raised before its fix)."""
     defect, violation, steps, *options = REPLAYS[case]
     fault("adversary", f"replay: {defect}", cases=1, detail=f"{len(steps)} operations")
     replay(GROUPS, steps, **(options[0] if options else {}))

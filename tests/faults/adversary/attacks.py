@@ -11,7 +11,7 @@ import uuid
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from ckptflow.core import layout
+from ckptflow.core import layout, runroot
 from ckptflow.core.storage import Storage
 from tests.faults.adversary import damage
 from tests.faults.adversary.machine import PICK, choose, has, note, refusable
@@ -105,8 +105,8 @@ class AttackRules:
             return [("arch", layout.ROOT_MARKER)]
         names = {
             "COMMIT": layout.COMMIT,
-            "PIN": layout.PIN,
-            "eval.json": layout.EVAL,
+            "PIN": runroot.PIN,
+            "eval.json": runroot.EVAL,
             "ARCHIVED": layout.ARCHIVED,
         }
         name = names.get(target)

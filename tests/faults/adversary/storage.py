@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ckptflow.steps.checkpoint import Checkpointer
 
-from ckptflow.core import layout
+from ckptflow.core import layout, runroot
 from ckptflow.core.storage import Storage
 from tests.faults.adversary import damage
 from tests.faults.adversary.truth import make_state
@@ -35,7 +35,7 @@ def file_kind(rel: str) -> str:
     for prefix, kind in (("manifest-", "manifest"), ("saving-", "intent")):
         if name.startswith(prefix):
             return kind
-    return {layout.EVAL: "eval"}.get(name, name)
+    return {runroot.EVAL: "eval"}.get(name, name)
 
 
 class Countdown:

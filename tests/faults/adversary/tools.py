@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from ckptflow.core import archive as archive_mod
-from ckptflow.core import layout
+from ckptflow.core import layout, runroot
 from ckptflow.core.storage import StorageError
 from tests.faults.adversary import damage
 from tests.faults.adversary.machine import PICK, has, note
@@ -76,7 +76,7 @@ class ToolRules:
             if rc == 0:
                 self.probe.clear()
                 self.truth.pins[step] = self.probe.digest(
-                    "hot", f"{layout.step_dir(step)}/{layout.PIN}"
+                    "hot", f"{layout.step_dir(step)}/{runroot.PIN}"
                 )
         else:
             rc, _, _ = self._cli("ckpt", "unpin", self.roots.hot, str(step))
@@ -95,7 +95,7 @@ class ToolRules:
         if step is None:
             return
         doc = {"step": step, "metrics": {"loss": loss}, "evaluated_at": time.time()}
-        rel = f"{layout.step_dir(step)}/{layout.EVAL}"
+        rel = f"{layout.step_dir(step)}/{runroot.EVAL}"
         try:
             self.stores["hot"].write(rel, json.dumps(doc).encode())
         except (OSError, StorageError) as exc:
@@ -150,7 +150,7 @@ class ToolRules:
         for s in sorted(intact):
             if sum(c > s for c in committed) < keep:
                 must.setdefault(s, f"last={keep}")
-            pin = self.probe.digest("hot", f"{layout.step_dir(s)}/{layout.PIN}")
+            pin = self.probe.digest("hot", f"{layout.step_dir(s)}/{runroot.PIN}")
             if t.pins.get(s) == pin:
                 must.setdefault(s, "pinned")
         todo = list(must)
