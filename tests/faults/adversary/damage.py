@@ -19,6 +19,7 @@ import posixpath
 
 from ckptflow.core import codec, layout
 from ckptflow.core.storage import Storage
+from ckptflow.core.storage_errors import StorageError
 
 NEST_DEPTH = 50_000
 HUGE_INT = "9" * 5000
@@ -58,7 +59,7 @@ def read_or_none(st: Storage, rel: str) -> bytes | None:
         return st.read(rel)
     except FileNotFoundError:
         return None
-    except OSError:  # a folder where a file was expected, and the like
+    except (OSError, StorageError):  # a folder where a file was expected, and the like
         return None
 
 

@@ -24,6 +24,7 @@ import torch
 
 from ckptflow.core import codec, layout
 from ckptflow.core.storage import Storage
+from ckptflow.core.storage_errors import StorageError
 
 ABSENT = "<absent>"
 UNREADABLE = "<unreadable>"
@@ -148,7 +149,7 @@ class Probe:
                 self._cache[root, rel] = (codec.digest(blob), len(blob))
             except FileNotFoundError:
                 self._cache[root, rel] = (ABSENT, None)
-            except OSError:
+            except (OSError, StorageError):  # a folder where the file was: StorageError now
                 self._cache[root, rel] = (UNREADABLE, None)
         return self._cache[root, rel]
 
@@ -161,7 +162,7 @@ class Probe:
     def blob(self, root: str, rel: str) -> bytes | None:
         try:
             return self.stores[root].read(rel)
-        except OSError:
+        except (OSError, StorageError):
             return None
 
 
