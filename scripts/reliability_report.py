@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,7 +32,9 @@ CATEGORIES = {
     "concurrency": "Concurrency",
     "hostile": "Hostile input",
     "secrets": "Secrets",
+    "adversary": "Adversarial sequences (stateful model of the storage)",
 }
+THREAT_MODEL = REPO / "tests" / "faults" / "adversary" / "threat_model.py"
 
 
 class Collector:
@@ -158,6 +162,9 @@ def render(results: dict) -> str:
         + (f" {len(skipped)} skipped." if skipped else "")
         + (f" {len(known)} known bug(s), marked xfail (see the rows)." if known else ""),
         "",
+        _adversary_totals(entries),
+        "",
+        *_threat_model(),
     ]
     for key, title in CATEGORIES.items():
         group = [e for e in entries if e[0] == key]
@@ -206,9 +213,46 @@ def render(results: dict) -> str:
         "  through a filesystem that records every path, under `tracemalloc`, next to pickles",
         "  that would create a file if ever unpickled; hypothesis mutates a real manifest",
         "  (subtrees replaced by hostile values, keys dropped or added, bytes flipped, truncated).",
+        "- **Adversarial sequences**: a hypothesis state machine (`tests/faults/adversary/`)",
+        "  interleaves saves, loads, the `ckptflow ckpt` tools, crashes and the damage of the",
+        "  threat model above, checking invariants (a)-(f) against its own ground truth after",
+        "  every operation; each minimal sequence it found is replayed as a regression test.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _threat_model() -> list[str]:
+    """The "Threat model" section, from tests/faults/adversary/threat_model.py (loaded by path:
+    the adversary package itself imports torch)."""
+    spec = importlib.util.spec_from_file_location("threat_model", THREAT_MODEL)
+    tm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tm)
+    lines = ["## Threat model", "", "What the adversary (`tests/faults/adversary/`) attacks:", ""]
+    lines += [f"- **{what}**: {how}." for what, how in tm.ATTACKS]
+    lines += ["", f"What it runs between the damage: {tm.OPERATIONS}.", ""]
+    lines += ["What must hold after every operation:", ""]
+    lines += [f"- ({key}) {text}." for key, text in tm.INVARIANTS]
+    return [*lines, ""]
+
+
+_ADV = re.compile(r"(\d+) sequences, (\d+) operations; \d+ damage kinds: (.*)")
+
+
+def _adversary_totals(entries: list) -> str:
+    """One line: sequences, operations and distinct damage kinds over the adversary's rows."""
+    seqs = ops = 0
+    kinds: set[str] = set()
+    for category, _, _, _, detail in entries:
+        m = _ADV.fullmatch(str(detail)) if category == "adversary" else None
+        if m:
+            seqs, ops = seqs + int(m[1]), ops + int(m[2])
+            kinds |= {k.rsplit(" x", 1)[0] for k in m[3].split(", ") if k != "none"}
+    return (
+        f"**Adversary: {seqs} random sequences, {ops} operations, {len(kinds)} kinds of damage**"
+        " (the variants' rows below; replays of the minimal sequences it found are the rows"
+        " named `replay:`)."
+    )
 
 
 def _category_of(nodeid: str) -> str:
@@ -221,6 +265,7 @@ def _category_of(nodeid: str) -> str:
         ("hostile", "test_hostile"),
         ("hostile", "test_fuzz"),
         ("secrets", "test_secrets"),
+        ("adversary", "test_adversary"),
     ):
         if part in nodeid:
             return key
