@@ -59,7 +59,10 @@ class StorageOptions:
 
     def s3_kwargs(self) -> dict:
         """The fsspec/s3fs options these stand for."""
-        opts: dict = {}
+        # No listings cache: fsspec shares one S3 filesystem per option set, so a listing made
+        # earlier in this process (ls, gc, an evaluator) would hide an object written since and
+        # a save that committed would not load ("data file is missing").
+        opts: dict = {"use_listings_cache": False}
         client = {"endpoint_url": self.endpoint_url, "region_name": self.region}
         if any(client.values()):
             opts["client_kwargs"] = {k: v for k, v in client.items() if v}

@@ -17,13 +17,16 @@ CORE = Path(__file__).resolve().parents[2] / "ckptflow" / "core"
 
 
 def test_options_become_s3fs_kwargs():
-    assert StorageOptions().s3_kwargs() == {}
+    no_cache = {"use_listings_cache": False}  # a stale listing hid committed objects
+    assert StorageOptions().s3_kwargs() == no_cache
     opts = StorageOptions(endpoint_url="http://minio:9000", region="eu-west-1")
     assert opts.s3_kwargs() == {
-        "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1"}
+        **no_cache,
+        "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "eu-west-1"},
     }
     keyed = StorageOptions(region="us-east-1", credentials=("id", "very-secret"))
     assert keyed.s3_kwargs() == {
+        **no_cache,
         "client_kwargs": {"region_name": "us-east-1"},
         "key": "id",
         "secret": "very-secret",

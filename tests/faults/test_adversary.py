@@ -31,12 +31,7 @@ VARIANTS = {
 }
 # Variants that find a defect the current engine still has, each replayed (minimal) in
 # tests/faults/test_adversary_replays.py; strict: once it is fixed the mark must go.
-KNOWN: dict[str, str] = {
-    "all-s3": (
-        "invariant (e): a save on S3 after trainer restarts reports success but does not load "
-        "back, its object 'data file is missing' (replay s3-restart-gap-save-object-missing)"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 DEFAULT_EXAMPLES = {"local": 30, "s3": 6}
 STEPS = 12

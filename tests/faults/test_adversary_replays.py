@@ -231,14 +231,7 @@ REPLAYS = {
 
 
 # id: (defect, reason it is still expected to fail) for sequences that still break an invariant.
-STILL_FAILING: dict[str, str] = {
-    "s3-restart-gap-save-object-missing": (
-        "found by test_adversary_s3[all] on main: invariant (e), a successful save on S3 does "
-        "not load back: Storage.read of its new object raises FileNotFoundError from the s3fs "
-        "listings cache (fsspec shares one S3FileSystem per options; an earlier listing of "
-        "objects/8e/ in the process is stale); passes with fs.invalidate_cache() before reads"
-    ),
-}
+STILL_FAILING: dict[str, str] = {}
 
 
 def _param(key: str):
