@@ -12,7 +12,7 @@ def test_storage_options_from_the_environment(monkeypatch):
     for var in S3_VARS:
         monkeypatch.delenv(var, raising=False)
     assert env.storage_options() == StorageOptions()
-    assert env.s3_storage_options() == {}
+    assert env.s3_storage_options() == {"use_listings_cache": False}
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic:9000")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     assert env.storage_options() == StorageOptions("http://generic:9000", "eu-west-1")
@@ -20,7 +20,8 @@ def test_storage_options_from_the_environment(monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     assert env.storage_options() == StorageOptions("http://s3-only:9000", "us-east-1")
     assert env.s3_storage_options() == {
-        "client_kwargs": {"endpoint_url": "http://s3-only:9000", "region_name": "us-east-1"}
+        "use_listings_cache": False,
+        "client_kwargs": {"endpoint_url": "http://s3-only:9000", "region_name": "us-east-1"},
     }
 
 
