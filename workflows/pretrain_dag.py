@@ -55,14 +55,9 @@ def torchrun_args(c: PretrainConfig) -> list[str]:
     ]
 
 
-def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
-    """Add the pretraining templates and their DAG (inputs run_root, parent_run_id).
-
-    Call inside a Workflow context; the DAG is invoked as a task of the caller's DAG.
-    """
+def _rdzv_template(cfg: PipelineConfig):
+    """The daemon hosting the c10d rendezvous store, ready once it accepts connections."""
     p, c = cfg.platform, cfg.pretrain
-    if c.ranks < 1 or c.procs_per_rank < 1:
-        raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
     rdzv = step(
         "rdzv", "rdzv", to_argv(RdzvArgs(port=c.rdzv_port)), platform=p, daemon=True, with_env=False
     )
@@ -71,6 +66,18 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         tcp_socket=TCPSocketAction(port=c.rdzv_port), period_seconds=2, failure_threshold=30
     )
     rdzv.ports = [ContainerPort(container_port=c.rdzv_port, name="rdzv")]
+    return rdzv
+
+
+def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
+    """Add the pretraining templates and their DAG (inputs run_root, parent_run_id).
+
+    Call inside a Workflow context; the DAG is invoked as a task of the caller's DAG.
+    """
+    p, c = cfg.platform, cfg.pretrain
+    if c.ranks < 1 or c.procs_per_rank < 1:
+        raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
+    rdzv = _rdzv_template(cfg)
     train = to_argv(
         c.train, run_root=param("run_root"), mlflow_parent_run_id=param("parent_run_id")
     )
