@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import fsspec
 
+import ckptflow.core.localfs as localfs
+import ckptflow.core.retry as retry
 from ckptflow.core.storage_errors import (
     AlreadyExists,
     StorageError,
     absent,
     precondition_failed,
+    transient,
     translate,
 )
 from ckptflow.core.uris import PROTOCOLS, join_path, split_uri
@@ -34,8 +35,6 @@ MULTIPART_CHUNK = 8 << 20
 # File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
 # a look at it is sure to show a newer change time (see Storage.fingerprint).
 SETTLED_NS = 2_000_000_000
-# Temporary files of atomic exclusive creates on local disk (see Storage._write_local).
-_TMP_RE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,8 @@ class StorageOptions:
     region: str | None = None  # S3 region; None: botocore's default
     # (key id, secret) for a private server whose keys are not in this process's environment
     credentials: tuple[str, str] | None = field(default=None, repr=False)
+    # how long an unreachable or throttling object store is retried before a call fails
+    retry_seconds: float = 120.0
 
     def s3_kwargs(self) -> dict:
         """The fsspec/s3fs options these stand for."""
@@ -73,7 +74,7 @@ class StorageOptions:
 
 def is_temporary(name: str) -> bool:
     """True for the hidden temporary file of an atomic write (left behind by a crash)."""
-    return bool(_TMP_RE.match(name))
+    return localfs.is_temporary(name)
 
 
 def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
@@ -135,13 +136,25 @@ class Storage:
         options: a root found through this one is read the way this one is."""
         return Storage(uri, options=self.options)
 
+    def _io(self, fn, *args, **kw):
+        """`fn(*args, **kw)` on the backend; on an object store, transient failures (endpoint
+        unreachable, throttled) are retried until `options.retry_seconds` (an outage of a
+        minute must not fail a save that then costs a pod retry)."""
+        if self.protocol in ("file", "local", "memory"):
+            return fn(*args, **kw)
+        what = f"{getattr(fn, '__name__', 'call')} {self.protocol}://{args[0] if args else ''}"
+        deadline = self.options.retry_seconds
+        return retry.call(
+            lambda: fn(*args, **kw), deadline_s=deadline, transient=transient, what=what
+        )
+
     # -- reads ---------------------------------------------------------------------------------
     def read(self, rel: str, limit: int | None = None) -> bytes:
         """A whole file, or its first `limit` bytes: a reader of a small untrusted file asks
         for one byte more than it accepts, so a huge file costs no more than that."""
         span = {} if limit is None else {"start": 0, "end": limit}
         try:
-            return self.fs.cat_file(self.path(rel), **span)
+            return self._io(self.fs.cat_file, self.path(rel), **span)
         except FileNotFoundError as exc:
             if absent(exc):
                 raise
@@ -154,19 +167,19 @@ class Storage:
 
     def exists(self, rel: str) -> bool:
         try:
-            return self.fs.exists(self.path(rel))
+            return self._io(self.fs.exists, self.path(rel))
         except Exception as exc:
             raise translate(exc, self.url(rel)) from exc
 
     def is_file(self, rel: str = "") -> bool:
         """True when `rel` (default: the root itself) is a regular file, not a folder/prefix."""
         try:
-            return bool(self.fs.isfile(self.path(rel)))
+            return bool(self._io(self.fs.isfile, self.path(rel)))
         except Exception as exc:
             raise translate(exc, self.url(rel)) from exc
 
     def size(self, rel: str) -> int:
-        return int(self.fs.size(self.path(rel)))
+        return int(self._io(self.fs.size, self.path(rel)))
 
     def fingerprint(self, rel: str) -> tuple | None:
         """A cheap token (no data read) that differs whenever the file at `rel` is rewritten,
@@ -181,7 +194,7 @@ class Storage:
             return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
         if self.protocol == "s3":
             try:
-                info = self.fs.info(path, refresh=True)
+                info = self._io(self.fs.info, path, refresh=True)
             except FileNotFoundError:
                 raise
             except Exception as exc:
@@ -193,7 +206,7 @@ class Storage:
     def mtime(self, rel: str) -> float:
         """A file's modification time by the storage's own clock (the clock GC compares)."""
         try:
-            return _mtime(self.fs.info(self.path(rel)))
+            return _mtime(self._io(self.fs.info, self.path(rel)))
         except FileNotFoundError:
             raise
         except Exception as exc:
@@ -202,7 +215,7 @@ class Storage:
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:
-            entries = self.fs.ls(self.path(rel), detail=False, refresh=True)
+            entries = self._io(self.fs.ls, self.path(rel), detail=False, refresh=True)
         except FileNotFoundError as exc:
             if not absent(exc):
                 raise translate(exc, self.url(rel)) from exc
@@ -213,13 +226,13 @@ class Storage:
         except Exception as exc:
             raise translate(exc, self.url(rel)) from exc
         names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
-        return sorted(n for n in names if not _TMP_RE.match(n))
+        return sorted(n for n in names if not localfs.is_temporary(n))
 
     def walk(self, rel: str = "") -> list[Entry]:
         """Every file below `rel`, recursively, with size and modification time."""
         base = self.path(rel)
         try:
-            found = self.fs.find(base, detail=True, withdirs=False)
+            found = self._io(self.fs.find, base, detail=True, withdirs=False)
         except FileNotFoundError as exc:
             if not absent(exc):
                 raise translate(exc, self.url(rel)) from exc
@@ -262,7 +275,8 @@ class Storage:
                 self._write_local(path, data, exclusive, durable, atomic)
             elif self.protocol == "s3":
                 # Files over 2 x MULTIPART_CHUNK go up as parallel multipart uploads.
-                self.fs.pipe_file(
+                self._io(
+                    self.fs.pipe_file,
                     path,
                     bytes(data) if isinstance(data, memoryview) else data,
                     mode="create" if exclusive else "overwrite",
@@ -276,7 +290,7 @@ class Storage:
             raise
         except Exception as exc:
             # Only S3's refusal of `If-None-Match: *` means another writer has the name (a
-            # local claim raises AlreadyExists itself, in _write_local).
+            # local claim raises AlreadyExists itself, in localfs.write).
             if exclusive and self.protocol == "s3" and precondition_failed(exc):
                 if self._landed(rel, data):
                     return
@@ -295,52 +309,10 @@ class Storage:
         except Exception:
             return False
 
-    @staticmethod
-    def _write_local(
-        path: str, data, exclusive: bool, durable: bool = True, atomic: bool = False
-    ) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if not (exclusive or atomic):
-            Storage._write_fd(path, data, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, durable)
-            return
-        # A reader must never see a half-written marker (an empty COMMIT reads as corrupt, an
-        # empty ARCHIVED as damage, a torn PIN or eval.json loses what keeps a step): write a
-        # hidden temporary file, then put it in place in one step. A crash in between leaves
-        # only the hidden temporary file, which listdir does not show (GC removes it later).
-        tmp = os.path.join(
-            os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp"
-        )
-        Storage._write_fd(tmp, data, os.O_WRONLY | os.O_CREAT | os.O_EXCL, durable)
-        try:
-            if exclusive:
-                # A hard link creates the name atomically and only if it is free, so only one
-                # writer wins.
-                try:
-                    os.link(tmp, path)
-                except FileExistsError as exc:  # the claim: only this error means another writer
-                    raise AlreadyExists(f"{path} already exists") from exc
-            else:
-                # A replacement that is meant (a new pin reason, a new evaluation): the name
-                # points at the old file or the new one, never at a truncated one.
-                os.replace(tmp, path)
-                tmp = None
-        finally:
-            if tmp is not None:
-                os.unlink(tmp)
-
-    @staticmethod
-    def _write_fd(path: str, data, flags: int, durable: bool) -> None:
-        fd = os.open(path, flags, 0o644)
-        try:
-            for chunk in data if isinstance(data, list) else [data]:
-                view = memoryview(chunk).cast("B")
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+    def _write_local(self, path: str, data, exclusive: bool, durable=True, atomic=False) -> None:
+        """A local-disk write (ckptflow.core.localfs); a seam a test overrides to fail as a
+        full disk or a missing permission does."""
+        localfs.write(path, data, exclusive, durable, atomic)
 
     def touch(self, rel: str, data: bytes) -> None:
         """Refresh a file's modification time (a save's heartbeat on its intent): local disk
@@ -362,7 +334,7 @@ class Storage:
         """Delete files; missing ones are ignored (so an interrupted delete can be repeated)."""
         for rel in rels:
             try:
-                self.fs.rm_file(self.path(rel))
+                self._io(self.fs.rm_file, self.path(rel))
             except FileNotFoundError as exc:
                 if not absent(exc):
                     raise translate(exc, self.url(rel)) from exc
@@ -375,7 +347,7 @@ class Storage:
             return
         bucket = self._base.split("/", 1)[0]
         try:
-            self.fs.ls(bucket, refresh=True)
+            self._io(self.fs.ls, bucket, refresh=True)
         except FileNotFoundError as exc:
             raise StorageError(
                 f"s3://{bucket}: the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"

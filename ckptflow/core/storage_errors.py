@@ -10,7 +10,12 @@ import errno
 
 
 class StorageError(RuntimeError):
-    """A storage problem the user can fix (bad URI, missing bucket, credentials, full disk)."""
+    """A storage problem the user can fix (bad URI, missing bucket, credentials, full disk);
+    `kind` is its row in the table below (None when raised for another reason)."""
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class AlreadyExists(StorageError):
@@ -101,6 +106,18 @@ def classify(exc: BaseException) -> str | None:
     return _ERRNOS.get(exc.errno) if isinstance(exc, OSError) else None
 
 
+# Kinds that pass by themselves: the same call a little later may succeed (retried with backoff
+# by ckptflow.core.retry); every other kind needs a person or never passes.
+TRANSIENT_KINDS = frozenset({"unreachable", "throttled"})
+
+
+def transient(exc: BaseException) -> bool:
+    """True when `exc` (raw, or a StorageError made from one) is worth retrying."""
+    if isinstance(exc, StorageError):
+        return exc.kind in TRANSIENT_KINDS
+    return classify(exc) in TRANSIENT_KINDS
+
+
 def precondition_failed(exc: BaseException) -> bool:
     """True when S3 refused an exclusive create (`If-None-Match: *`): the object exists."""
     code, status = s3_error(exc)
@@ -113,7 +130,7 @@ def translate(exc: BaseException, uri: str) -> BaseException:
     if kind is None:
         return exc
     code = s3_error(exc)[0] or type(exc).__name__
-    return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}")
+    return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}", kind=kind)
 
 
 def absent(exc: FileNotFoundError) -> bool:

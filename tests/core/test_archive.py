@@ -10,6 +10,7 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
 
+import ckptflow.core.localfs as localfs
 from ckptflow.ckpt_cli import main
 from ckptflow.core import layout, listing, rootreader
 from ckptflow.core.archive import archive
@@ -251,7 +252,7 @@ def test_a_dangling_or_unsupported_archived_marker_costs_only_its_step(tmp_path,
 def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
     root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
     states = save_steps(root, range(1, 4), full_every=1)
-    real = Storage._write_fd
+    real = localfs._write_fd
 
     def killed(path, data, flags, durable):
         if "ARCHIVED" in os.path.basename(path):
@@ -259,10 +260,10 @@ def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
             raise KeyboardInterrupt("archiver killed")
         return real(path, data, flags, durable)
 
-    monkeypatch.setattr(Storage, "_write_fd", staticmethod(killed))
+    monkeypatch.setattr(localfs, "_write_fd", killed)
     with pytest.raises(KeyboardInterrupt):
         archive(root, arch, 0.001, apply=True, now=time.time() + 10, grace_s=0)
-    monkeypatch.setattr(Storage, "_write_fd", staticmethod(real))
+    monkeypatch.setattr(localfs, "_write_fd", real)
     assert not Storage(root).exists(f"{layout.step_dir(1)}/{layout.ARCHIVED}")
     rows = rows_of(root)
     assert [rows[s].state for s in (1, 2, 3)] == ["committed"] * 3 and rows[1].tier == "hot"

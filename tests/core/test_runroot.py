@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+import ckptflow.core.localfs as localfs
 from ckptflow.core import runroot
 from ckptflow.core.runroot import EvalRecord, RecordError
 from ckptflow.core.storage import Storage
@@ -241,7 +242,7 @@ def test_a_killed_writer_never_leaves_a_torn_pin_or_eval_record(tmp_path, monkey
     ckpt = Storage(str(tmp_path / "ckpt"))
     runroot.pin(ckpt, 7, "published v1")
     runroot.write_eval(ckpt, runroot.EvalRecord(7, metrics={"val_loss": 0.5}))
-    real = Storage._write_fd
+    real = localfs._write_fd
     name = runroot.PIN if what == "pin" else runroot.EVAL
 
     def killed(path, data, flags, durable):
@@ -250,12 +251,12 @@ def test_a_killed_writer_never_leaves_a_torn_pin_or_eval_record(tmp_path, monkey
             raise KeyboardInterrupt("killed")
         return real(path, data, flags, durable)
 
-    monkeypatch.setattr(Storage, "_write_fd", staticmethod(killed))
+    monkeypatch.setattr(localfs, "_write_fd", killed)
     with pytest.raises(KeyboardInterrupt):
         if what == "pin":
             runroot.pin(ckpt, 7, "republished")
         else:
             runroot.write_eval(ckpt, runroot.EvalRecord(7, metrics={"val_loss": 0.4}))
-    monkeypatch.setattr(Storage, "_write_fd", staticmethod(real))
+    monkeypatch.setattr(localfs, "_write_fd", real)
     assert runroot.pin_reason(ckpt, 7) == "published v1"  # the old file, whole
     assert runroot.read_eval(ckpt, 7).metrics == {"val_loss": 0.5}

@@ -32,7 +32,7 @@ class FailingDisk(Storage):
     def _write_local(self, path, data, exclusive, durable=True, atomic=False):
         if path.endswith(self.target):
             raise OSError(self.err, os.strerror(self.err), path)
-        return Storage._write_local(path, data, exclusive, durable, atomic)
+        return super()._write_local(path, data, exclusive, durable, atomic)
 
 
 @pytest.fixture

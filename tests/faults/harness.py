@@ -78,7 +78,7 @@ class KillingStorage(Storage):
 
     def _torn_write(self, rel: str, data: bytes) -> None:
         """Half of the marker reaches storage. Locally that is the hidden temporary file an
-        exclusive create writes before linking it into place (as Storage._write_local names
+        exclusive create writes before linking it into place (as ckptflow.core.localfs.write names
         it); on S3 a half-written COMMIT object, which a real interrupted PUT can never
         leave: that makes the S3 case stricter than reality."""
         half = data[: len(data) // 2]

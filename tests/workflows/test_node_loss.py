@@ -45,23 +45,36 @@ class Killer(threading.Thread):
         super().__init__(daemon=True)
         self.node, self.select, self.ready, self.times = node, select, ready, times
         self.killed: list[str] = []
+        self.error: BaseException | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
+        try:
+            self._hunt()
+        except BaseException as exc:  # a dead killer must fail the test, not pass for no kill
+            self.error = exc
+            raise
+
+    def _hunt(self) -> None:
         seen = set()
         while not self.stop.is_set() and len(self.killed) < self.times:
             for pod in list(self.node.pods()):
-                if id(pod) in seen or not self.select(pod):
+                if id(pod) in seen or pod.cgroups is None or not self.select(pod):
                     continue
-                with contextlib.suppress(OSError, ValueError):
-                    if pod.cgroups is not None and self.ready(pod):
-                        seen.add(id(pod))
-                        pod.cgroups.kill_all()
-                        self.killed.append(f"{pod.name} {pod.ip} at {time.monotonic():.1f}")
+                if not self.ready(pod):
+                    continue
+                seen.add(id(pod))
+                # recorded before the kill: a pod whose cgroup goes away while it is being
+                # emptied (the runner releases a dead pod at once) was killed all the same
+                self.killed.append(f"{pod.name} {pod.ip} at {time.monotonic():.1f}")
+                with contextlib.suppress(OSError):
+                    pod.cgroups.kill_all()
             time.sleep(0.2)
 
 
 def _log(pod) -> str:
+    if not pod.log_path:
+        return ""
     with contextlib.suppress(OSError):
         return Path(pod.log_path).read_text(errors="replace")
     return ""
@@ -101,6 +114,7 @@ def _run(tmp_path: Path, name: str, overrides, killer_for=None, edit=None):
             stream=io.StringIO(), pod_node=node,
         )  # fmt: skip
         took = time.monotonic() - start
+        assert killer is None or killer.error is None, killer.error
         text = summary(cfg, name, result, tmp_path, env, tracking.dir / "mlflow.db")
     left = {k: v for k, v in leftovers(PREFIX + base36(os.getpid(), PID_DIGITS)).items() if v}
     assert not left, left
