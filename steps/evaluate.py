@@ -19,10 +19,12 @@ evaluator skips steps that have an eval.json; uncommitted steps are never touche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import warnings
 
@@ -40,8 +42,28 @@ from ckptflow.core import runroot
 from ckptflow.core.layout import step_dir
 from ckptflow.core.runroot import CLAIM
 from ckptflow.core.storage import AlreadyExists
+from ckptflow.core.storage_errors import transient
 
 log = logging.getLogger("ckptflow.evaluate")
+
+
+def _outage(exc: BaseException) -> bool:
+    """True when `exc`, or an error it was raised from, is the store being unreachable or
+    throttling (the load wraps storage errors in its own)."""
+    for _ in range(8):
+        if exc is None:
+            return False
+        if transient(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _claim_body() -> bytes:
+    """A claim: who holds it and when it was last refreshed (claim_time reads "at")."""
+    return json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+    ).encode()
 
 
 def parse_args(argv=None) -> EvaluateArgs:
@@ -58,6 +80,7 @@ class Evaluator:
         self.ck = Checkpointer(self.ckpt.uri, storage=self.ckpt)
         self.evaluated: list[int] = []
         self.failed: list[int] = []
+        self.claimed = ""  # the claim file of the step being evaluated
 
     # -- claims --------------------------------------------------------------------------------
     def done(self, step: int) -> bool:
@@ -83,16 +106,33 @@ class Evaluator:
             log.warning(
                 "step %d: claim %s is %.0fs old without a result; taking over", step, name, age
             )
-        body = {"host": socket.gethostname(), "pid": os.getpid(), "at": time.time()}
+        rel = f"{d}/{CLAIM if gen == 0 else f'{CLAIM}.{gen}'}"
         try:
-            self.ckpt.write(
-                f"{d}/{CLAIM if gen == 0 else f'{CLAIM}.{gen}'}",
-                json.dumps(body).encode(),
-                exclusive=True,
-            )
+            self.ckpt.write(rel, _claim_body(), exclusive=True)
         except AlreadyExists:
             return False
+        self.claimed = rel
         return True
+
+    @contextlib.contextmanager
+    def _heartbeat(self, rel: str):
+        """Keep the claim `rel` fresh while the evaluation runs (its "at" rewritten every
+        quarter of the ttl): a live evaluator's claim is never taken over, so the ttl can be
+        short and a killed evaluator's step goes on within minutes, not an hour."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.cfg.claim_ttl_seconds / 4):
+                with contextlib.suppress(Exception):  # a missed beat only ages the claim
+                    self.ckpt.write(rel, _claim_body(), atomic=True)
+
+        thread = threading.Thread(target=beat, name="claim-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     # -- one step ------------------------------------------------------------------------------
     def evaluate_step(self, step: int) -> runroot.EvalRecord:
@@ -134,15 +174,23 @@ class Evaluator:
         )
 
     def process(self, step: int) -> None:
-        """Evaluate `step` unless it is done or claimed; a failure is recorded, not raised."""
+        """Evaluate `step` unless it is done or claimed; a failure is recorded, not raised.
+
+        Exactly once: the record is an exclusive create and the result is reported only after
+        it (a kill before it reports nothing and the step is evaluated again; a takeover that
+        recorded first wins). An unreachable store releases the claim and records nothing, so
+        an outage does not mark the step failed for good: the next poll evaluates it."""
         if self.done(step) or not self.claim(step):
             return
         try:
-            record = self.evaluate_step(step)
-            log.info(
-                "step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in record.metrics.items())
-            )
+            with self._heartbeat(self.claimed):
+                record = self.evaluate_step(step)
         except Exception as exc:  # noqa: BLE001 - record it and go on with the other steps
+            if _outage(exc):
+                log.warning("step %d: %s; released, evaluated again on the next poll", step, exc)
+                with contextlib.suppress(Exception):
+                    self.ckpt.delete([self.claimed])
+                return
             log.error("step %d: evaluation failed: %s: %s", step, type(exc).__name__, exc)
             record = runroot.EvalRecord(
                 step=step,
@@ -150,8 +198,17 @@ class Evaluator:
                 error=f"{type(exc).__name__}: {exc}"[:2000],
                 evaluated_at=time.time(),
             )
+        try:
+            runroot.write_eval(self.ckpt, record, exclusive=True)
+        except AlreadyExists:
+            log.warning("step %d: recorded by another evaluator meanwhile; theirs stays", step)
+            return
+        if record.ok:
+            log.info(
+                "step %d: %s", step, " ".join(f"{k} {v:.4f}" for k, v in record.metrics.items())
+            )
+        else:
             self.failed.append(step)
-        runroot.write_eval(self.ckpt, record)
         self.evaluated.append(step)
 
     # -- the run -------------------------------------------------------------------------------

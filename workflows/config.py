@@ -105,7 +105,10 @@ class PretrainConfig:
     ranks: int = 2  # rank pods (torchrun nodes)
     procs_per_rank: int = 1  # processes per pod (GPUs per pod on GPU nodes)
     rdzv_port: int = RdzvArgs.port  # TCP port of the rendezvous store
-    rdzv_join_timeout_s: int = 600  # how long ranks wait for each other to join
+    # how long ranks wait for each other to (re)join; also how long a surviving rank waits for
+    # a lost one before it fails: short enough that a rank out of retries fails the workflow
+    # within minutes, long enough for a retried pod to be rescheduled and start
+    rdzv_join_timeout_s: int = 300
     max_restarts: int = 3  # in-pod restarts of the worker group (torchrun --max-restarts)
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)

@@ -103,7 +103,7 @@ class EvaluateArgs:
     poll_seconds: float = arg(10.0, "pause between polls of the checkpoint root")
     timeout_seconds: float = arg(6 * 3600.0, "give up following the run after this long")
     claim_ttl_seconds: float = arg(
-        3600.0, "a claim older than this without eval.json is taken over"
+        120.0, "a claim not refreshed for this long (its evaluator died) is taken over"
     )
     task: str = arg("", 'task to evaluate on ("": the task the checkpoint was trained on)')
     eval_batches: int = arg(4, "validation batches for the loss")

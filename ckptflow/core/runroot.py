@@ -262,13 +262,15 @@ def read_evals(
     return out
 
 
-def write_eval(ckpt: Storage, record: EvalRecord) -> None:
-    """Store `record` as its step's eval.json (checked first: never write what is refused)."""
+def write_eval(ckpt: Storage, record: EvalRecord, exclusive: bool = False) -> None:
+    """Store `record` as its step's eval.json (checked first: never write what is refused);
+    `exclusive`: only if the step has none yet (AlreadyExists otherwise), so of two evaluators
+    of one step exactly one records it."""
     rel = eval_path(record.step)
     doc = record.to_json()
     EvalRecord.from_json(doc, ckpt.url(rel), record.step)
     # atomic: a writer killed midway never leaves a torn record that loses the step its metrics
-    ckpt.write(rel, json.dumps(doc, indent=1).encode(), atomic=True)
+    ckpt.write(rel, json.dumps(doc, indent=1).encode(), atomic=True, exclusive=exclusive)
 
 
 # -- evaluator claims ----------------------------------------------------------------------------

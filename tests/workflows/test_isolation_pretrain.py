@@ -9,18 +9,14 @@ on the pods' bridge, all checkpoints through S3. Slow (a minute or two each).
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 from pathlib import Path
 
 import pytest
-from ckptflow.workflows.local import local_config, summary
-from ckptflow.workflows.local_services import S3_KEYS, MlflowServer, free_port, start_s3
-from ckptflow.workflows.render import manifests
-from ckptflow.workflows.runner import run_workflow
-from ckptflow.workflows.runner.isolation import new_node
 from ckptflow.workflows.runner.pods import PREFIX, available, leftovers
 from ckptflow.workflows.runner.pods.naming import PID_DIGITS, base36
+
+from tests.workflows.isolated import run_isolated
 
 WHY = available()
 pytestmark = [
@@ -43,30 +39,9 @@ def _without_local_addr(manifest: dict) -> None:
 
 
 def _run_pretrain(tmp_path: Path, name: str, deadline_s: int, edit=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **S3_KEYS}
-    with contextlib.ExitStack() as stack:
-        node = new_node()
-        stack.callback(node.close)
-        server, endpoint = start_s3(node.address)
-        stack.callback(server.stop)
-        tracking = stack.enter_context(
-            MlflowServer(node.address, tmp_path / name / "mlflow", free_port(node.address))
-        )
-        overrides = [*SMALL, f"pretrain.rank_deadline_s={deadline_s}"]
-        cfg = local_config(
-            tmp_path, s3_endpoint=endpoint, overrides=overrides, mlflow_uri=tracking.uri
-        )
-        manifest = manifests("pretrain", cfg)[0]
-        if edit is not None:
-            edit(manifest)
-        result = run_workflow(
-            manifest, workdir=str(tmp_path / name / "argo"), name=name, env=env,
-            stream=io.StringIO(), pod_node=node,
-        )  # fmt: skip
-        text = summary(cfg, name, result, tmp_path, env, tracking.dir / "mlflow.db")
-    left = {k: v for k, v in leftovers(PREFIX + base36(os.getpid(), PID_DIGITS)).items() if v}
-    assert not left, left
-    return result, text
+    overrides = [*SMALL, f"pretrain.rank_deadline_s={deadline_s}"]
+    out = run_isolated(tmp_path, name, overrides, edit=edit)
+    return out.result, out.text
 
 
 def _ranks(result) -> list[dict]:

@@ -9,21 +9,18 @@ in-process S3 and a real MLflow server on the pods' bridge, and kills pods as a 
 from __future__ import annotations
 
 import contextlib
-import io
-import os
 import re
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
-from ckptflow.workflows.local import local_config, summary
-from ckptflow.workflows.local_services import S3_KEYS, MlflowServer, free_port, start_s3
-from ckptflow.workflows.render import manifests
-from ckptflow.workflows.runner import run_workflow
-from ckptflow.workflows.runner.isolation import new_node
-from ckptflow.workflows.runner.pods import PREFIX, available, leftovers
-from ckptflow.workflows.runner.pods.naming import PID_DIGITS, base36
+from ckptflow.workflows.runner.pods import available
+
+from tests.workflows.isolated import run_isolated
 
 WHY = available()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"pods unavailable: {WHY}")
@@ -87,38 +84,11 @@ def _is_rank(index: int):
     )
 
 
-def _run(tmp_path: Path, name: str, overrides, killer_for=None, edit=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **S3_KEYS}
-    killer = None
-    with contextlib.ExitStack() as stack:
-        node = new_node()
-        stack.callback(node.close)
-        server, endpoint = start_s3(node.address)
-        stack.callback(server.stop)
-        tracking = stack.enter_context(
-            MlflowServer(node.address, tmp_path / name / "mlflow", free_port(node.address))
-        )
-        cfg = local_config(
-            tmp_path, s3_endpoint=endpoint, overrides=[*BASE, *overrides], mlflow_uri=tracking.uri
-        )
-        manifest = manifests("pretrain", cfg)[0]
-        if edit is not None:
-            edit(manifest)
-        if killer_for is not None:
-            killer = killer_for(node)
-            killer.start()
-            stack.callback(killer.stop.set)
-        start = time.monotonic()
-        result = run_workflow(
-            manifest, workdir=str(tmp_path / name / "argo"), name=name, env=env,
-            stream=io.StringIO(), pod_node=node,
-        )  # fmt: skip
-        took = time.monotonic() - start
-        assert killer is None or killer.error is None, killer.error
-        text = summary(cfg, name, result, tmp_path, env, tracking.dir / "mlflow.db")
-    left = {k: v for k, v in leftovers(PREFIX + base36(os.getpid(), PID_DIGITS)).items() if v}
-    assert not left, left
-    return result, text, killer, took
+def _run(tmp_path: Path, name: str, overrides, killer_for=None, edit=None, gate=None):
+    out = run_isolated(
+        tmp_path, name, [*BASE, *overrides], edit=edit, side_for=killer_for, gate=gate
+    )
+    return out.result, out.text, out.side, out.took
 
 
 def _ranks(result) -> list[dict]:
@@ -202,12 +172,6 @@ def _evaluator_logs(result) -> str:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 15 (c), open: a kill that lands between an evaluator's result line and its "
-    "eval.json lets the retried evaluator (or evaluate-final) evaluate that step again "
-    "(seen once in a fresh-clone CI run: step 10 twice); passes when the kill lands after",
-)
 @pytest.mark.timeout(420)
 def test_the_evaluator_killed_mid_evaluation_is_retried_and_evaluates_each_step_once(tmp_path):
     def killer_for(node):
@@ -230,3 +194,98 @@ def test_the_evaluator_killed_mid_evaluation_is_retried_and_evaluates_each_step_
     results = re.findall(r"ckptflow\.evaluate INFO step (\d+): val_loss", _evaluator_logs(result))
     assert sorted(map(int, results)) == [10, 20, 30, 40, 50, 60], results  # each exactly once
     assert "pretrain: 6 committed checkpoints" in text, text
+
+
+class Gate:
+    """A TCP forwarder in front of the S3 server: `cut()` makes S3 unreachable (open
+    connections reset, new ones refused) until `mend()`, as a network partition does."""
+
+    def __init__(self) -> None:
+        self.up = threading.Event()
+        self.up.set()
+        self.conns: list[socket.socket] = []
+        self.server: socket.socket | None = None
+
+    def open_to(self, host: str, endpoint: str) -> str:
+        u = urlparse(endpoint)
+        self.upstream = (u.hostname, u.port)
+        self.server = socket.create_server((host, 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"http://{host}:{self.server.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.up.is_set():
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # a reset: nothing answers there now
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self) -> None:
+        self.up.clear()
+        for s in self.conns:
+            with contextlib.suppress(OSError):
+                s.close()
+        self.conns = []
+
+    def mend(self) -> None:
+        self.up.set()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+class Outage(Killer):
+    """Not a kill: S3 goes away for `seconds` once rank 0 has committed checkpoint 20."""
+
+    def __init__(self, node, gate: Gate, seconds: float) -> None:
+        super().__init__(node, None, None)
+        self.gate, self.seconds = gate, seconds
+
+    def _hunt(self) -> None:
+        while not self.stop.is_set():
+            if any(
+                "checkpoint 20 committed" in _log(p) for p in self.node.pods() if _is_rank(0)(p)
+            ):
+                self.gate.cut()
+                self.killed.append(f"S3 cut at {time.monotonic():.1f}")
+                self.stop.wait(self.seconds)
+                self.gate.mend()
+                return
+            time.sleep(0.2)
+
+
+@pytest.mark.timeout(480)
+def test_s3_unreachable_for_30_s_mid_run_retries_and_loses_nothing(tmp_path):
+    """Before the fix a save or an evaluator's read during the outage failed at once; the
+    evaluator recorded nothing and its claim kept the step from everyone for an hour."""
+    gate = Gate()
+    result, text, outage, took = _run(
+        tmp_path, "loss-d", [], lambda node: Outage(node, gate, 30.0), gate=gate
+    )
+    assert outage.killed, result.table
+    assert result.phase == "Succeeded", result.table
+    assert "pretrain: 6 committed checkpoints" in text, text  # nothing lost
+    results = re.findall(r"ckptflow\.evaluate INFO step (\d+): val_loss", _evaluator_logs(result))
+    assert sorted(map(int, results)) == [10, 20, 30, 40, 50, 60], results  # each exactly once
