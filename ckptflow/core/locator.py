@@ -36,6 +36,11 @@ def read_object(storage: Storage, key: str, fallbacks: list[Storage]) -> tuple[b
             return st.read(rel), st.url(rel)
         except FileNotFoundError:
             continue
+        except StorageError as exc:
+            # a folder where the object's file goes (or a file where its folder goes) is that
+            # object missing, not a wrong root: the step is damaged and a load falls back
+            if exc.kind != "not-a-folder":
+                raise
     raise FileNotFoundError(storage.url(rel))
 
 

@@ -155,6 +155,7 @@ class CkptStorageWriter(StorageWriter):
                 f"step {step} is already committed under {st.uri}; checkpoints are immutable: "
                 "save under a new step number (or delete it with `ckptflow ckpt gc`)"
             )
+        _clear_stray_archived(st, step)
         # GC reads the intent to tell a live save: it must never be torn (atomic writes)
         rel, blob = intent.write_intent(st, step, self.job.save_id, self.job.world_size)
         self._heartbeat = _Heartbeat(st, rel, blob)
@@ -376,3 +377,14 @@ class _Heartbeat:
             intent.end_intent(self.storage, self.rel, self.blob)
         except Exception as exc:
             log.warning("could not mark the save intent %s ended: %s", self.rel, exc)
+
+
+def _clear_stray_archived(st, step: int) -> None:
+    """Remove an ARCHIVED marker from the folder of a step that is not committed: the archiver
+    marks only committed steps and never removes COMMIT, so such a marker is debris or forged,
+    and left in place it would send every load of the new step to another root (which holds
+    no copy of it): the save would report success for a step that never loads."""
+    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
+    if st.exists(rel):
+        log.warning("removing %s: an archive marker in an uncommitted step folder", st.url(rel))
+        st.delete([rel])

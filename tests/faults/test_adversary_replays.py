@@ -15,6 +15,7 @@ from tests.faults.adversary import GROUPS, replay
 from tests.faults.adversary.truth import (
     BadSave,
     NeededDeleted,
+    NewestLost,
     NotClean,
     WrongBytes,
 )
@@ -226,6 +227,20 @@ REPLAYS = {
         BadSave,
         [save(change="same", gap=2, restart=1), save(gap=2, restart=1)],
         {"backend": "s3"},
+    ),
+    "object-shadowed-by-a-folder-fails-the-load": (
+        "slow run: the newest step's object replaced by a folder fails load(None) with 'a path "
+        "component is a file, not a folder' instead of falling back to the intact step (b)",
+        NewestLost,
+        [save(), save(), obj("shadow")],
+    ),
+    "dangling-archived-in-a-pending-folder-breaks-the-save": (
+        "slow run: a forged ARCHIVED in the folder of a step not yet saved: the save of that "
+        "step reports success with the marker left in it, so it never loads (e)",
+        BadSave,
+        [save(), ("plant_pending", {"how": "list", "ahead": 1}),
+         ("crash_save", {"after": 0, "at": None, "block": False}),
+         archived("dangling", pick=0), save()],
     ),
 }  # fmt: skip
 
