@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import recovery as rec
+import ckptflow.core.recovery as rec
 from ckptflow.core.retention import CatalogEntry, Policy, plan_retention
 
 GIB = 2**30
@@ -305,7 +305,11 @@ def simulate_footprint(
         )
     parsed = Policy.parse(policy) if policy else None
     best_k = sum(k for _, _, k in parsed.keep_best) if parsed else 0
-    simulated = Policy(parsed.keep_last, parsed.thinning) if parsed else None
+    simulated = (
+        Policy(parsed.keep_last, parsed.thinning, (), parsed.keep_full, parsed.keep_delta)
+        if parsed
+        else None
+    )
     period = interval_s + stall_s
     catalog: dict[int, CatalogEntry] = {}
     sizes: dict[int, float] = {}
