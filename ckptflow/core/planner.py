@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import ckptflow.core.recovery as rec
+from ckptflow.core.policy_syntax import parse_duration
 from ckptflow.core.retention import CatalogEntry, Policy, plan_retention
 
 GIB = 2**30
@@ -233,7 +234,16 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
     chosen = modes[-1]
     delta = size * i.delta_ratio if i.delta_ratio else None
     interval = i.interval_s or chosen.interval_s
-    fp = simulate_footprint(size, delta, i.full_every, interval, chosen.stall_s, i.run_s, i.policy)
+    fp = simulate_footprint(
+        size,
+        delta,
+        i.full_every,
+        interval,
+        chosen.stall_s,
+        i.run_s,
+        i.policy,
+        slim_ratio=i.weight_bytes / bpp,
+    )
     wall = chosen.expected_wall_s
     recovery = rec.recovery(
         interval_s=interval,
@@ -280,6 +290,20 @@ def restart_parts(i: PlanInputs) -> rec.RestartParts:
     )
 
 
+def _slim(catalog: dict, sizes: dict, slimmed: set, now: float, age: float, ratio: float) -> float:
+    """Shrink the checkpoints a `slim=AGE` policy demotes; the bytes that frees."""
+    latest = max(catalog)
+    bases = {e.base_step for e in catalog.values() if e.base_step is not None}
+    freed = 0.0
+    for step, e in catalog.items():
+        if step in slimmed or step == latest or step in bases or now - e.committed_at <= age:
+            continue
+        freed += sizes[step] * (1.0 - ratio)
+        sizes[step] *= ratio
+        slimmed.add(step)
+    return freed
+
+
 def simulate_footprint(
     size: float,
     delta_size: float | None,
@@ -289,6 +313,7 @@ def simulate_footprint(
     run_s: float,
     policy: str | None,
     progress: Progress | None = None,
+    slim_ratio: float = 1.0,
 ) -> Footprint:
     """Bytes stored over a run that saves every `interval_s` of compute, with GC after each save.
 
@@ -296,6 +321,9 @@ def simulate_footprint(
     from a UTC midnight so thinning buckets line up as they would in a real run; failures are
     left out. Keep-best rules need metrics a plan cannot know: they are left out of the
     simulated policy and K full checkpoints per rule are counted on top (an upper bound).
+    A policy's `slim=AGE` shrinks kept checkpoints older than AGE to `slim_ratio` of their
+    size (weights / everything), except the latest and any base of a kept delta (ckptflow.core.
+    slim: a delta keeps its base's optimizer objects referenced).
     """
     saves = int(run_s // interval_s)
     if saves > MAX_SIMULATED_SAVES:
@@ -311,6 +339,7 @@ def simulate_footprint(
         else None
     )
     period = interval_s + stall_s
+    slimmed: set[int] = set()
     catalog: dict[int, CatalogEntry] = {}
     sizes: dict[int, float] = {}
     stored = level = peak = area = 0.0  # level: stored + keep-best reserve, after GC
@@ -332,6 +361,8 @@ def simulate_footprint(
                 del catalog[step]
                 stored -= sizes.pop(step)
                 deleted += 1
+        if parsed is not None and parsed.slim and slim_ratio < 1.0:
+            stored -= _slim(catalog, sizes, slimmed, now, parse_duration(parsed.slim), slim_ratio)
         level = stored + min(best_k, deleted) * size
         peak_kept = max(peak_kept, len(catalog))
         if k % every == 0 or k == saves:  # at most about TIMELINE_POINTS samples, after GC

@@ -342,3 +342,24 @@ def test_cli_rpo_rto(capsys):
     assert out["read_gib_s_needed"] == pytest.approx(0.0812794, abs=1e-6)
     assert plan_cli.main([*ref, "--restart=5m", "--detect=1m"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_footprint_with_slim_by_hand():
+    # 14 B/param checkpoints of size 14, weights 2 (ratio 1/7); saves at 1h..5h (no stall);
+    # slim=90m shrinks a kept step older than 90 min to 2, never the latest:
+    # k=3: 14*3 = 42 before, step 1 (2h old) slimmed -> 30; k=4: 44 -> 32; k=5: 46 -> 34
+    fp = simulate_footprint(14.0, None, 1, 3600, 0.0, 5 * 3600, "last=10,slim=90m", None, 2 / 14)
+    assert fp.saves == 5 and fp.final_kept == 5
+    assert fp.final_bytes == pytest.approx(34.0) and fp.peak_bytes == pytest.approx(46.0)
+    plain = simulate_footprint(14.0, None, 1, 3600, 0.0, 5 * 3600, "last=10", None, 2 / 14)
+    assert plain.final_bytes == pytest.approx(70.0)
+
+
+def test_brief_run_slim_after_7_days_saves_the_optimizer_of_weekly_checkpoints():
+    policy = "last=5,thin=2h:all/1d:1h/7d:1d/*:7d"
+    base = plan(brief_run(policy=policy, interval_s=3600.0)).footprint
+    slim = plan(brief_run(policy=policy + ",slim=7d", interval_s=3600.0)).footprint
+    # same checkpoints kept; those older than 7 days (the 7-day tier: 8 at the end, bases of
+    # no delta) keep 2 of 14 B/param: 8 x 4.2 TB x 12/14 = 28.8 TB less
+    assert slim.final_kept == base.final_kept
+    assert base.final_bytes - slim.final_bytes == pytest.approx(28.8e12)
