@@ -8,9 +8,9 @@ records and its event log (ckptflow.core.health); torch-free.
 - achieved RPO: the largest gap between the commit times of consecutive valid steps;
 - commit-to-evaluated latency: eval record time less commit time, median and max;
 - last verified step: the newest step a verify or drill read in full without fault;
-- recoveries: loads that resumed training; time to recover: from the last event before the
-  restart (the failed run's last save or load) to the resumed load's end, an upper bound of
-  detection + rescheduling + load.
+- recoveries: loads that resumed training after a save; time to recover: from the training's
+  last save or resume before the restart to the resumed load's end, an upper bound of
+  detection + rescheduling + load (it includes the work lost since that save).
 """
 
 from __future__ import annotations
@@ -60,11 +60,15 @@ def _eval_latency(st: Storage, rows: list[listing.StepRow]) -> list[float]:
 
 
 def _recoveries(events: list[health.Event]) -> list[float]:
-    """Time to recover of each resume load: from the event before it to its end."""
-    out = []
-    for before, ev in zip(events, events[1:], strict=False):
-        if ev.kind == "load" and ev.resume and ev.outcome == "ok":
-            out.append(max(0.0, ev.at - before.at))
+    """Time to recover of each resume load: from the training's last recorded save or load
+    before it (the failed run's last sign of life) to its end. Drills, verifies and gc runs
+    are not the training's and do not count."""
+    out, last = [], None
+    for ev in events:
+        if ev.kind == "load" and ev.resume and ev.outcome == "ok" and last is not None:
+            out.append(max(0.0, ev.at - last))
+        if ev.kind == "save" or (ev.kind == "load" and ev.resume):
+            last = ev.at
     return out
 
 
