@@ -7,6 +7,8 @@
     ckptflow ckpt gc ROOT --policy SPEC [--grace 1h] [--yes] [--json]
     ckptflow ckpt archive ROOT --older-than 7d --to URI [--grace 1h] [--yes] [--json]
     ckptflow ckpt repair ROOT [--yes]
+    ckptflow ckpt slim ROOT --older-than 7d [--keep PREFIX ...] [--yes] [--json]
+    ckptflow ckpt stats ROOT [--json]
 
 ROOT is a local path or s3://bucket/prefix. gc and archive are dry runs unless --yes. Exit codes:
 0 success, 1 a verification found bad data, 2 a usage error (the message names the fix).
@@ -20,8 +22,8 @@ import sys
 import threading
 import time
 
-from ckptflow import cli_args, env
-from ckptflow.core import layout, listing, rootreader, runroot
+from ckptflow import ckpt_ops_cli, cli_args, env
+from ckptflow.core import health, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
 from ckptflow.core.retention import POLICY_EXAMPLE
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("repair", help="restore a lost or damaged root marker (dry run)")
     r.add_argument("root")
     r.add_argument("--yes", action="store_true", help="really write it (default: dry run)")
+    ckpt_ops_cli.add_parsers(sub, _duration)
     return p
 
 
@@ -95,6 +98,8 @@ def _table(rows: list[listing.StepRow]) -> list[str]:
         kind = r.kind or "-"
         if r.kind == "delta":
             kind = f"delta<{r.base_step}"
+        if r.slimmed_at is not None:
+            kind += ",slim"
         done = r.state != "uncommitted"
         body.append(
             (
@@ -182,8 +187,18 @@ def cmd_verify(args) -> int:
     n_bad = 0
     for step in steps:
         prog = _Progress(0, f"verify step {step}")
+        t0 = time.time()
         m, bad = listing.verify_step(st, step, progress=prog.add)
         prog.close()
+        health.record(
+            st,
+            "verify",
+            step=step,
+            outcome="failed" if bad else "ok",
+            duration_s=time.time() - t0,
+            bytes=m["stats"]["stored_bytes"] if m else 0,
+            error="; ".join(bad)[:400],
+        )
         if bad:
             n_bad += 1
             print(f"step {step}: CORRUPT")
@@ -270,7 +285,7 @@ def cmd_repair(args) -> int:
     return 0
 
 
-_VALUE_OPTIONS = {"--grace", "--older-than", "--step", "--policy", "--to", "--reason"}
+_VALUE_OPTIONS = {"--grace", "--older-than", "--step", "--policy", "--to", "--reason", "--keep"}
 
 COMMANDS = {
     "ls": cmd_ls,
@@ -280,6 +295,7 @@ COMMANDS = {
     "gc": cmd_gc,
     "archive": cmd_archive,
     "repair": cmd_repair,
+    **ckpt_ops_cli.COMMANDS,
 }
 
 

@@ -25,6 +25,7 @@ from ckptflow.core.planner import (
     precision_bytes,
 )
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
+from ckptflow.core.recovery import Recovery
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--read-gib-s", type=float, help="read GiB/s per host at restart (default: write)")
     a("--mtbf", required=True, help="mean time between failures, e.g. 48h")
     a("--mtbf-per", choices=("job", "node"), default="job", help="--mtbf is the job's or a host's")
-    a("--restart", default="10m", help="restart cost besides loading (default 10m)")
+    a("--restart", help="restart cost besides loading (default 10m = its three parts below)")
+    a("--detect", help="restart part: failure noticed (default 1m; replaces --restart)")
+    a("--reschedule", help="restart part: pods back and rendezvoused (default 5m)")
+    a("--warmup", help="restart part: loaded state to full speed (default 4m)")
+    a("--rpo", help="target: worst-case work lost per failure, e.g. 30m (solves the interval)")
+    a("--rto", help="target: failure to training again, e.g. 10m (solves the read bandwidth)")
     a("--run-length", required=True, help="training time without failures or saves, e.g. 60d")
     a("--policy", help="retention policy, e.g. last=5,thin=2h:all/1d:1h (default: keep all)")
     a("--delta-ratio", type=float, help="stored delta size / full size")
@@ -61,8 +67,18 @@ def _duration_or_zero(text: str) -> float:
     return 0.0 if text.strip().rstrip("smhdw") in ("0", "0.0") else parse_duration(text)
 
 
+def _optional(text: str | None, zero_ok: bool = True) -> float | None:
+    """An optional duration ('0' allowed where `zero_ok`)."""
+    if text is None:
+        return None
+    return _duration_or_zero(text) if zero_ok else parse_duration(text)
+
+
 def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     """PlanInputs from parsed arguments (raises ValueError with the fix on bad input)."""
+    parts = (args.detect, args.reschedule, args.warmup)
+    if args.restart is not None and any(p is not None for p in parts):
+        raise ValueError("give --restart or its parts (--detect, --reschedule, --warmup), not both")
     return PlanInputs(
         params=parse_count(args.params),
         gpus=args.gpus,
@@ -76,7 +92,12 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         mtbf_per=args.mtbf_per,
         snapshot_gib_s=args.snapshot_gib_s,
         read_gib_s=args.read_gib_s,
-        restart_s=_duration_or_zero(args.restart),
+        restart_s=_duration_or_zero(args.restart or "10m"),
+        detect_s=_optional(args.detect),
+        reschedule_s=_optional(args.reschedule),
+        warmup_s=_optional(args.warmup),
+        rpo_s=_optional(args.rpo, zero_ok=False),
+        rto_s=_optional(args.rto, zero_ok=False),
         policy=args.policy,
         delta_ratio=args.delta_ratio,
         full_every=args.full_every,
@@ -146,8 +167,35 @@ def render(r: PlanResult) -> str:
     ]
     if fp.best_reserve_bytes:
         rows.append(("  keep-best reserve", fmt_bytes(fp.best_reserve_bytes)))
+    if r.recovery is not None:
+        rows += recovery_rows(r.recovery)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def recovery_rows(v: Recovery) -> list[tuple[str, str]]:
+    """RPO and RTO at the plan's interval, then what the targets need (docs/planner.md)."""
+    rows = [
+        ("RPO expected", f"{fmt_seconds(v.rpo_expected_s)} at {fmt_seconds(v.interval_s)}"),
+        ("RPO worst case", fmt_seconds(v.rpo_worst_s)),
+        ("lost work over the run", fmt_seconds(v.lost_over_run_s)),
+        ("RTO", fmt_seconds(v.rto_s)),
+        (
+            "  detect+resched+load+warm",
+            " + ".join(fmt_seconds(x) for x in (v.detect_s, v.reschedule_s, v.load_s, v.warmup_s)),
+        ),
+    ]
+    if v.rpo_target_s is not None and v.interval_needed_s is not None:
+        needed = fmt_seconds(v.interval_needed_s) if v.interval_needed_s > 0 else "none"
+        rows.append((f"interval for RPO {fmt_seconds(v.rpo_target_s)}", f"<= {needed}"))
+    if v.rto_target_s is not None and v.read_gib_s_needed is not None:
+        bw = v.read_gib_s_needed
+        text = f">= {bw:.3g} GiB/s per host" if bw != float("inf") else "none suffices"
+        rows.append((f"read for RTO {fmt_seconds(v.rto_target_s)}", text))
+    if v.rpo_target_s is not None or v.rto_target_s is not None:
+        rows.append(("targets", "can be met" if v.feasible else "CANNOT be met"))
+        rows += [("  why", why) for why in v.problems]
+    return rows
 
 
 def _terminal_progress(done: int, total: int) -> None:
@@ -169,6 +217,11 @@ _VALUE_OPTIONS = {
     "--read-gib-s",
     "--mtbf",
     "--restart",
+    "--detect",
+    "--reschedule",
+    "--warmup",
+    "--rpo",
+    "--rto",
     "--run-length",
     "--delta-ratio",
     "--full-every",
@@ -192,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
     else:
         print(render(result))
+    if result.recovery is not None and not result.recovery.feasible:
+        for why in result.recovery.problems:
+            print(f"ckptflow plan: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

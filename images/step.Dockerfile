@@ -46,7 +46,7 @@ WORKDIR /home/ckptflow
 # Every entrypoint the workflows run (the steps of docs/contracts.md, the rendezvous daemon,
 # torchrun and the CLI) must import and parse its arguments here, so a missing module or
 # dependency fails the build rather than a workflow.
-ARG STEP_MODULES="ckptflow.steps.start_run ckptflow.steps.pretrain ckptflow.steps.evaluate ckptflow.steps.finetune ckptflow.steps.select ckptflow.steps.finish_run ckptflow.steps.rdzv"
+ARG STEP_MODULES="ckptflow.steps.start_run ckptflow.steps.pretrain ckptflow.steps.evaluate ckptflow.steps.finetune ckptflow.steps.select ckptflow.steps.finish_run ckptflow.steps.rdzv ckptflow.steps.drill"
 RUN for m in ${STEP_MODULES}; do python -m "$m" --help > /dev/null || exit 1; done \
  && python -m torch.distributed.run --help > /dev/null \
  && python -m ckptflow.cli --help > /dev/null

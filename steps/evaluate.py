@@ -38,7 +38,7 @@ from ckptflow.steps.lib.model import GPT, ModelConfig
 
 from ckptflow import env
 from ckptflow.contract import EvaluateArgs, parse
-from ckptflow.core import runroot
+from ckptflow.core import health, runroot
 from ckptflow.core.layout import step_dir
 from ckptflow.core.runroot import CLAIM
 from ckptflow.core.storage import AlreadyExists
@@ -209,6 +209,14 @@ class Evaluator:
             )
         else:
             self.failed.append(step)
+        health.record(
+            self.ckpt,
+            "evaluate",
+            step=step,
+            outcome=record.status,
+            duration_s=record.seconds or 0.0,
+            error=record.error or "",
+        )
         self.evaluated.append(step)
 
     # -- the run -------------------------------------------------------------------------------

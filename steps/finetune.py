@@ -33,6 +33,7 @@ from ckptflow.steps.lib.loop import (
     TrainObjects,
     check_loop_args,
     mark_finished,
+    save_outputs,
 )
 from ckptflow.steps.lib.model import GPT, ModelConfig, count_parameters, freeze_all_but_last
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -150,7 +151,7 @@ def metadata(cfg: FinetuneArgs, mcfg, trainable, base: BaseRef, base_metrics: di
 
 def train(cfg: FinetuneArgs, dinfo: distributed.DistInfo, lineage):
     """Open the base, build this job's model, optimizer, data and Checkpointer, train;
-    (last step, the Checkpointer, the base)."""
+    (last step, the Checkpointer, the base, the saves committed)."""
     rng.set_deterministic(cfg.seed)
     base_ck, base = open_base(cfg)
     mcfg = ModelConfig.from_dict(base.model_config)
@@ -204,7 +205,7 @@ def train(cfg: FinetuneArgs, dinfo: distributed.DistInfo, lineage):
     )
     last = loop.run(start)
     ck.close()
-    return last, ck, base
+    return last, ck, base, loop.saved
 
 
 def finish(cfg: FinetuneArgs, run, ck: Checkpointer, base: BaseRef, last: int) -> None:
@@ -236,9 +237,10 @@ def finish(cfg: FinetuneArgs, run, ck: Checkpointer, base: BaseRef, last: int) -
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     with distributed.ranked_step_run("finetune", cfg, log) as (dinfo, run):
-        last, ck, base = train(cfg, dinfo, run.lineage)
+        last, ck, base, saved = train(cfg, dinfo, run.lineage)
         if dinfo.is_main:
             finish(cfg, run, ck, base, last)
+            run.outputs.update(save_outputs(saved))
     return run.exit_code
 
 

@@ -24,6 +24,7 @@ from ckptflow.steps.lib.loop import (
     TrainObjects,
     check_loop_args,
     mark_finished,
+    save_outputs,
 )
 from ckptflow.steps.lib.model import config_for, count_parameters
 
@@ -38,8 +39,9 @@ def parse_args(argv=None) -> PretrainArgs:
     return parse(PretrainArgs, argv, description=__doc__.split("\n")[0], check=check_loop_args)
 
 
-def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
-    """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
+def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list]:
+    """Resume, train to --max-steps with checkpoints, wait for the last save; the last step
+    and the saves committed (for the step's save outputs)."""
     start = state.resume(ck, *objs, dinfo, lineage)
     run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
@@ -55,11 +57,12 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
     loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
     last = loop.run(start)
     ck.close()
-    return last
+    return last, loop.saved
 
 
-def train(cfg: PretrainArgs, dinfo: distributed.DistInfo, lineage) -> int:
-    """Build the model, optimizer, data and Checkpointer from `cfg`, train; the last step."""
+def train(cfg: PretrainArgs, dinfo: distributed.DistInfo, lineage) -> tuple[int, list]:
+    """Build the model, optimizer, data and Checkpointer from `cfg`, train; the last step and
+    the saves committed."""
     rng.set_deterministic(cfg.seed)
     mcfg = config_for(cfg.model, seq_len=cfg.seq_len, dropout=cfg.dropout)
     if mcfg.vocab_size < len(VOCAB):
@@ -83,9 +86,10 @@ def train(cfg: PretrainArgs, dinfo: distributed.DistInfo, lineage) -> int:
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     with distributed.ranked_step_run("pretrain", cfg, log) as (dinfo, run):
-        last = train(cfg, dinfo, run.lineage)
+        last, saved = train(cfg, dinfo, run.lineage)
         if dinfo.is_main:
             mark_finished(run, cfg.run_root, cfg.ckpt_root, last)
+            run.outputs.update(save_outputs(saved))
             log.info("finished at step %d; FINISHED written under %s", last, cfg.run_root)
     return run.exit_code
 

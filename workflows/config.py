@@ -160,6 +160,8 @@ class RetentionConfig:
     history_limit: int = 3  # finished workflows kept, successful and failed each
     deadline_s: int = 3600  # activeDeadlineSeconds of one gc pod
     retries: int = 2  # pod retries (gc is resumable)
+    drill_newest: int = 2  # drill: read every byte of the newest N steps first (0: no drill)
+    drill_test_load: bool = True  # drill: load the latest valid step into its model
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import itertools
 from dataclasses import replace
 
 from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
+from ckptflow.workflows.metrics import save_metrics
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
@@ -64,6 +65,7 @@ def variant_template(cfg: PipelineConfig) -> Container:
         resources=c.resources,
         inputs=("base_root", "variant_root", "lr", "freeze", "parent_run_id"),
         output_names=FinetuneArgs.OUTPUTS,
+        metrics=save_metrics("finetune-variant"),
         launcher=["--standalone", "--nnodes=1", f"--nproc-per-node={c.workers}"],
         retries=c.retries,
         backoff_s=c.retry_backoff_s,

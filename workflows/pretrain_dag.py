@@ -32,6 +32,7 @@ from dataclasses import replace
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
 from ckptflow.workflows.evaluate_template import evaluator
+from ckptflow.workflows.metrics import save_metrics
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Parameter, Workflow
@@ -89,6 +90,7 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         resources=c.rank_resources,
         inputs=("run_root", "parent_run_id", "rdzv_host"),
         output_names=PretrainArgs.OUTPUTS,
+        metrics=save_metrics("pretrain-rank"),
         launcher=torchrun_args(c),
         retries=c.retries,
         backoff_s=c.retry_backoff_s,

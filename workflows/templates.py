@@ -122,6 +122,7 @@ def step(
     shm_size: str | None = None,
     daemon: bool = False,
     with_env: bool = True,
+    metrics: list | None = None,
 ) -> Container:
     """A container template running `python -m ckptflow.steps.<module> ARGS --output-dir DIR`.
 
@@ -167,6 +168,7 @@ def step(
         active_deadline_seconds=deadline_s,
         volumes=volumes or None,
         daemon=daemon or None,
+        metrics=metrics or None,
     )
 
 

@@ -19,6 +19,8 @@ EXPERIMENT = "ckptflow"  # MLflow experiment of runs without a parent (= lineage
 PARENT_DOC = "nest this step's MLflow run under the pipeline's run"
 EXPERIMENT_DOC = "MLflow experiment when there is no parent run"
 PARALLEL = ("fsdp", "ddp")  # how finetune wraps its model
+# what a training step reports of its saves (Argo Prometheus metrics: ckptflow.workflows.metrics)
+SAVE_OUTPUTS = ("save_seconds", "stall_seconds", "ckpt_bytes", "saves")
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class PretrainArgs(LoopArgs):
 
     STEP: ClassVar[str] = "pretrain"
     RUNS_AS: ClassVar[str] = "torchrun (N ranks)"
-    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step")
+    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step", *SAVE_OUTPUTS)
 
     run_root: str = arg(doc="run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db")
     model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)")
@@ -123,7 +125,7 @@ class FinetuneArgs(LoopArgs):
 
     STEP: ClassVar[str] = "finetune"
     RUNS_AS: ClassVar[str] = "torchrun (M ranks)"
-    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step")
+    OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step", *SAVE_OUTPUTS)
 
     base_root: str = arg(doc="pretraining run root (or its checkpoint root)")
     run_root: str = arg(doc="this variant's run root: ckpt/, FINISHED, default mlflow.db")
@@ -195,6 +197,20 @@ class RdzvArgs:
     output_dir: str = arg("", "accepted like every step's; the store writes no outputs")
 
 
+@dataclass(frozen=True)
+class DrillArgs:
+    """What a verification drill checks (the retention CronWorkflow runs it)."""
+
+    STEP: ClassVar[str] = "drill"
+    RUNS_AS: ClassVar[str] = "plain (cron)"
+    OUTPUTS: ClassVar[tuple[str, ...]] = ("verified", "corrupt", "loaded_step")
+
+    ckpt_root: str = arg(doc="checkpoint root URI to drill")
+    newest: int = arg(2, "read every byte of the newest N committed steps", at_least=0)
+    test_load: bool = arg(True, "load the latest valid step into its model and run it once")
+    output_dir: str = arg("", "where Argo output parameters go (verified, corrupt, loaded_step)")
+
+
 # In the order of the image's STEP_MODULES (images/step.Dockerfile) and docs/contracts.md.
 STEP_ARGS: tuple[type, ...] = (
     StartRunArgs,
@@ -204,4 +220,5 @@ STEP_ARGS: tuple[type, ...] = (
     SelectArgs,
     FinishRunArgs,
     RdzvArgs,
+    DrillArgs,
 )

@@ -153,7 +153,15 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     commit_blob = src.read(layout.commit_path(step))
     commit = rootreader.parse_commit(commit_blob, src.url(layout.commit_path(step)))
     manifest_rel = f"{sd}/{layout.manifest_name(commit['save_id'])}"
-    dst.write(manifest_rel, src.read(manifest_rel))
+    slimmed = m.get("slimmed")
+    with contextlib.suppress(FileNotFoundError):  # (a slimmed step's goes after the grace)
+        dst.write(manifest_rel, src.read(manifest_rel))
+    if slimmed:  # the weights-only manifest, then its marker, before COMMIT
+        slim_rel = f"{sd}/{layout.manifest_name(slimmed['slim_id'])}"
+        dst.write(slim_rel, src.read(slim_rel))
+        slim_blob = src.read(f"{sd}/{layout.SLIM}")
+        with contextlib.suppress(AlreadyExists):
+            dst.write(f"{sd}/{layout.SLIM}", slim_blob, exclusive=True)
     with contextlib.suppress(FileNotFoundError):
         dst.write(runroot.eval_path(step), src.read(runroot.eval_path(step)))
     try:

@@ -17,3 +17,8 @@ class CorruptCheckpoint(CheckpointError):
 
 class StateDictMismatch(CheckpointError):
     """The state dict to load into does not match the checkpoint (keys, shapes, dtypes)."""
+
+
+class SlimmedCheckpoint(StateDictMismatch):
+    """The state dict asks for entries (optimizer state, RNG, data position) that a slimmed,
+    weights-only step no longer holds (ckptflow.core.slim)."""

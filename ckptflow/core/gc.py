@@ -26,9 +26,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import intent, jsonfile, layout, listing, locator, rootreader, runroot
+from ckptflow.core import health, intent, jsonfile, layout, listing, locator, rootreader, runroot
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.policy_syntax import parse_duration
 from ckptflow.core.retention import Policy, RetentionPlan, plan_retention
 from ckptflow.core.storage import Storage, is_temporary
 
@@ -48,12 +49,14 @@ class GcReport:
     in_progress: list[int] = field(default_factory=list)  # uncommitted folders left alone
     orphan_files: list[str] = field(default_factory=list)  # racers' files in kept steps
     objects: list[str] = field(default_factory=list)  # object keys freed
+    slimmed: dict[int, int] = field(default_factory=dict)  # slim=AGE: step -> bytes it drops
     bytes_freed: int = 0  # objects plus step files
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["keep"] = {str(k): v for k, v in self.keep.items()}
+        d["slimmed"] = {str(k): v for k, v in self.slimmed.items()}
         return d
 
     def lines(self) -> list[str]:
@@ -65,6 +68,8 @@ class GcReport:
         out += [f"  {verb} uncommitted leftover step {s}" for s in self.leftovers]
         out += [f"  left alone: save in progress at step {s}" for s in self.in_progress]
         out += [f"  {verb} orphan file {f}" for f in self.orphan_files]
+        slim_verb = "slimmed" if self.applied else "would slim"
+        out += [f"  {slim_verb} step {s} (weights only)" for s in sorted(self.slimmed)]
         out += [f"  warning: {w}" for w in self.warnings]
         out.append(
             f"{verb} {len(self.delete_steps)} step(s), {len(self.leftovers)} leftover(s), "
@@ -120,11 +125,51 @@ def gc(
                 continue
             _delete_step(st, step, files)
         delete_files(st, [e.path for e in orphans])
+    if policy.slim is not None:
+        kept = [by_step[s] for s in plan.keep]
+        report.slimmed = _slim_kept(st, kept, policy, now, apply, report.warnings)
     keys, size = free_objects(
         st, rows, set(plan.delete), now - grace_s, report.warnings, apply, now=now
     )
     report.objects, report.bytes_freed = keys, report.bytes_freed + size
+    if apply:
+        health.prune(st)
+        health.record(st, "gc", duration_s=time.time() - now, bytes=report.bytes_freed)
     return report
+
+
+def _slim_kept(
+    st: Storage,
+    kept: list[listing.StepRow],
+    policy: Policy,
+    now: float,
+    apply: bool,
+    warnings: list[str],
+) -> dict[int, int]:
+    """The policy's `slim=AGE`: kept hot steps older than AGE become weights only (see
+    ckptflow.core.slim for what is never slimmed); their rows then name only what they keep,
+    so this same gc frees the rest once the slim is older than the grace."""
+    from ckptflow.core import slim
+
+    todo, _ = slim.candidates(kept, parse_duration(policy.slim))
+    out = {}
+    for step in todo:
+        try:
+            if apply:
+                new = slim.slim_step(st, step, slim.DEFAULT_KEEP, now)
+            else:
+                m = rootreader.read_manifest(st, step)
+                new = slim.slim_manifest(m, slim.DEFAULT_KEEP, "0" * 16, "0" * 16, now)
+        except CheckpointError as exc:  # (a corrupt step, or one without `model.` tensors)
+            warnings.append(f"step {step} not slimmed: {exc}")
+            continue
+        if new is None:
+            continue
+        out[step] = new["slimmed"]["dropped_bytes"]
+        row = next(r for r in kept if r.step == step)
+        row.objects = {k: v["size"] for k, v in new["objects"].items()}
+        row.slimmed_at, row.manifest_id = now, new["slimmed"]["slim_id"]
+    return out
 
 
 def check_grace(grace_s: float) -> float:
@@ -196,14 +241,17 @@ def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:
                 out.append(e)
                 continue
             stem = name.removesuffix(".json")
-            for prefix in ("manifest-", "saving-"):
-                if (
-                    name.endswith(".json")
-                    and stem.startswith(prefix)
-                    and stem[len(prefix) :] != row.save_id
-                    and e.mtime < cutoff
-                ):
-                    out.append(e)
+            # a slimmed step's original manifest goes once the slim is older than the grace
+            live = {f"manifest-{row.manifest_id or row.save_id}", f"saving-{row.save_id}"}
+            if row.slimmed_at is not None and row.slimmed_at > cutoff:
+                live.add(f"manifest-{row.save_id}")
+            if (
+                name.endswith(".json")
+                and stem.startswith(("manifest-", "saving-"))
+                and stem not in live
+                and e.mtime < cutoff
+            ):
+                out.append(e)
     return out
 
 
@@ -228,7 +276,12 @@ def delete_files(st: Storage, rels: list[str], threads: int = 16) -> None:
 
 
 def referenced(
-    st: Storage, rows: list[listing.StepRow], skip: set[int], fresh: bool, warnings: list[str]
+    st: Storage,
+    rows: list[listing.StepRow],
+    skip: set[int],
+    fresh: bool,
+    warnings: list[str],
+    slim_cutoff: float | None = None,
 ) -> set[str] | None:
     """Object keys hot steps need: committed steps (listed again when `fresh`; else the rows
     less `skip`) and manifests of saves not committed yet. None when a needed manifest is
@@ -250,6 +303,9 @@ def referenced(
             )
             return None
         refs |= set(row.objects)
+        if row.slimmed_at is not None and (slim_cutoff is None or row.slimmed_at > slim_cutoff):
+            # slimmed within the grace: a reader may still be loading the full step
+            refs |= _manifest_refs(st, f"{layout.step_dir(row.step)}/manifest-{row.save_id}.json")
     if fresh:
         pending = [s for s in rootreader.step_names(st) if not st.exists(layout.commit_path(s))]
     else:
@@ -293,21 +349,20 @@ def _pending_refs(st: Storage, step: int) -> set[str]:
         if name.startswith("manifest-") and name.endswith(".json"):
             # A damaged one protects nothing: a save still writing has objects younger than
             # the grace, and a leftover's objects are garbage.
-            with contextlib.suppress(FileNotFoundError, jsonfile.BadJsonFile):
-                rel = f"{sd}/{name}"  # (read whole: a 512 MiB limit allocates 512 MiB)
-                doc = jsonfile.loads(
-                    st.read(rel),
-                    what=st.url(rel),
-                    max_bytes=mf.MAX_MANIFEST,
-                    max_depth=mf.MAX_DEPTH,
-                )
-                objects = doc.get("objects") if isinstance(doc, dict) else None
-                refs |= (
-                    {k for k in objects if layout.KEY_RE.match(k)}
-                    if isinstance(objects, dict)
-                    else set()
-                )
+            refs |= _manifest_refs(st, f"{sd}/{name}")
     return refs
+
+
+def _manifest_refs(st: Storage, rel: str) -> set[str]:
+    """Object keys a manifest file names (empty when it is gone or damaged)."""
+    with contextlib.suppress(FileNotFoundError, jsonfile.BadJsonFile):
+        doc = jsonfile.loads(  # (read whole: a 512 MiB limit allocates 512 MiB)
+            st.read(rel), what=st.url(rel), max_bytes=mf.MAX_MANIFEST, max_depth=mf.MAX_DEPTH
+        )
+        objects = doc.get("objects") if isinstance(doc, dict) else None
+        if isinstance(objects, dict):
+            return {k for k in objects if layout.KEY_RE.match(k)}
+    return set()
 
 
 def free_objects(
@@ -326,7 +381,7 @@ def free_objects(
     manifest."""
     present = listing.list_objects(st)
     # Listed again right before deleting: a save that committed meanwhile keeps its objects.
-    refs = referenced(st, rows, skip, fresh=apply, warnings=warnings)
+    refs = referenced(st, rows, skip, fresh=apply, warnings=warnings, slim_cutoff=cutoff)
     if refs is None:
         return [], 0
     cutoff = min([cutoff, *_live_saves(st, time.time() if now is None else now)])

@@ -6,6 +6,8 @@
 <root>/step-<8 digits>/manifest-<id>.json JSON manifest of that save
 <root>/step-<8 digits>/COMMIT        commit marker, written last, exclusively
 <root>/step-<8 digits>/ARCHIVED      the step lives in an archive root (JSON: its URI)
+<root>/step-<8 digits>/SLIM          weights only: names the slimmed manifest (ckptflow.core.marks)
+<root>/step-<8 digits>/CORRUPT       a drill or verify found the step bad: no reader uses it
 
 A step folder also holds the files the run adds (PIN, eval.json, evaluator claims): their
 names and readers are in ckptflow.core.runroot.
@@ -24,6 +26,8 @@ MANIFEST_FORMAT = "ckptflow-manifest"
 OBJECTS = "objects"
 COMMIT = "COMMIT"
 ARCHIVED = "ARCHIVED"
+SLIM = "SLIM"
+CORRUPT = "CORRUPT"
 
 # A save in progress refreshes its intent at least this often (its heartbeat, 4 per lease);
 # GC takes an intent not refreshed for this long for a crashed save's (ckptflow.core.intent).

@@ -41,6 +41,8 @@ class StepRow:
     metrics: dict[str, float] = field(default_factory=dict)  # from its eval record
     committed_at: float | None = None  # commit time (epoch seconds)
     save_id: str | None = None  # the save the commit marker names
+    manifest_id: str | None = None  # whose manifest readers use: save_id, or the slim's
+    slimmed_at: float | None = None  # weights only since then (ckptflow.core.slim)
     age_s: float | None = None  # since commit; uncommitted: since its newest file changed
     problems: list[str] = field(default_factory=list)  # bad files, for corrupt steps
     objects: dict[str, int] = field(default_factory=dict, repr=False)  # key -> stored size
@@ -131,6 +133,9 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
     row.logical_bytes, row.stored_bytes = stats["raw_bytes"], stats["stored_bytes"]
     row.new_bytes = stats["new_bytes"]
     row.objects = {k: v["size"] for k, v in m["objects"].items()}
+    slimmed = m.get("slimmed")
+    row.manifest_id = slimmed["slim_id"] if slimmed else row.save_id
+    row.slimmed_at = float(slimmed["at"]) if slimmed else None
     row.committed_at = row.committed_at or float(m["created_at"])
     row.age_s = max(0.0, now - row.committed_at)
     if layout.ARCHIVED in names:

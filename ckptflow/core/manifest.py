@@ -173,6 +173,7 @@ def validate(m) -> dict:
     _validate_entries(m)
     _planner_data(m.get("planner_data"))
     _stats(m.get("stats"))
+    _slimmed(m.get("slimmed"))
     created = m.get("created_at")  # the listing's commit time when COMMIT has none
     if isinstance(created, bool) or not isinstance(created, int | float):
         _fail("created_at", "expected a time in epoch seconds")
@@ -187,6 +188,28 @@ def _stats(v) -> None:
         _fail("stats", "expected an object")
     for key in ("raw_bytes", "stored_bytes", "new_bytes"):
         _int(v.get(key), f"stats.{key}")
+
+
+def _slimmed(v) -> None:
+    """A slimmed manifest's record (ckptflow.core.slim): when, which save it came from, what
+    it kept. Absent (None) for every manifest a save writes."""
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        _fail("slimmed", "expected an object or null")
+    for key in ("slim_id", "of_save_id"):
+        if not (isinstance(v.get(key), str) and layout.SAVE_ID_RE.match(v[key])):
+            _fail(f"slimmed.{key}", "expected a save id")
+    at = v.get("at")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 <= at <= MAX_TIME:
+        _fail("slimmed.at", "expected a time in epoch seconds")
+    kept = v.get("kept")
+    if not isinstance(kept, list) or len(kept) > 64:
+        _fail("slimmed.kept", "expected a short list of prefixes")
+    for p in kept:
+        _str(p, "slimmed.kept", 256)
+    _int(v.get("dropped_entries"), "slimmed.dropped_entries", 0, 1 << 40)
+    _int(v.get("dropped_bytes"), "slimmed.dropped_bytes")
 
 
 def _validate_entries(m: dict) -> None:

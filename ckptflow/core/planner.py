@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import ckptflow.core.recovery as rec
+from ckptflow.core.policy_syntax import parse_duration
 from ckptflow.core.retention import CatalogEntry, Policy, plan_retention
 
 GIB = 2**30
@@ -94,6 +96,11 @@ class PlanInputs:
     full_every: int = 1  # every Nth save is full, the others deltas (needs delta_ratio)
     price_gb_month: float = 0.02  # storage price per decimal GB and month
     interval_s: float | None = None  # force this interval for the footprint (default: Daly's)
+    detect_s: float | None = None  # restart part: failure noticed (given parts replace restart_s)
+    reschedule_s: float | None = None  # restart part: pods back and rendezvoused
+    warmup_s: float | None = None  # restart part: loaded state to full speed
+    rpo_s: float | None = None  # target: worst-case work lost per failure
+    rto_s: float | None = None  # target: failure to training again
 
     def __post_init__(self) -> None:
         positive = {"params": self.params, "gpus": self.gpus, "write_gib_s": self.write_gib_s}
@@ -103,7 +110,7 @@ class PlanInputs:
             "gpus_per_host": self.gpus_per_host,
         }
         positive |= {"full_every": self.full_every}
-        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio"):
+        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio", "rpo_s", "rto_s"):
             if getattr(self, key) is not None:
                 positive[key] = getattr(self, key)
         for key, value in positive.items():
@@ -113,6 +120,11 @@ class PlanInputs:
             raise ValueError(f"mtbf_per must be 'job' or 'node', not {self.mtbf_per!r}")
         if self.full_every > 1 and self.delta_ratio is None:
             raise ValueError("full_every > 1 needs delta_ratio (stored delta size / full size)")
+        parts = (self.detect_s, self.reschedule_s, self.warmup_s)
+        if any(p is not None and not (p >= 0 and math.isfinite(p)) for p in parts):
+            raise ValueError("detect, reschedule and warm-up times must be finite and >= 0")
+        if any(p is not None for p in parts) and self.restart_s != 600.0:
+            raise ValueError("give the restart cost or its parts (detect, reschedule, warm-up)")
         if self.policy is not None:
             Policy.parse(self.policy)  # a bad policy fails here, with the parser's message
 
@@ -167,6 +179,7 @@ class PlanResult:
     cost_month_peak: float  # storage cost of one month at the peak footprint
     cost_month_average: float  # storage cost of one month at the average footprint
     cost_run: float  # average footprint x price x expected run duration in months
+    recovery: rec.Recovery | None = None  # RPO/RTO at the footprint's interval, and targets
     inputs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -212,7 +225,8 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
     write_s = per_host / (i.write_gib_s * GIB)
     snapshot_s = per_host / (i.snapshot_gib_s * GIB) if i.snapshot_gib_s else None
     load_s = per_host / ((i.read_gib_s or i.write_gib_s) * GIB)
-    restart = i.restart_s + load_s
+    parts = restart_parts(i)
+    restart = parts.fixed_s + load_s
     mtbf = i.mtbf_s / hosts if i.mtbf_per == "node" else i.mtbf_s
     modes = [_mode_plan("sync", write_s, write_s, mtbf, i.run_s, restart)]
     if snapshot_s is not None:
@@ -220,8 +234,28 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
     chosen = modes[-1]
     delta = size * i.delta_ratio if i.delta_ratio else None
     interval = i.interval_s or chosen.interval_s
-    fp = simulate_footprint(size, delta, i.full_every, interval, chosen.stall_s, i.run_s, i.policy)
+    fp = simulate_footprint(
+        size,
+        delta,
+        i.full_every,
+        interval,
+        chosen.stall_s,
+        i.run_s,
+        i.policy,
+        slim_ratio=i.weight_bytes / bpp,
+    )
     wall = chosen.expected_wall_s
+    recovery = rec.recovery(
+        interval_s=interval,
+        stall_s=chosen.stall_s,
+        background_s=write_s if chosen.mode == "async" else 0.0,
+        per_host_bytes=per_host,
+        read_gib_s=i.read_gib_s or i.write_gib_s,
+        parts=parts,
+        expected_failures=chosen.expected_failures,
+        rpo_target_s=i.rpo_s,
+        rto_target_s=i.rto_s,
+    )
     return PlanResult(
         hosts=hosts,
         bytes_per_param=bpp,
@@ -239,8 +273,35 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         cost_month_peak=fp.peak_bytes / GB * i.price_gb_month,
         cost_month_average=fp.average_bytes / GB * i.price_gb_month,
         cost_run=fp.average_bytes / GB * i.price_gb_month * (wall / MONTH_S),
+        recovery=recovery,
         inputs=asdict(i),
     )
+
+
+def restart_parts(i: PlanInputs) -> rec.RestartParts:
+    """The restart cost besides loading, in parts: the given ones (defaults for the others),
+    else `restart_s` split in the default proportions."""
+    if (i.detect_s, i.reschedule_s, i.warmup_s) == (None, None, None):
+        return rec.RestartParts.split(i.restart_s)
+    return rec.RestartParts(
+        rec.DEFAULT_DETECT_S if i.detect_s is None else i.detect_s,
+        rec.DEFAULT_RESCHEDULE_S if i.reschedule_s is None else i.reschedule_s,
+        rec.DEFAULT_WARMUP_S if i.warmup_s is None else i.warmup_s,
+    )
+
+
+def _slim(catalog: dict, sizes: dict, slimmed: set, now: float, age: float, ratio: float) -> float:
+    """Shrink the checkpoints a `slim=AGE` policy demotes; the bytes that frees."""
+    latest = max(catalog)
+    bases = {e.base_step for e in catalog.values() if e.base_step is not None}
+    freed = 0.0
+    for step, e in catalog.items():
+        if step in slimmed or step == latest or step in bases or now - e.committed_at <= age:
+            continue
+        freed += sizes[step] * (1.0 - ratio)
+        sizes[step] *= ratio
+        slimmed.add(step)
+    return freed
 
 
 def simulate_footprint(
@@ -252,6 +313,7 @@ def simulate_footprint(
     run_s: float,
     policy: str | None,
     progress: Progress | None = None,
+    slim_ratio: float = 1.0,
 ) -> Footprint:
     """Bytes stored over a run that saves every `interval_s` of compute, with GC after each save.
 
@@ -259,6 +321,9 @@ def simulate_footprint(
     from a UTC midnight so thinning buckets line up as they would in a real run; failures are
     left out. Keep-best rules need metrics a plan cannot know: they are left out of the
     simulated policy and K full checkpoints per rule are counted on top (an upper bound).
+    A policy's `slim=AGE` shrinks kept checkpoints older than AGE to `slim_ratio` of their
+    size (weights / everything), except the latest and any base of a kept delta (ckptflow.core.
+    slim: a delta keeps its base's optimizer objects referenced).
     """
     saves = int(run_s // interval_s)
     if saves > MAX_SIMULATED_SAVES:
@@ -268,8 +333,13 @@ def simulate_footprint(
         )
     parsed = Policy.parse(policy) if policy else None
     best_k = sum(k for _, _, k in parsed.keep_best) if parsed else 0
-    simulated = Policy(parsed.keep_last, parsed.thinning) if parsed else None
+    simulated = (
+        Policy(parsed.keep_last, parsed.thinning, (), parsed.keep_full, parsed.keep_delta)
+        if parsed
+        else None
+    )
     period = interval_s + stall_s
+    slimmed: set[int] = set()
     catalog: dict[int, CatalogEntry] = {}
     sizes: dict[int, float] = {}
     stored = level = peak = area = 0.0  # level: stored + keep-best reserve, after GC
@@ -291,6 +361,8 @@ def simulate_footprint(
                 del catalog[step]
                 stored -= sizes.pop(step)
                 deleted += 1
+        if parsed is not None and parsed.slim and slim_ratio < 1.0:
+            stored -= _slim(catalog, sizes, slimmed, now, parse_duration(parsed.slim), slim_ratio)
         level = stored + min(best_k, deleted) * size
         peak_kept = max(peak_kept, len(catalog))
         if k % every == 0 or k == saves:  # at most about TIMELINE_POINTS samples, after GC

@@ -27,6 +27,11 @@ pinned or is the base of a kept delta, so GC removes corrupt checkpoints by defa
 - ``KeepBest(metric, k, mode)``: the k valid entries with the lowest (``min``) or highest
   (``max``) value of a metric; entries without it (or with NaN) do not compete; ties go to the
   later step. Reason ``best:METRIC``.
+- ``KeepKind(kind, age)``: every valid entry of that kind (``full`` or ``delta``) younger than
+  AGE, e.g. ``delta=7d,full=30d`` keeps incrementals a week and fulls a month. Reason
+  ``kind:delta<7d``.
+- ``slim=AGE`` is no keep rule: GC demotes kept hot steps older than AGE to weights only
+  (ckptflow.core.slim) before it frees objects.
 - Always: pinned entries (``pinned``), the valid entry with the highest step (``latest-valid``),
   and, transitively, the base of every kept delta (``base-of:STEP``).
 - When no entry is valid at all, nothing is deleted (reason ``no-valid-step``, with a warning):
@@ -39,7 +44,7 @@ of an archived delta is kept. Duration units: s, m, h, d, w.
 
 Policy string (CLI and workflows), items separated by commas:
 ``last=N``, ``thin=AGE:EVERY/AGE:EVERY/...`` (``/`` or ``,`` between tiers), and
-``best=METRIC:MODE:K`` (repeatable), e.g. ``last=5,thin=2h:all/1d:1h/7d:1d/*:7d,best=val_loss:min:3``.
+``best=METRIC:MODE:K`` (repeatable), ``full=AGE``, ``delta=AGE`` and ``slim=AGE``, e.g. ``last=5,thin=2h:all/1d:1h/7d:1d/*:7d,best=val_loss:min:3``.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ckptflow.core.policy_syntax import PolicyError, Tier, _parse_tiers
+from ckptflow.core.policy_syntax import PolicyError, Tier, _parse_tiers, parse_duration
 
 _WHOLE = re.compile(r"[0-9]{1,9}")  # ASCII digits only: str.isdigit takes "²", int() does not
 POLICY_EXAMPLE = "last=5,thin=2h:all/1d:1h/7d:1d/*:7d,best=val_loss:min:3"
@@ -162,20 +167,49 @@ class KeepBest:
 
 
 @dataclass(frozen=True)
+class KeepKind:
+    """Keep every valid checkpoint of one kind younger than an age."""
+
+    kind: str  # "full" or "delta" (a deduplicated full step is a full one)
+    age: str  # as written, e.g. "7d"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "delta"):
+            raise PolicyError(f"{self.kind}=: per-kind rules are full= and delta=")
+        parse_duration(self.age)
+
+    def select(self, entries: Iterable[CatalogEntry], now: float) -> dict[int, str]:
+        limit = parse_duration(self.age)
+        return {
+            e.step: f"kind:{self.kind}<{self.age}"
+            for e in entries
+            if e.valid and e.kind == self.kind and now - e.committed_at < limit
+        }
+
+
+@dataclass(frozen=True)
 class Policy:
     """A composed retention policy; pinned, latest-valid and needed bases are always kept."""
 
     keep_last: int = 0  # KeepLast(n); 0 = rule off
     thinning: str | None = None  # a Thinning spec, e.g. "2h:all,1d:1h,7d:1d,*:7d"
     keep_best: tuple[tuple[str, str, int], ...] = ()  # (metric, "min"|"max", k) per KeepBest rule
+    keep_full: str | None = None  # KeepKind("full", AGE): every full step younger than AGE
+    keep_delta: str | None = None  # KeepKind("delta", AGE): every delta younger than AGE
+    slim: str | None = None  # GC slims kept hot steps older than AGE (not a keep rule)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep_best", tuple(tuple(b) for b in self.keep_best))
+        if self.slim is not None:
+            parse_duration(self.slim)
         self.rules()  # validate now, so a bad policy fails where it is written
 
-    def rules(self) -> list[KeepLast | Thinning | KeepBest]:
+    def rules(self) -> list[KeepLast | Thinning | KeepBest | KeepKind]:
         """The rules this policy composes (a checkpoint is kept when any of them keeps it)."""
-        rules: list[KeepLast | Thinning | KeepBest] = []
+        rules: list[KeepLast | Thinning | KeepBest | KeepKind] = []
+        for kind, age in (("full", self.keep_full), ("delta", self.keep_delta)):
+            if age is not None:
+                rules.append(KeepKind(kind, age))
         if self.keep_last:
             rules.append(KeepLast(self.keep_last))
         if self.thinning:
@@ -211,6 +245,9 @@ class Policy:
         if self.thinning:
             parts.append(f"thin={Thinning(self.thinning).canonical()}")
         parts += [f"best={m}:{mode}:{k}" for m, mode, k in self.keep_best]
+        parts += [f"full={self.keep_full}"] if self.keep_full else []
+        parts += [f"delta={self.keep_delta}"] if self.keep_delta else []
+        parts += [f"slim={self.slim}"] if self.slim else []
         return ",".join(parts) or "last=0"
 
     def __str__(self) -> str:
@@ -233,8 +270,14 @@ def _policy_kwargs(items: list[list[str]]) -> dict:
             if not _WHOLE.fullmatch(k):
                 raise PolicyError(f"best={value!r}: write METRIC:MODE:K, e.g. best=val_loss:min:3")
             kwargs["keep_best"].append((metric, mode, int(k)))
+        elif key in ("full", "delta", "slim"):
+            name = {"full": "keep_full", "delta": "keep_delta", "slim": "slim"}[key]
+            if name in kwargs:
+                raise PolicyError(f"{key}= given twice: give one age, e.g. {key}=7d")
+            parse_duration(value)
+            kwargs[name] = value.strip().lower()
         else:
-            raise PolicyError(f"unknown policy item {key!r}: use last=, thin= or best=")
+            raise PolicyError(f"unknown policy item {key!r}: use last=, thin=, best=, full=, …")
     return kwargs
 
 

@@ -13,12 +13,12 @@ import math
 import time
 import uuid
 
-from ckptflow.core import codec, jsonfile, layout
+from ckptflow.core import codec, jsonfile, layout, marks
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.storage import AlreadyExists, Storage
 
-_KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS}
+_KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS, "events"}  # events: ckptflow.core.health
 
 
 MAX_MARKER = 64 << 10  # bytes of a root marker: a few hundred in practice
@@ -280,20 +280,26 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
             f"step {step} has no committed checkpoint under {storage.uri}; "
             f"committed steps: {committed_steps(storage) or 'none'}"
         ) from None
-    rel = f"{layout.step_dir(step)}/{layout.manifest_name(commit['save_id'])}"
+    save_id, xxh3, slim = _named_manifest(storage, step, commit)
+    rel = f"{layout.step_dir(step)}/{layout.manifest_name(save_id)}"
     url = storage.url(rel)
+    namer = "slim" if slim else "commit"
     try:
         blob = storage.read(rel)  # (a 512 MiB limit would allocate 512 MiB up front)
     except FileNotFoundError:
         raise CorruptCheckpoint(
-            f"{url}: manifest named by the commit marker is missing", [url]
+            f"{url}: manifest named by the {namer} marker is missing", [url]
         ) from None
-    if codec.digest(blob) != commit["manifest_xxh3"]:
-        raise CorruptCheckpoint(f"{url}: manifest checksum does not match the commit marker", [url])
+    if codec.digest(blob) != xxh3:
+        raise CorruptCheckpoint(
+            f"{url}: manifest checksum does not match the {namer} marker", [url]
+        )
     try:
         m = mf.parse(blob)
     except mf.ManifestError as exc:
         raise CorruptCheckpoint(f"{url}: {exc}", [url]) from exc
+    if slim and (m.get("slimmed") or {}).get("slim_id") != save_id:
+        raise CorruptCheckpoint(f"{url}: not the slimmed manifest its marker names", [url])
     if m["step"] != step:
         raise CorruptCheckpoint(f"{url}: manifest is for step {m['step']}, not {step}", [url])
     root_id = root_id or read_root_id(storage)
@@ -302,6 +308,23 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
             f"{url}: manifest belongs to another checkpoint root (a foreign run)", [url]
         )
     return m
+
+
+def _named_manifest(storage: Storage, step: int, commit: dict) -> tuple[str, str, bool]:
+    """(save id, checksum) of the manifest readers use, and whether a SLIM marker names it.
+    A CORRUPT marker makes the step corrupt (ckptflow.core.marks); one folder listing."""
+    names = set(storage.listdir(layout.step_dir(step)))
+    reason = marks.corrupt_reason(storage, step, names)
+    if reason is not None:
+        url = storage.url(f"{layout.step_dir(step)}/{layout.CORRUPT}")
+        raise CorruptCheckpoint(f"{url}: step {step} is marked corrupt ({reason})", [url])
+    slim = marks.read_slim(storage, step, names)
+    if slim is None:
+        return commit["save_id"], commit["manifest_xxh3"], False
+    if slim["of_save_id"] != commit["save_id"]:
+        url = storage.url(f"{layout.step_dir(step)}/{layout.SLIM}")
+        raise CorruptCheckpoint(f"{url}: slim marker of another save of step {step}", [url])
+    return slim["save_id"], slim["manifest_xxh3"], True
 
 
 def read_parent(storage: Storage) -> dict | None:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import compat, coop
+from ckptflow.steps.checkpoint import compat, coop, events
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
 from ckptflow.steps.checkpoint.staging import Stager
@@ -25,9 +25,14 @@ from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner,
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
-from ckptflow.core import locator, rootreader
+from ckptflow.core import locator, rootreader, slim
 from ckptflow.core import manifest as mf
-from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.errors import (
+    CheckpointError,
+    CorruptCheckpoint,
+    SlimmedCheckpoint,
+    StateDictMismatch,
+)
 from ckptflow.core.storage import Storage
 
 log = logging.getLogger("ckptflow.checkpoint")
@@ -158,6 +163,7 @@ class Checkpointer:
             self._run(job, state_dict, stats)
             stats.stall_s = time.perf_counter() - t0
             self.last_save = stats
+            events.saved(self.storage, self.rank, stats)
             return SaveHandle(stats)
         staged = self._stager.stage(state_dict)
         stats.stall_s = time.perf_counter() - t0
@@ -228,6 +234,7 @@ class Checkpointer:
             )
         except BaseException as exc:
             writer.close(failed=True)  # a failed save is no longer live: GC may collect it
+            events.saved(self.storage, self.rank, stats, exc)
             if isinstance(exc, CheckpointException):
                 raise _unwrap(exc) from exc
             raise
@@ -239,6 +246,8 @@ class Checkpointer:
             job.written_bytes,
             job.reused_bytes,
         )
+        if stats.stall_s:  # an async save (a sync one is recorded once its stall is known)
+            events.saved(self.storage, self.rank, stats)
 
     def _after_commit(self, job: SaveJob) -> None:
         """Only committed data may be deduplicated against or used as a delta base."""
@@ -284,6 +293,7 @@ class Checkpointer:
                 log.warning(
                     "loaded step %d after skipping corrupt steps %s", s, [f for f, _ in fell_back]
                 )
+            events.loaded(self.storage, self.rank, self.last_load)
             return s
         raise CorruptCheckpoint(
             f"no valid checkpoint under {self.root}; all candidates are corrupt: "
@@ -293,7 +303,12 @@ class Checkpointer:
 
     def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
         m = self.manifest(step)
-        compat.check_compatible(state_dict, m, self.root, step, cast=cast)
+        try:
+            compat.check_compatible(state_dict, m, self.root, step, cast=cast)
+        except StateDictMismatch as exc:
+            if m.get("slimmed"):
+                raise self._slimmed_error(step, m, exc) from None
+            raise
         exchange = (
             coop.Exchange(self._pg, self.rank, self.world_size)
             if (self.cooperative and self._distributed and self.world_size > 1)
@@ -327,6 +342,19 @@ class Checkpointer:
             self._prior = {}
         self._prior = {**self._inherited, **self._prior}
         return reader
+
+    def _slimmed_error(self, step: int, m: dict, exc: StateDictMismatch) -> SlimmedCheckpoint:
+        """What a load into a full training state of a weights-only step says: which step,
+        when it was slimmed, what it kept, and which steps still hold everything."""
+        s = m["slimmed"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(s["at"]))
+        full = slim.full_state_steps(self.storage)
+        return SlimmedCheckpoint(
+            f"step {step} under {self.root} was slimmed to weights only at {when} (kept "
+            f"{', '.join(s['kept'])}): it holds no optimizer state, RNG or data position; "
+            f"steps with their full state: {full or 'none'}; load one of those, or load only "
+            f"the weights from step {step}\n{exc}"
+        )
 
     # -- parent roots (fine-tuning) ------------------------------------------------------------
     def inherit(self, parent: Checkpointer, step: int) -> None:

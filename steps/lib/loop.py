@@ -118,6 +118,7 @@ class CheckpointedLoop:
         self.pending: list[tuple] = []
         self.skip: set[int] = set()
         self.last_metrics: dict = {}
+        self.saved: list[tuple] = []  # (stats, stored bytes) of each committed save
 
     def run(self, start_step: int) -> int:
         # Steps above the resume point are committed only when resume fell back past them as
@@ -206,6 +207,7 @@ class CheckpointedLoop:
                 stats.background_s,
                 stats.bytes_written,
             )
+            self.saved.append((stats, None))
             if self.lineage:
                 self._log_committed(step, uri, model_id, stats)
 
@@ -213,6 +215,7 @@ class CheckpointedLoop:
         from ckptflow.core import rootreader
 
         m = self.ck.manifest(step)
+        self.saved[-1] = (stats, m["stats"]["stored_bytes"])
         digest = rootreader.read_commit(self.ck.storage, step)["manifest_xxh3"]
         sizes = {"kind": m["kind"], "world_size": m["world_size"], **m["stats"]}
         self.lineage.log_checkpoint(step, uri, digest, sizes, model_id=model_id)
@@ -224,6 +227,7 @@ class CheckpointedLoop:
                 "save_bytes_raw": stats.bytes_raw,
                 "save_bytes_written": stats.bytes_written,
                 "save_gib_per_s": stats.gib_per_s,
+                "save_duration_s": stats.background_s or stats.stall_s,
                 "ckpt_stored_bytes": m["stats"]["stored_bytes"],
             },
             step,
@@ -255,6 +259,21 @@ class FinetuneLoop(CheckpointedLoop):
         super()._log_committed(step, uri, model_id, stats)
         if self.lineage:
             self.lineage.set_model_tags(model_id, base_tags(self.base))
+
+
+def save_outputs(saved: list[tuple]) -> dict[str, str]:
+    """The step's save outputs (Argo Prometheus metrics, ckptflow.workflows.metrics): mean
+    save time and stall, the last checkpoint's stored bytes, the number committed."""
+    if not saved:
+        return {"save_seconds": "0", "stall_seconds": "0", "ckpt_bytes": "0", "saves": "0"}
+    n = len(saved)
+    size = next((b for _, b in reversed(saved) if b is not None), 0)
+    return {
+        "save_seconds": f"{sum(s.background_s or s.stall_s for s, _ in saved) / n:.6g}",
+        "stall_seconds": f"{sum(s.stall_s for s, _ in saved) / n:.6g}",
+        "ckpt_bytes": str(int(size)),
+        "saves": str(n),
+    }
 
 
 def mark_finished(run: StepRun, run_root: str, ckpt_root: str, last: int, **extra) -> None:

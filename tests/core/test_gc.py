@@ -62,11 +62,19 @@ def age_tree(path: str, seconds: float) -> None:
 
 
 def tree(path: str) -> dict[str, int]:
+    """Every checkpoint file under `path` (the health log under events/ is not checkpoint data:
+    saves, loads and gc add to it, ckptflow.core.health)."""
     return {
-        os.path.relpath(os.path.join(d, f), path): os.path.getsize(os.path.join(d, f))
+        rel: os.path.getsize(os.path.join(path, rel))
         for d, _, files in os.walk(path)
         for f in files
+        if not (rel := os.path.relpath(os.path.join(d, f), path)).startswith("events/")
     }
+
+
+def top(path: str) -> list[str]:
+    """The root's top-level names, less the health log (events/)."""
+    return sorted(n for n in os.listdir(path) if n != "events")
 
 
 class PausingStorage(Storage):
@@ -127,7 +135,7 @@ def test_dry_run_deletes_nothing_and_yes_frees_the_reported_bytes(tmp_path):
     assert real.delete_steps == dry.delete_steps and real.objects == dry.objects
     assert real.bytes_freed == dry.bytes_freed == sum(before.values()) - sum(after.values())
     assert rootreader.committed_steps(Storage(root)) == [7]
-    assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
+    assert top(root) == ["ckptflow-root.json", "objects", "step-00000007"]
     on_disk = {p.rsplit("/", 1)[-1] for p in after if p.startswith("objects/")}
     assert on_disk == objects_of(root, 7)  # nothing unreferenced is left
     assert_loads(root, 7, states[7])
@@ -275,7 +283,7 @@ def test_a_crash_mid_gc_leaves_nothing_a_later_gc_cannot_finish(tmp_path, crash_
     gc(root, "last=1", apply=True, now=later + 2 * HOUR)
     assert rootreader.committed_steps(st) == [7]
     assert set(listing.list_objects(st)) == objects_of(root, 7)
-    assert sorted(os.listdir(root)) == ["ckptflow-root.json", "objects", "step-00000007"]
+    assert top(root) == ["ckptflow-root.json", "objects", "step-00000007"]
     assert_loads(root, 7, states[7])
 
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "ckptflow" / "core"
 # the core, the one env reader, and the two CLIs over them (ckpt, plan)
 BOTTOM = sorted(CORE.glob("*.py")) + [
-    REPO / "ckptflow" / f for f in ("env.py", "ckpt_cli.py", "plan_cli.py")
+    REPO / "ckptflow" / f for f in ("env.py", "ckpt_cli.py", "ckpt_ops_cli.py", "plan_cli.py")
 ]
 FORBIDDEN = ("torch", "hera", "ckptflow.steps", "ckptflow.workflows")
 
@@ -87,6 +87,8 @@ def small_root(tmp_path):
         ["gc", "{root}", "--policy", "last=1", "--grace", "0"],
         ["gc", "{root}", "--policy", "last=1", "--grace", "0", "--yes"],
         ["archive", "{root}", "--older-than", "0", "--to", "{archive}", "--grace", "0", "--yes"],
+        ["slim", "{root}", "--older-than", "0", "--keep", "w", "step", "--yes"],
+        ["stats", "{root}", "--json"],
     ],
     ids=lambda a: " ".join(x for x in a if not x.startswith("{")),
 )

@@ -275,3 +275,91 @@ def test_cli_table_and_errors(capsys):
         == 2
     )
     assert "bad duration '1y'" in capsys.readouterr().err
+
+
+# -- RPO / RTO (docs/planner.md "RPO and RTO") ---------------------------------------------------
+def reference_case(**overrides) -> PlanInputs:
+    """The issue's reference case: 300B parameters on 1,000 GPUs (125 hosts), fp32 master as the
+    weights + fp32 m, v = 12 B/param = 3.6 TB (the brief's ~3.5 TB), 28.8 GB per host; 4 GiB/s
+    write and 40 GiB/s snapshot per host; hourly saves."""
+    return brief_run(weight_bytes=4, master_bytes=0, interval_s=3600.0, **overrides)
+
+
+def test_rpo_rto_of_the_reference_case_by_hand():
+    r = plan(reference_case())
+    assert r.size_bytes == pytest.approx(3.6e12) and r.size_per_host_bytes == pytest.approx(28.8e9)
+    v = r.recovery
+    # d_async = 28.8e9 / (40 * 2^30) = 0.67055225 s; W = 28.8e9 / (4 * 2^30) = 6.70552253 s
+    assert v.stall_s == pytest.approx(0.67055225) and v.background_s == pytest.approx(6.70552253)
+    # expected (3600 + 0.67055) / 2 + 6.70552 = 1807.0408 s; worst 3600 + 0.67055 + 6.70552
+    assert v.rpo_expected_s == pytest.approx(1807.0408, abs=1e-3)
+    assert v.rpo_worst_s == pytest.approx(3607.3761, abs=1e-3)
+    # RTO: the 10 min restart split 1 : 5 : 4 (60 s, 300 s, 240 s) + load 6.70552 s (read = write)
+    assert (v.detect_s, v.reschedule_s, v.warmup_s) == pytest.approx((60, 300, 240))
+    assert v.load_s == pytest.approx(6.70552253) and v.rto_s == pytest.approx(606.7055, abs=1e-3)
+    assert v.lost_over_run_s == pytest.approx(1807.0408 * r.modes[-1].expected_failures, rel=1e-6)
+    assert v.feasible and v.interval_needed_s is None and v.read_gib_s_needed is None
+
+
+def test_rpo_rto_targets_solve_interval_and_read_bandwidth_by_hand():
+    v = plan(
+        reference_case(rpo_s=1800.0, rto_s=600.0, detect_s=30, reschedule_s=120, warmup_s=120)
+    ).recovery
+    # interval: 1800 - 0.67055 (stall) - 6.70552 (background write) = 1792.6239 s
+    assert v.interval_needed_s == pytest.approx(1792.6239, abs=1e-3)
+    # read: 28.8e9 B / (600 - 30 - 120 - 120 = 330 s) = 87.27e6 B/s = 0.0812794 GiB/s per host
+    assert v.read_gib_s_needed == pytest.approx(0.0812794, abs=1e-6)
+    assert v.feasible and v.rto_s == pytest.approx(270 + 6.70552, abs=1e-3)
+
+
+def test_rpo_rto_targets_that_cannot_be_met_say_why():
+    # default parts: 60 + 300 + 240 = 600 s already fill a 10 min RTO
+    v = plan(reference_case(rpo_s=1800.0, rto_s=600.0)).recovery
+    assert not v.feasible and len(v.problems) == 1
+    assert "RTO 10.0 min cannot be met at any read bandwidth" in v.problems[0]
+    # async needs tau >= W, so RPO > 0.67 + 2 x 6.71 = 14.08 s; sync needs RPO > d = 6.71 s
+    v = plan(reference_case(rpo_s=10.0)).recovery
+    assert not v.feasible and "must exceed 14.1 s" in v.problems[0]
+    v = plan(reference_case(rpo_s=5.0, snapshot_gib_s=None)).recovery
+    assert v.stall_s == pytest.approx(6.70552253) and "must exceed 6.7 s" in v.problems[0]
+    assert plan(reference_case(rpo_s=15.0)).recovery.interval_needed_s == pytest.approx(
+        15 - 0.67055225 - 6.70552253
+    )
+    with pytest.raises(ValueError, match="restart cost or its parts"):
+        reference_case(restart_s=300, detect_s=10)
+
+
+def test_cli_rpo_rto(capsys):
+    ref = ["--params=300B", "--weights=fp32", "--gpus=1000", "--write-gib-s=4"]
+    ref += ["--snapshot-gib-s=40", "--mtbf=5000h", "--mtbf-per=node", "--run-length=60d"]
+    ref += ["--interval=1h", "--rpo=30m", "--rto=10m"]
+    assert plan_cli.main(ref) == 1  # the default restart parts fill the RTO
+    captured = capsys.readouterr()
+    assert "CANNOT be met" in captured.out and "RTO 10.0 min cannot be met" in captured.err
+    assert plan_cli.main([*ref, "--detect=30s", "--reschedule=2m", "--warmup=2m", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["recovery"]
+    assert out["interval_needed_s"] == pytest.approx(1792.6239, abs=1e-3)
+    assert out["read_gib_s_needed"] == pytest.approx(0.0812794, abs=1e-6)
+    assert plan_cli.main([*ref, "--restart=5m", "--detect=1m"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_footprint_with_slim_by_hand():
+    # 14 B/param checkpoints of size 14, weights 2 (ratio 1/7); saves at 1h..5h (no stall);
+    # slim=90m shrinks a kept step older than 90 min to 2, never the latest:
+    # k=3: 14*3 = 42 before, step 1 (2h old) slimmed -> 30; k=4: 44 -> 32; k=5: 46 -> 34
+    fp = simulate_footprint(14.0, None, 1, 3600, 0.0, 5 * 3600, "last=10,slim=90m", None, 2 / 14)
+    assert fp.saves == 5 and fp.final_kept == 5
+    assert fp.final_bytes == pytest.approx(34.0) and fp.peak_bytes == pytest.approx(46.0)
+    plain = simulate_footprint(14.0, None, 1, 3600, 0.0, 5 * 3600, "last=10", None, 2 / 14)
+    assert plain.final_bytes == pytest.approx(70.0)
+
+
+def test_brief_run_slim_after_7_days_saves_the_optimizer_of_weekly_checkpoints():
+    policy = "last=5,thin=2h:all/1d:1h/7d:1d/*:7d"
+    base = plan(brief_run(policy=policy, interval_s=3600.0)).footprint
+    slim = plan(brief_run(policy=policy + ",slim=7d", interval_s=3600.0)).footprint
+    # same checkpoints kept; those older than 7 days (the 7-day tier: 8 at the end, bases of
+    # no delta) keep 2 of 14 B/param: 8 x 4.2 TB x 12/14 = 28.8 TB less
+    assert slim.final_kept == base.final_kept
+    assert base.final_bytes - slim.final_bytes == pytest.approx(28.8e12)

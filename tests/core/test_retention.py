@@ -31,7 +31,7 @@ def hourly(n: int, **kw) -> list[CatalogEntry]:
     return [CatalogEntry(i, i * H, **kw) for i in range(n)]
 
 
-@pytest.mark.parametrize("module", ["retention", "policy_syntax", "planner"])
+@pytest.mark.parametrize("module", ["retention", "policy_syntax", "planner", "recovery"])
 def test_pure_python_modules_import_no_torch(module):
     # static check: the package __init__ (not ours) may import torch, these modules must not
     path = Path(__file__).parents[2] / "ckptflow" / "core" / f"{module}.py"
@@ -46,6 +46,7 @@ def test_pure_python_modules_import_no_torch(module):
         "ckptflow.core.retention",
         "ckptflow.core.policy_syntax",
         "ckptflow.core.planner",
+        "ckptflow.core.recovery",
     }
 
 
@@ -408,3 +409,22 @@ def test_nothing_is_deleted_when_no_step_is_valid():
     assert any("no step is valid" in w for w in plan.warnings)
     archived = [*entries, CatalogEntry(9, 9 * H, tier="archive")]  # one valid copy somewhere
     assert plan_retention(archived, Policy(keep_last=1), NOW).delete == [0, 1, 2, 3]
+
+
+def test_per_kind_rules_keep_deltas_a_week_and_fulls_a_month_by_hand():
+    # a full every 4 days (steps 0, 4, 8, ...) and deltas between, one per day, 40 days
+    entries = [
+        CatalogEntry(
+            d, d * D, "full" if d % 4 == 0 else "delta", None if d % 4 == 0 else d // 4 * 4
+        )
+        for d in range(40)
+    ]
+    now = 40 * D
+    plan = plan_retention(entries, "delta=7d,full=30d", now)
+    # deltas younger than 7 d: days 34, 35, 37, 38, 39 (36 is a full); fulls younger than 30 d:
+    # days 12, 16, ..., 36; the latest 39 is a delta (also latest-valid); bases of kept deltas
+    # (32 for 34, 35; 36 for 37-39) are kept anyway
+    fulls = [d for d in range(12, 40, 4)]
+    assert plan.keep == sorted({34, 35, 37, 38, 39, *fulls, 32})
+    assert plan.reasons[35] == ["kind:delta<7d"] and plan.reasons[12] == ["kind:full<30d"]
+    assert "base-of:34" in plan.reasons[32] and 8 in plan.delete and 33 in plan.delete

@@ -149,7 +149,7 @@ def _checked_at_build() -> set[str]:
 
 def test_build_checks_every_contract_step():
     steps, modules = _args()["STEP_MODULES"].split(), contract_step_modules()
-    assert len(modules) == 7  # start_run pretrain evaluate finetune select finish_run rdzv
+    assert len(modules) == 8  # start_run pretrain evaluate finetune select finish_run rdzv drill
     assert steps[: len(modules)] == modules
     assert len(set(steps)) == len(steps)
 
