@@ -89,14 +89,15 @@ def test_the_version_is_registered_from_the_chosen_logged_model(store):
 
 def test_runs_and_models_say_which_they_are(store):
     client = store["client"]
-    # the steps' runs (c was killed and resumed: two runs; select runs in other tests too)
-    names = [r.info.run_name for r in store["runs"] if r.info.run_name.split("-")[0] != "select"]
-    names = [n for n in names if n != "finetune-c"]
-    assert len(names) == len(set(names)), names
+    # the fixture's steps, one run each, named by what they ran (other tests add their own
+    # runs to this store; c was killed and resumed: two runs)
+    names = [r.info.run_name for r in store["runs"]]
+    for name in ("pretrain-pre", "evaluate-pre", "finetune-a", "finetune-b"):
+        assert names.count(name) == 1, (name, names)
     exp = client.get_experiment_by_name("ckptflow").experiment_id
     models = [m.name for m in client.search_logged_models([exp])]
-    ok = [n for n in models if not n.startswith("finetune-c-")]
-    assert len(ok) == len(set(ok)), models
+    ours = [n for n in models if n.startswith(("pretrain-pre-", "finetune-a-", "finetune-b-"))]
+    assert len(ours) == len(set(ours)) == 2 + 2 + 2, models
     assert "finetune-a-step-00000008" in models and "pretrain-pre-step-00000012" in models
 
 
