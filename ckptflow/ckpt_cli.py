@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 
 from ckptflow import ckpt_ops_cli, cli_args, env
 from ckptflow.core import health, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
+from ckptflow.core.progress import Progress
 from ckptflow.core.retention import POLICY_EXAMPLE
 from ckptflow.core.storage_errors import StorageError, classify
 
@@ -148,29 +148,6 @@ def cmd_ls(args) -> int:
 
 
 # -- verify ----------------------------------------------------------------------------------------
-class _Progress:
-    """A one-line progress counter on a terminal (stderr); silent in logs."""
-
-    def __init__(self, total: int, label: str):
-        self.total, self.done, self.label = total, 0, label
-        self.enabled = sys.stderr.isatty()
-        self._last = 0.0
-        self._lock = threading.Lock()  # verify threads report concurrently
-
-    def add(self, n: int, total: int | None = None) -> None:
-        with self._lock:
-            self.done += n
-            self.total = self.total if total is None else total
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.2 or self.done >= self.total):
-            self._last = now
-            print(f"\r{self.label}: {_H(self.done)} / {_H(self.total)}", end="", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.enabled:
-            print("\r\033[K", end="", file=sys.stderr)
-
-
 def cmd_verify(args) -> int:
     st = _open(args.root)
     _warn_marker(st)
@@ -186,10 +163,9 @@ def cmd_verify(args) -> int:
         raise CheckpointError(f"no committed checkpoints under {st.uri} to verify")
     n_bad = 0
     for step in steps:
-        prog = _Progress(0, f"verify step {step}")
         t0 = time.time()
-        m, bad = listing.verify_step(st, step, progress=prog.add)
-        prog.close()
+        with Progress(0, desc=f"verify step {step}", nbytes=True) as prog:
+            m, bad = listing.verify_step(st, step, progress=prog.add)
         health.record(
             st,
             "verify",
@@ -261,7 +237,7 @@ def cmd_archive(args) -> int:
         args.older_than,
         apply=args.yes,
         grace_s=args.grace,
-        progress=sys.stderr.isatty(),
+        progress=True,  # a bar on a terminal, else a line every few seconds
         storage=env.open_storage(args.root),
         dest=env.open_storage(args.to),
     )

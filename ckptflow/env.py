@@ -71,6 +71,17 @@ ARGO_VARIABLES = {
 }
 
 
+ARGO_UI = "CKPTFLOW_ARGO_UI"  # the Argo Server's URL (platform.argo_ui), for links to the workflow
+
+
+def argo_workflow_url() -> str | None:
+    """The Argo UI page of this step's workflow, or None when the UI or the names are unset."""
+    info, ui = argo_workflow_info(), os.environ.get(ARGO_UI, "").rstrip("/")
+    if not (ui and info.get("workflow_name") and info.get("namespace")):
+        return None
+    return f"{ui}/workflows/{info['namespace']}/{info['workflow_name']}"
+
+
 def argo_workflow_info() -> dict[str, str]:
     """Workflow name, uid, namespace, image and git commit that are set (others left out)."""
     found = {k: v for k, var in ARGO_VARIABLES.items() if (v := os.environ.get(var))}

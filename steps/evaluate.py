@@ -159,6 +159,7 @@ class Evaluator:
         model_id = (meta.get("mlflow") or {}).get("model_id") or self.lineage.find_checkpoint_model(
             uri
         )
+        self.lineage.log_input_model(model_id, "evaluated")
         self.lineage.log_metrics(metrics, step, model_id=model_id)
         return runroot.EvalRecord(
             step=step,
@@ -283,12 +284,27 @@ def evaluate_run(cfg: EvaluateArgs, run: plumbing.StepRun) -> None:
         run.fail(1)
 
 
+def run_name(cfg: EvaluateArgs) -> str:
+    """`evaluate-pretrain-follow` beside training, `-final` once it has FINISHED (the pass
+    after it), `-step20` for one step: the pipeline's two evaluators differ by name."""
+    if cfg.step >= 0:
+        suffix = f"step{cfg.step}"
+    elif cfg.until_finished:
+        try:
+            suffix = "final" if runroot.finished(env.open_storage(cfg.run_root)) else "follow"
+        except Exception:  # noqa: BLE001 - a name must not stop the step; follow() says why
+            suffix = "follow"
+    else:
+        suffix = ""
+    return lin.run_label("evaluate", cfg.run_root, suffix)
+
+
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     # one process on purpose: DCP's note that it loads without a process group is noise here
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
-    with plumbing.step_run("evaluate", cfg, log) as run:
+    with plumbing.step_run("evaluate", cfg, log, run_name=run_name(cfg)) as run:
         evaluate_run(cfg, run)
     return run.exit_code
 

@@ -20,7 +20,7 @@ import logging
 import posixpath
 from dataclasses import dataclass
 
-from ckptflow.steps.lib import eval_results, plumbing, registry
+from ckptflow.steps.lib import eval_results, plumbing, registry, run_report
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.export import export_weights, load_model_weights
 
@@ -178,17 +178,25 @@ def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported,
     if uri is None:
         log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
         return ""
+    model_id = tags.get("ckptflow.source_model_id")
     try:
         decision = registry.register(
             registry.client_for(uri),
             cfg.model_name,
             source=exported.uri if exported else tags["ckptflow.source_checkpoint"],
-            run_id=lineage.run_id,
+            # the run that saved the checkpoint: the version's "source run" (select's own run
+            # is a tag, and has the checkpoint as its input)
+            run_id=tags.get("ckptflow.source_run_id") if model_id else lineage.run_id,
             metric=cfg.metric,
             value=winner.value,
             mode=cfg.mode,
-            tags=tags,
+            tags={**tags, "ckptflow.select_run_id": lineage.run_id or ""},
             force=cfg.force,
+            model_id=model_id,
+            description=(
+                f"{winner.name} step {winner.step}: {cfg.metric} {winner.value:.4g} "
+                f"({cfg.mode}); chosen from {len(cfg.candidates.split(','))} variant(s)"
+            ),
         )
     except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is
         raise plumbing.StepError(
@@ -209,6 +217,34 @@ def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported,
         decision.fallback,
     )
     return decision.version
+
+
+def write_report(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, ok) -> str:
+    """The run report (steps.lib.run_report) under the pipeline's run root, logged to the
+    pipeline's MLflow run and this one; its URI ("" without an export folder, or on failure:
+    a report must never fail the selection)."""
+    root = tracking_root(cfg)
+    if not root:
+        return ""
+    try:
+        client = lineage.client if lineage.enabled else None
+        series = run_report.collect([(c.name, c.ckpt_root) for c in ok], client)
+        label = run_report.chosen_label(series, winner.name)
+        title = (
+            f"{variant_name(root)}: selected {winner.name} step {winner.step} "
+            f"({cfg.metric} {winner.value:.4g})"
+        )
+        png = run_report.render(series, (label, winner.step), title)
+        storage = env.open_storage(root)
+        storage.write(run_report.NAME, png)
+    except Exception as exc:  # noqa: BLE001 - said, and the pipeline goes on
+        log.warning("run report not written: %s: %s", type(exc).__name__, exc)
+        return ""
+    for rid in {cfg.mlflow_parent_run_id or lineage.run_id, lineage.run_id} - {None, ""}:
+        lineage.log_artifact_bytes(run_report.NAME, png, run_id=rid)
+    uri = storage.url(run_report.NAME)
+    log.info("run report: %s", uri)
+    return uri
 
 
 def select_variant(cfg: SelectArgs, run: plumbing.StepRun) -> None:
@@ -234,6 +270,7 @@ def select_variant(cfg: SelectArgs, run: plumbing.StepRun) -> None:
     lineage.set_tags({"ckptflow.chosen": chosen_uri})
     lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
     version = register(cfg, lineage, winner, exported, tags)
+    write_report(cfg, lineage, winner, ok)
     run.outputs.update(
         chosen=chosen_uri,
         model_version=version,
@@ -244,7 +281,9 @@ def select_variant(cfg: SelectArgs, run: plumbing.StepRun) -> None:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    with plumbing.step_run("select", cfg, log, run_root=tracking_root(cfg)) as run:
+    with plumbing.step_run(
+        "select", cfg, log, run_root=tracking_root(cfg), run_name="select"
+    ) as run:
         select_variant(cfg, run)
     return run.exit_code
 

@@ -63,6 +63,8 @@ def step_env(platform: PlatformConfig) -> list:
     if platform.mlflow_tracking_uri:
         env.append(Env(name="MLFLOW_TRACKING_URI", value=platform.mlflow_tracking_uri))
     env += [Env(name=k, value=v) for k, v in ARGO_ENV.items()]
+    if platform.argo_ui:  # so each MLflow run links to its workflow in the Argo UI
+        env.append(Env(name="CKPTFLOW_ARGO_UI", value=platform.argo_ui))
     return env
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from ckptflow.core import codec, gc, layout, listing, locator, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.progress import Progress
 from ckptflow.core.retention import select_for_archive
 from ckptflow.core.storage import AlreadyExists, Storage
 
@@ -222,16 +222,15 @@ def archive(
         return report
     moved: set[str] = set()
     present = listing.list_objects(dst)
-    for i, step in enumerate(chosen):  # ascending: a delta's base is archived before it
-        if progress:
-            print(f"\rarchiving step {step} ({i + 1}/{len(chosen)})", end="", file=sys.stderr)
-        report.bytes_copied += copy_step(st, dst, step, present)
-        present = {**present, **{k: _Sized(v) for k, v in by_step[step].objects.items()}}
-        _mark_archived(st, dst, step)
-        by_step[step].tier = "archive"
-        moved |= set(by_step[step].objects)
-    if progress and chosen:
-        print(file=sys.stderr)
+    total = sum(by_step[s].stored_bytes for s in chosen)
+    with Progress(total, desc="archive", nbytes=True, enabled=progress and bool(chosen)) as bar:
+        for step in chosen:  # ascending: a delta's base is archived before it
+            report.bytes_copied += copy_step(st, dst, step, present)
+            present = {**present, **{k: _Sized(v) for k, v in by_step[step].objects.items()}}
+            _mark_archived(st, dst, step)
+            by_step[step].tier = "archive"
+            moved |= set(by_step[step].objects)
+            bar.add(by_step[step].stored_bytes)  # its stored size, copied or already there
     report.objects, report.bytes_freed = gc.free_objects(
         st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved, now=now
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ckptflow.steps.lib.lineage import run_label
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.plumbing import StepRun, step_run
 from torch.distributed.fsdp import fully_shard
@@ -63,7 +64,9 @@ def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
     first and leaves it last; rank 0 alone records the MLflow run and writes the outputs."""
     dinfo = init_distributed()
     try:
-        with step_run(kind, cfg, log, rank=dinfo.rank, main=dinfo.is_main) as run:
+        # named after its run root (`finetune-lr0.001-freeze1`): the variants differ by name
+        name = run_label(kind, getattr(cfg, "run_root", ""))
+        with step_run(kind, cfg, log, rank=dinfo.rank, main=dinfo.is_main, run_name=name) as run:
             yield dinfo, run
     finally:
         shutdown_distributed()

@@ -1,9 +1,14 @@
 """MLflow lineage that never kills training.
 
 One parent run per pipeline run (`start_run`), a child run per step (nested with the
-`mlflow.parentRunId` tag). Every committed checkpoint becomes an *external* LoggedModel: its
-weights stay in our storage, MLflow holds its step, URI, manifest hash and sizes, and the
-evaluator logs metrics against its `model_id`, so MLflow's models view ranks checkpoints.
+`mlflow.parentRunId` tag), named after what it runs (`finetune-lr0.001-freeze1`). The experiment
+is marked as model training (`mlflow.experimentKind`), so MLflow 3's UI opens it on runs and
+models, not in GenAI mode. Every committed checkpoint becomes an *external* LoggedModel: its
+weights stay in our storage, MLflow holds its step, URI, manifest hash and sizes; it is an
+*output* of the run that saved it and an *input* of the runs that evaluate it, fine-tune from
+it or select it, and the evaluator logs metrics against its `model_id`, so MLflow's models view
+ranks checkpoints. Each run links to its Argo workflow (`ckptflow.argo_url`, and the run's
+description) when the step knows the Argo UI (`CKPTFLOW_ARGO_UI`).
 
 Every call goes through `mlflow_calls.MlflowCalls`: a few quick retries, then a warning, and
 the call is queued (or skipped, for lookups) while MLflow is treated as down for `cooldown_s`;
@@ -33,6 +38,31 @@ TAG_CKPT_URI = "ckptflow.ckpt_uri"
 TAG_STEP_KIND = "ckptflow.step"
 TAG_EXTERNAL = "mlflow.model.isExternal"  # what mlflow.create_external_model sets
 MODEL_TYPE = "ckptflow-checkpoint"
+TAG_ARGO_URL = "ckptflow.argo_url"
+TAG_NOTE = "mlflow.note.content"  # the run's description in the UI (markdown)
+# MLflow 3's experiment type: without it the UI guesses, and an empty experiment opens in GenAI
+# mode ("Agent versions", "Traces"); `custom_model_development` is its model-training mode.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+BAD_MODEL_NAME_CHARS = "/:.%\"'"  # what MLflow refuses in a LoggedModel's name
+
+
+def run_label(kind: str, run_root: str | None, suffix: str = "") -> str:
+    """A run's name that says which one it is: the step kind, then the run root's last part
+    when it differs (`finetune-lr0.001-freeze1`, `evaluate-pretrain`), then `suffix` (the
+    evaluator's `-follow` or `-final`), so no two runs of a pipeline share a name."""
+    last = (run_root or "").rstrip("/").rsplit("/", 1)[-1]
+    name = kind if last in ("", kind) else f"{kind}-{last}"
+    return f"{name}-{suffix}" if suffix else name
+
+
+def checkpoint_model_name(run_name: str, step: int) -> str:
+    """A checkpoint's LoggedModel name, unique across the experiment: workflow, run, step
+    (`ckptflow-x7k2p-finetune-lr0_001-freeze1-step-00000020`)."""
+    wf = env.argo_workflow_info().get("workflow_name", "")
+    run_name = run_name or "ckpt"
+    name = f"{wf}-{run_name}" if wf and not run_name.startswith(wf) else run_name
+    return "".join("_" if c in BAD_MODEL_NAME_CHARS else c for c in f"{name}-{step_dir(step)}")
 
 
 def default_tracking_uri(run_root: str | None) -> str | None:
@@ -72,8 +102,15 @@ def scrub(values: dict) -> dict[str, str]:
 
 
 def workflow_tags() -> dict[str, str]:
-    """Argo workflow name/uid/namespace, image and git commit from the environment, as tags."""
-    return {f"ckptflow.{k}": v for k, v in env.argo_workflow_info().items()}
+    """Argo workflow name/uid/namespace, image and git commit from the environment, as tags;
+    the workflow's Argo UI page as a tag and as the run's description (a link in the UI)."""
+    info = env.argo_workflow_info()
+    tags = {f"ckptflow.{k}": v for k, v in info.items()}
+    url = env.argo_workflow_url()
+    if url:
+        tags[TAG_ARGO_URL] = url
+        tags[TAG_NOTE] = f"Argo workflow [{info['workflow_name']}]({url})"
+    return tags
 
 
 class Lineage:
@@ -146,16 +183,23 @@ class Lineage:
 
     # -- runs ----------------------------------------------------------------------------------
     def _experiment(self, name: str) -> str:
+        """The experiment's id, created (marked as model training) when missing; an existing
+        one without a type is marked too, one whose type a user chose is left as it is."""
         exp = self.client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return self.client.create_experiment(name, artifact_location=self.artifact_root)
-        except Exception:  # another step created it concurrently
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            try:
+                return self.client.create_experiment(
+                    name,
+                    artifact_location=self.artifact_root,
+                    tags={TAG_EXPERIMENT_KIND: MODEL_TRAINING},
+                )
+            except Exception:  # another step created it concurrently
+                exp = self.client.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        if TAG_EXPERIMENT_KIND not in (exp.tags or {}):
+            self.client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, MODEL_TRAINING)
+        return exp.experiment_id
 
     def start_run(
         self,
@@ -255,14 +299,20 @@ class Lineage:
         def create():
             m = self.client.create_logged_model(
                 experiment_id=eid,
-                name=f"{self.run_name or 'ckpt'}-{step_dir(step)}",
+                name=checkpoint_model_name(self.run_name, step),
                 source_run_id=rid,
                 tags=scrub({TAG_EXTERNAL: "true", TAG_CKPT_URI: uri, "ckptflow.step_number": step}),
                 model_type=MODEL_TYPE,
             )
             return m.model_id
 
-        return self._call("create logged model", create, queue=False)
+        model_id = self._call("create logged model", create, queue=False)
+        if model_id:  # the run's "Logged models": MLflow's own run -> model lineage
+            from mlflow.entities import LoggedModelOutput
+
+            out = [LoggedModelOutput(model_id, int(step))]
+            self._call("log model output", lambda: self.client.log_outputs(rid, out))
+        return model_id
 
     def log_checkpoint(
         self, step: int, uri: str, manifest_hash: str, sizes: dict, model_id: str | None = None
@@ -309,7 +359,7 @@ class Lineage:
 
     def log_input_model(self, model_id: str | None, role: str) -> None:
         """A LoggedModel as an input of this run (MLflow's own lineage: the checkpoint it used,
-        e.g. the `base` of a fine-tune or the `chosen` one of select)."""
+        e.g. the `base` of a fine-tune, an `evaluated` one, the `chosen` one of select)."""
         if not (model_id and self.run_id):
             return
         from mlflow.entities import LoggedModelInput
@@ -319,6 +369,21 @@ class Lineage:
             f"log {role} model input",
             lambda: self.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
         )
+
+    def log_artifact_bytes(self, name: str, data: bytes, run_id: str | None = None) -> None:
+        """A file (the run report) as an artifact of `run_id` (default: this step's run)."""
+        rid = run_id or self.run_id
+        if not rid:
+            return
+
+        def send():
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, name)
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                self.client.log_artifact(rid, path)
+
+        self._call(f"log artifact {name}", send)
 
     def _log_external_spec(self, model_id: str) -> None:
         """The stub MLmodel file create_external_model writes, so the model can be registered."""

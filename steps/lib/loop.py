@@ -125,31 +125,37 @@ class CheckpointedLoop:
         # corrupt; checkpoints are immutable, so those saves are skipped (and said so).
         self.skip = {s for s in self.ck.committed_steps() if s > start_step}
 
-        progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main)
-        for step in range(start_step, self.spec.max_steps):
-            t0 = time.perf_counter()
-            m = train_step(
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                self.loader.next_step(),
-                self.dinfo.device,
-                self.spec.grad_clip,
-            )
-            dt = time.perf_counter() - t0
-            m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
-            done, self.last_metrics = step + 1, m
-            if self.lineage and done % self.spec.log_every == 0:
-                self.lineage.log_metrics(m, done)
-            progress.update(done, m)
-            if self.spec.fail_at_step == done:
-                self._die(done)
-            if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
-                self.save(done)
-            self._reap(block=False)
-        self._reap(block=True)
-        progress.close()
+        progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main, initial=start_step)
+        try:
+            for step in range(start_step, self.spec.max_steps):
+                self._one_step(step, progress)
+            self._reap(block=True)
+        finally:
+            progress.close()  # the terminal's logging goes back to plain lines
         return self.spec.max_steps
+
+    def _one_step(self, step: int, progress: Progress) -> None:
+        """Train step `step` -> `step + 1`; log, show, save and reap what is due."""
+        t0 = time.perf_counter()
+        m = train_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.loader.next_step(),
+            self.dinfo.device,
+            self.spec.grad_clip,
+        )
+        dt = time.perf_counter() - t0
+        m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
+        done, self.last_metrics = step + 1, m
+        if self.lineage and done % self.spec.log_every == 0:
+            self.lineage.log_metrics(m, done)
+        progress.update(done, m)
+        if self.spec.fail_at_step == done:
+            self._die(done)
+        if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
+            self.save(done)
+        self._reap(block=False)
 
     def _die(self, step: int) -> None:
         log.warning("--fail-at-step %d: exiting without cleanup, as if killed", step)
@@ -211,6 +217,10 @@ class CheckpointedLoop:
             if self.lineage:
                 self._log_committed(step, uri, model_id, stats)
 
+    def model_params(self) -> dict:
+        """Extra params of each checkpoint's LoggedModel (the fine-tune names its base)."""
+        return {}
+
     def _log_committed(self, step: int, uri: str, model_id: str | None, stats) -> None:
         from ckptflow.core import rootreader
 
@@ -218,6 +228,7 @@ class CheckpointedLoop:
         self.saved[-1] = (stats, m["stats"]["stored_bytes"])
         digest = rootreader.read_commit(self.ck.storage, step)["manifest_xxh3"]
         sizes = {"kind": m["kind"], "world_size": m["world_size"], **m["stats"]}
+        sizes.update(self.model_params())
         self.lineage.log_checkpoint(step, uri, digest, sizes, model_id=model_id)
         self.lineage.log_metrics(
             {
@@ -254,6 +265,10 @@ class FinetuneLoop(CheckpointedLoop):
         for step, model_id in before.items():
             if step not in left and step in self.results:  # committed just now
                 self.write_eval(step, self.results.pop(step), model_id)
+
+    def model_params(self) -> dict:
+        """The base, as params too: the LoggedModel page shows params, not tags."""
+        return {k.removeprefix("ckptflow."): v for k, v in base_tags(self.base).items()}
 
     def _log_committed(self, step, uri, model_id, stats) -> None:
         super()._log_committed(step, uri, model_id, stats)

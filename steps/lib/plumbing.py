@@ -163,27 +163,35 @@ def setup_logging(rank: int = 0) -> None:
 
 
 class Progress:
-    """A one-line progress display on a terminal; plain log lines (every `every` steps) otherwise."""
+    """Training progress (`ckptflow.core.progress`): a tqdm bar with rate and ETA on a terminal,
+    log lines above it; plain `step N/TOTAL ...` log lines every `every` steps otherwise."""
 
-    def __init__(self, total: int, *, enabled: bool = True, every: int = 10, stream=None):
-        import sys
+    KEYS = ("train_loss", "lr", "tokens_per_s")  # what the line shows of a step's metrics
 
-        self.total, self.enabled, self.every = total, enabled, every
-        self.stream = stream or sys.stderr
-        self.tty = enabled and self.stream.isatty()
+    def __init__(
+        self,
+        total: int,
+        *,
+        enabled: bool = True,
+        every: int | None = None,
+        stream=None,
+        initial: int = 0,
+    ):
+        from ckptflow.core.progress import Progress as Counter
+
+        self.counter = Counter(
+            total,
+            initial=initial,
+            enabled=enabled,
+            stream=stream,
+            every_n=every or max(10, total // 20),
+            logger=log,
+        )
+        self.tty = self.counter.tty
 
     def update(self, step: int, metrics: dict) -> None:
-        if not self.enabled:
-            return
-        text = f"step {step}/{self.total} " + " ".join(
-            f"{k} {v:.4g}" for k, v in metrics.items() if k in ("train_loss", "lr", "tokens_per_s")
-        )
-        if self.tty:
-            self.stream.write("\r" + text.ljust(80))
-            self.stream.flush()
-        elif step % self.every == 0 or step == self.total:
-            log.info("%s", text)
+        text = " ".join(f"{k} {metrics[k]:.4g}" for k in self.KEYS if k in metrics)
+        self.counter.update_to(step, text)
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
+        self.counter.close()

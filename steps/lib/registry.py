@@ -1,7 +1,10 @@
-"""MLflow model registry: register an exported model and move `champion` / `fallback`.
+"""MLflow model registry: register a chosen checkpoint and move `champion` / `fallback`.
 
-Every candidate becomes a model version whose tags carry its lineage (source checkpoint, run,
-data) and the metric it was selected by. Aliases then move only on evidence: the new version
+Every candidate becomes a model version created from its checkpoint's LoggedModel (source
+`models:/<model_id>`, `model_id` set, its run the one that saved it), so the UI shows the
+LoggedModel as registered and its lineage one click away; without a LoggedModel (MLflow was
+down while training) the version's source is the export. Its tags carry its lineage (source
+checkpoint, runs, data, export) and the metric it was selected by. Aliases then move only on evidence: the new version
 becomes `champion` when there is none, or when its metric is strictly better than the current
 champion's (same metric name, recorded on the champion's version); the displaced champion
 becomes `fallback`. A worse (or equal, or incomparable) candidate stays a plain version and
@@ -10,6 +13,7 @@ the aliases stay where they are, unless `force`.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass
 
@@ -21,6 +25,7 @@ TAG_METRIC = "ckptflow.metric"  # name of the metric the version was selected by
 TAG_VALUE = "ckptflow.metric_value"
 TAG_MODE = "ckptflow.metric_mode"
 TAG_PROMOTED = "ckptflow.promoted"
+TAG_MODEL_VERSIONS = "mlflow.modelVersions"  # on a LoggedModel: the versions made from it
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,13 @@ class Decision:
 
 def client_for(tracking_uri: str):
     """An MlflowClient whose registry is the tracking store (sqlite, or a tracking server)."""
+    import mlflow
     from mlflow import MlflowClient
 
+    # MLflow's SQL registry looks a `models:/<model_id>` source up with a default client (the
+    # global tracking URI): without this, a local store would be searched for in ./mlruns and
+    # registering from a LoggedModel would fail.
+    mlflow.set_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -102,6 +112,18 @@ def _promotion(
     )
 
 
+def _link_logged_model(client, model_id: str, name: str, version: str) -> None:
+    """Record the new version on its LoggedModel (`mlflow.modelVersions`, as
+    `mlflow.register_model` does): what the UI's "Registered" column and model page read."""
+    model = client.get_logged_model(model_id)
+    try:
+        known = json.loads((model.tags or {}).get(TAG_MODEL_VERSIONS) or "[]")
+    except ValueError:
+        known = []
+    known = [v for v in known if isinstance(v, dict)] + [{"name": name, "version": version}]
+    client.set_logged_model_tags(model_id, {TAG_MODEL_VERSIONS: json.dumps(known)})
+
+
 def register(
     client,
     name: str,
@@ -113,17 +135,29 @@ def register(
     mode: str,
     tags: dict,
     force: bool = False,
+    model_id: str | None = None,
+    description: str | None = None,
 ) -> Decision:
-    """Register `source` as a new version of `name` and move the aliases (see module doc)."""
-    ensure_model(client, name, "ckptflow fine-tuned models (exported safetensors)")
+    """Register a new version of `name` and move the aliases (see module doc): from LoggedModel
+    `model_id` when given (`source` then only when it is not one), else from `source`."""
+    ensure_model(client, name, "ckptflow fine-tuned models, registered from their checkpoints")
     all_tags = {
         **{k: str(v) for k, v in tags.items()},
         TAG_METRIC: metric,
         TAG_VALUE: repr(float(value)),
         TAG_MODE: mode,
     }
-    mv = client.create_model_version(name, source, run_id=run_id, tags=all_tags)
+    mv = client.create_model_version(
+        name,
+        f"models:/{model_id}" if model_id else source,
+        run_id=run_id,
+        tags=all_tags,
+        description=description,
+        model_id=model_id,
+    )
     version = str(mv.version)
+    if model_id:
+        _link_logged_model(client, model_id, name, version)
     champ = alias_version(client, name, CHAMPION)
     prev_fallback = alias_version(client, name, FALLBACK)
     prev = str(champ.version) if champ is not None else None

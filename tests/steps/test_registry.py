@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -63,3 +64,26 @@ def test_min_mode_and_an_incomparable_champion(client):
     assert not d.promoted and "not comparable" in d.reason
     assert _reg(client, 0.9, metric="exact_match", mode="max", name="n", force=True).promoted
     assert aliases(client, "n") == {"champion": "5", "fallback": "2"}
+
+
+def test_a_version_from_a_logged_model_is_listed_on_it(client):
+    exp = client.create_experiment("reg")
+    run = client.create_run(exp)
+    model = client.create_logged_model(exp, name="ckpt-step-8", source_run_id=run.info.run_id)
+    for i in (1, 2):
+        d = registry.register(
+            client,
+            "lm",
+            source="/export/unused",
+            run_id=run.info.run_id,
+            metric="val_loss",
+            value=1.0 / i,
+            mode="min",
+            tags={},
+            model_id=model.model_id,
+        )
+        assert d.version == str(i)
+    mv = client.get_model_version("lm", "2")
+    assert mv.source == f"models:/{model.model_id}" and mv.run_id == run.info.run_id
+    listed = client.get_logged_model(model.model_id).tags["mlflow.modelVersions"]
+    assert json.loads(listed) == [{"name": "lm", "version": "1"}, {"name": "lm", "version": "2"}]

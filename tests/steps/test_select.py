@@ -98,17 +98,24 @@ def test_select_exports_and_registers_the_best_variant(tmp_path, finetuned, rank
     # the registered version names its source checkpoint, runs and data
     client = MlflowClient(tracking_uri=finetuned["db"], registry_uri=finetuned["db"])
     mv = client.get_model_version_by_alias("m-best", "champion")
-    assert str(mv.version) == "1" and mv.source == o["export_uri"]
     man = json.loads(Path(f"{win}/ckpt/step-{step:08d}/eval.json").read_text())
+    # registered from the checkpoint's LoggedModel, which records the version (the UI's link)
+    assert str(mv.version) == "1" and mv.source == f"models:/{man['model_id']}"
+    assert mv.tags["ckptflow.export_uri"] == o["export_uri"]
+    logged = client.get_logged_model(man["model_id"])
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "m-best", "version": "1"}]
     assert mv.tags["ckptflow.source_checkpoint"] == o["chosen"]
     assert mv.tags["ckptflow.source_model_id"] == man["model_id"]
     assert mv.tags["ckptflow.source_run_id"] == man["mlflow_run_id"]
     assert json.loads(mv.tags["ckptflow.data"])["task"] == "rev"
     assert mv.tags["ckptflow.base_checkpoint"].startswith(f"{finetuned['pre']}/ckpt/step-")
     assert float(mv.tags["ckptflow.metric_value"]) == pytest.approx(ranking[ranking["win"]][0])
-    run = client.get_run(mv.run_id)
+    assert mv.run_id == man["mlflow_run_id"]  # its source run: the fine-tune that saved it
+    run = client.get_run(mv.tags["ckptflow.select_run_id"])
     assert run.data.tags["ckptflow.step"] == "select"
     assert [m.model_id for m in run.inputs.model_inputs] == [man["model_id"]]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["report.png"]
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_aliases_move_only_for_a_better_candidate_or_force(tmp_path, finetuned, ranking):  # noqa: F811

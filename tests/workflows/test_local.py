@@ -106,7 +106,42 @@ def test_whole_pipeline_runs_locally(tmp_path, capsys):
     root = tmp_path / "local-e2e"
     assert (root / "pretrain" / "FINISHED").exists()
     commits = sorted(p.parent.name for p in (root / "pretrain" / "ckpt").glob("step-*/COMMIT"))
-    assert commits == ["step-00000010", "step-00000020", "step-00000030", "step-00000040"]
+    assert commits == [f"step-{s:08d}" for s in range(100, 801, 100)]
     for step in commits:  # the concurrent evaluator did each one
         assert (root / "pretrain" / "ckpt" / step / "eval.json").exists()
     assert any((root / "export").rglob("*.safetensors"))
+    # the story: the model learned its task, each fine-tune beats the base on its own task
+    last = json.loads((root / "pretrain" / "ckpt" / commits[-1] / "eval.json").read_text())
+    assert last["metrics"]["exact_match"] >= 0.5, last
+    for ev in (root / "finetune").glob("*/ckpt/step-00000200/eval.json"):
+        rec = json.loads(ev.read_text())
+        assert rec["metrics"]["val_loss"] < rec["base_metrics"]["val_loss"], rec
+    assert (root / "report.png").read_bytes()[:4] == b"\x89PNG" and "<- selected" in out
+    check_mlflow_links(f"sqlite:///{tmp_path}/mlflow.db", "local-e2e")
+
+
+def check_mlflow_links(db: str, workflow: str) -> None:
+    """What the MLflow UI shows after the main job, read with MLflow's own client."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=db, registry_uri=db)
+    exp = client.get_experiment_by_name("ckptflow")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # not GenAI mode
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    parent = runs[workflow]
+    argo = f"http://localhost:2746/workflows/ckptflow/{workflow}"
+    assert parent.data.tags["ckptflow.argo_url"] == argo  # up from MLflow to Argo
+    children = {
+        n for n, r in runs.items() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    variants = {"finetune-lr0.01-freeze1", "finetune-lr0.003-freeze1"}
+    steps = {"pretrain", "evaluate-pretrain-follow", "evaluate-pretrain-final", "select"}
+    assert children == steps | variants, children  # every child, each named by what it is
+    assert all(r.data.tags["ckptflow.argo_url"] == argo for r in runs.values())
+    pre = client.get_run(runs["pretrain"].info.run_id)
+    assert len(pre.outputs.model_outputs) == 8  # every checkpoint: an output of its run
+    mv = client.get_model_version_by_alias("ckptflow-tiny", "champion")
+    model = client.get_logged_model(mv.source.removeprefix("models:/"))
+    assert json.loads(model.tags["mlflow.modelVersions"])[0]["version"] == str(mv.version)
+    assert {m.key for m in model.metrics} >= {"val_loss", "exact_match"}
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.png"]

@@ -135,3 +135,16 @@ def test_workflow_template_rejects_bad_arguments(tmp_path, bad):
     with pytest.raises(SpecError, match="mood|who"):
         run_fixture("workflow-template", tmp_path, arguments=bad)
     assert not (tmp_path / "run").exists()
+
+
+def test_live_view_reads_training_progress_from_a_task_log(tmp_path):
+    from ckptflow.workflows.runner.report import task_progress
+
+    log = tmp_path / "rank0.log"
+    log.write_bytes(
+        b"x INFO step 100/800 train_loss 1.2 | 30.0 step/s, ETA 0:23\n"
+        b"x INFO checkpoint 100 committed: full stall 0.02s\n"
+        b"x INFO step 150/800 train_loss 1.1 | 31.0 step/s, ETA 0:21\n"
+    )
+    assert task_progress(str(log)) == "step 150/800, checkpoint 100"
+    assert task_progress(str(tmp_path / "missing.log")) == "" and task_progress(None) == ""

@@ -1,13 +1,15 @@
 """What a person sees: a live view while the workflow runs, a final table, the status file.
 
-On a terminal the live view redraws one block (running tasks with their elapsed time and the
-counts per phase); elsewhere (CI logs, files) it prints one plain line per start and finish.
+On a terminal the live view redraws one block (running tasks with their elapsed time, the
+counts per phase, and for a task whose log reports training progress its `step N/M` and last
+committed checkpoint); elsewhere (CI logs, files) it prints one plain line per start and finish.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -18,6 +20,27 @@ from ckptflow.workflows.runner.nodes import DONE, Node, NodeStore
 __all__ = ["Reporter", "final_table", "write_status"]
 
 _WORK_TYPES = ("Pod", "Retry", "Skipped")
+# What a training step's log says (ckptflow.core.progress, ckptflow.steps.lib.loop)
+_STEP = re.compile(rb"\bstep (\d+)/(\d+)")
+_CKPT = re.compile(rb"\bcheckpoint (\d+) committed")
+_TAIL = 16 * 1024  # bytes of a log read per redraw
+
+
+def task_progress(log_file: str | None) -> str:
+    """`step 300/1000, checkpoint 200` from the end of a task's log ("" when it says none)."""
+    if not log_file:
+        return ""
+    try:
+        with open(log_file, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log_file) - _TAIL))
+            tail = fh.read()
+    except OSError:
+        return ""
+    steps, ckpts = _STEP.findall(tail), _CKPT.findall(tail)
+    parts = [f"step {steps[-1][0].decode()}/{steps[-1][1].decode()}"] if steps else []
+    if ckpts:
+        parts.append(f"checkpoint {ckpts[-1].decode()}")
+    return ", ".join(parts)
 
 
 def _short(node: Node, workflow: str) -> str:
@@ -131,7 +154,8 @@ class Reporter:
         ]
         for n in running[:15]:
             tag = " (daemon)" if n.daemoned else ""
-            lines.append(f"  > {n.name}{tag}  {_fmt_s(n.duration)}")
+            done = task_progress(getattr(n, "log_file", None))
+            lines.append(f"  > {n.name}{tag}  {_fmt_s(n.duration)}" + (f"  {done}" if done else ""))
         if len(running) > 15:
             lines.append(f"  ... and {len(running) - 15} more")
         out = "".join("\x1b[1A\x1b[2K" for _ in range(self._drawn))
