@@ -27,9 +27,10 @@ import os
 import random
 import string
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
+from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, validate
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
 from ckptflow.workflows.render import builder, manifests, to_yaml
 from ckptflow.workflows.runner import REFUSED_EXIT, IsolationError, SpecError, run_workflow
@@ -88,7 +89,26 @@ def local_config(
         computed.append(f"platform.s3_endpoint={s3_endpoint}")
     if mlflow_uri:
         computed.append(f"platform.s3_secret={PipelineConfig().platform.s3_secret}")
-    return apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
+    cfg = apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
+    validate(cfg)
+    return cfg
+
+
+def check_base(target: str, cfg: PipelineConfig) -> PipelineConfig:
+    """`run finetune` needs a pretraining run to start from: refuse at once without one (rather
+    than render base_root 'null' and fail after minutes of retries). A local base is made
+    absolute: the steps do not run in this directory."""
+    if target != "finetune":
+        return cfg
+    base = cfg.finetune.base_root
+    hint = "e.g. --set finetune.base_root=runs/ckptflow-xxxxx/pretrain (a pipeline's pretrain)"
+    if not base:
+        raise ConfigError(f"finetune needs a base to start from: {hint}")
+    if "://" not in base and not Path(base).exists():
+        raise ConfigError(f"finetune.base_root={base}: no such folder; {hint}")
+    if "://" not in base:
+        cfg = replace(cfg, finetune=replace(cfg.finetune, base_root=str(Path(base).resolve())))
+    return cfg
 
 
 def _artifact_repository(endpoint: str | None):
@@ -247,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
             )
             builder(args.target)
+            cfg = check_base(args.target, cfg)
             manifest = manifests(args.target, cfg)[0]
         except (ConfigError, IsolationError) as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)

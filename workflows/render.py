@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import yaml
-from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, describe
+from ckptflow.workflows.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    describe,
+    validate,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,10 @@ def builder(name: str) -> Builder:
 
 
 def config(overrides: Iterable[str] = (), base: PipelineConfig | None = None) -> PipelineConfig:
-    """The default config (or `base`) with `--set` overrides applied."""
-    return apply_overrides(base or PipelineConfig(), overrides)
+    """The default config (or `base`) with `--set` overrides applied, every setting checked."""
+    cfg = apply_overrides(base or PipelineConfig(), overrides)
+    validate(cfg)
+    return cfg
 
 
 def manifests(name: str, cfg: PipelineConfig) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckptflow.workflows.config import ConfigError, PlatformConfig, Resources
+from ckptflow.workflows.config import PlatformConfig, Resources
 from hera.workflows import (
     Container,
     EmptyDirVolume,
@@ -171,34 +171,22 @@ def step(
 
 
 def node_selector(platform: PlatformConfig) -> dict[str, str] | None:
-    """`platform.node_selector` ("key=value" entries) as a Kubernetes nodeSelector."""
-    out = {}
-    for entry in platform.node_selector:
-        key, sep, value = entry.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"platform.node_selector: {entry!r} is not key=value")
-        out[key] = value
-    return out or None
+    """`platform.node_selector` (label, value pairs, checked by config) as a nodeSelector."""
+    return dict(platform.node_selector) or None
 
 
 def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
-    """`platform.tolerations` ("key[=value]:Effect") as Kubernetes tolerations."""
-    out = []
-    for entry in platform.tolerations:
-        kv, sep, effect = entry.rpartition(":")
-        if not sep or not kv:
-            kv, effect = entry, ""
-        key, eq, value = kv.partition("=")
-        if not key:
-            raise ConfigError(f"platform.tolerations: {entry!r} is not key[=value]:Effect")
-        out.append(
-            Toleration(
-                key=key,
-                operator="Equal" if eq else "Exists",
-                value=value if eq else None,
-                effect=effect or None,
-            )
+    """`platform.tolerations` (checked by config) as Kubernetes tolerations."""
+    out = [
+        Toleration(
+            key=t.key or None,
+            operator=t.operator,
+            value=t.value or None,
+            effect=t.effect or None,
+            toleration_seconds=t.toleration_seconds,
         )
+        for t in platform.tolerations
+    ]
     return out or None
 
 

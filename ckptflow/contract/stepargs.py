@@ -19,6 +19,10 @@ EXPERIMENT = "ckptflow"  # MLflow experiment of runs without a parent (= lineage
 PARENT_DOC = "nest this step's MLflow run under the pipeline's run"
 EXPERIMENT_DOC = "MLflow experiment when there is no parent run"
 PARALLEL = ("fsdp", "ddp")  # how finetune wraps its model
+# The named model sizes and corpus tasks (keys of ckptflow.steps.lib.model.SIZES and
+# ckptflow.steps.lib.data.TASKS, written out torch-free; tests/contract keeps them equal).
+MODELS = ("tiny", "small", "medium", "base", "large")
+TASKS = ("add", "sub", "mul", "rev", "sort")
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,8 @@ class PretrainArgs(LoopArgs):
     OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step")
 
     run_root: str = arg(doc="run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db")
-    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)")
-    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)")
+    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)", choices=MODELS)
+    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)", choices=TASKS)
     seq_len: int = arg(64, "tokens per sequence")
     lr: float = arg(3e-3, "peak learning rate")
     weight_decay: float = arg(0.1, "AdamW weight decay on matrices")
@@ -105,7 +109,9 @@ class EvaluateArgs:
     claim_ttl_seconds: float = arg(
         3600.0, "a claim older than this without eval.json is taken over"
     )
-    task: str = arg("", 'task to evaluate on ("": the task the checkpoint was trained on)')
+    task: str = arg(
+        "", 'task to evaluate on ("": the task the checkpoint was trained on)', choices=("", *TASKS)
+    )
     eval_batches: int = arg(4, "validation batches for the loss")
     eval_batch_size: int = arg(16, "sequences per validation batch")
     exact_match_n: int = arg(64, "validation prompts for exact match")
@@ -128,7 +134,11 @@ class FinetuneArgs(LoopArgs):
     base_root: str = arg(doc="pretraining run root (or its checkpoint root)")
     run_root: str = arg(doc="this variant's run root: ckpt/, FINISHED, default mlflow.db")
     base_step: str = arg("latest", "latest | best:METRIC[:min|max] | a step number")
-    task: str = arg("rev", "fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike pretraining's")
+    task: str = arg(
+        "rev",
+        "fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike pretraining's",
+        choices=TASKS,
+    )
     seq_len: int = arg(0, "tokens per sequence (0: the base model's seq_len)")
     lr: float = arg(1e-3, "peak learning rate")
     warmup_steps: int = arg(2, "linear warm-up steps before cosine decay")

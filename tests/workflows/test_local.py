@@ -35,6 +35,23 @@ def test_run_without_local_points_at_submit(capsys):
     assert "--local" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["finetune", "--local"], "finetune needs a base to start from"),
+        (["finetune", "--local", "--set", "finetune.base_root={tmp}/none"], "no such folder"),
+        (["pipeline", "--local", "--set", "pretrain.model=huge"], "not one of tiny"),
+        (["pipeline", "--local", "--set", "platform.pod_gc=Sometimes"], "OnPodSuccess"),
+    ],
+)
+def test_local_run_refuses_bad_settings_at_once_in_one_line(tmp_path, capsys, argv, phrase):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and err.count("\n") == 1
+    assert not list((tmp_path / "runs").glob("*/workflow.yaml"))  # nothing was started
+
+
 def _small_run(ckpt_storage) -> None:
     """Two committed steps under a pretraining checkpoint root, one evaluated, one with a
     damaged eval.json, and an uncommitted leftover."""

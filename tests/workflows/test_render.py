@@ -300,3 +300,23 @@ def test_render_cli_writes_a_file_and_rejects_unknown_keys(tmp_path, capsys):
     assert render_main(["evaluate"]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     assert kinds == ["WorkflowTemplate", "EventSource", "Sensor"]
+
+
+def test_a_json_toleration_renders_as_a_kubernetes_toleration():
+    doc = render("pipeline", 'platform.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists"}]')[
+        0
+    ]
+    assert doc["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert errors(doc) == []
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["platform.image_pull_policy=Sometimes", "platform.pod_gc=Sometimes", "pretrain.model=huge"],
+)
+def test_render_refuses_a_bad_setting_in_one_line(setting, capsys):
+    assert render_main(["pipeline", "--set", setting]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.count("\n") == 1 and "Traceback" not in out.err
+    assert out.err.startswith(f"ckptflow render: --set {setting}: not one of")
