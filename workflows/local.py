@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
+import re
 import string
 import sys
 from dataclasses import replace
@@ -32,14 +34,23 @@ from pathlib import Path
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, validate
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
+from ckptflow.workflows.parameters import parse_pairs
 from ckptflow.workflows.render import builder, manifests, to_yaml
-from ckptflow.workflows.runner import REFUSED_EXIT, IsolationError, SpecError, run_workflow
+from ckptflow.workflows.runner import (
+    REFUSED_EXIT,
+    IsolationError,
+    SpecError,
+    resolve_template_ref,
+    run_workflow,
+)
 from ckptflow.workflows.runner.artifact_repo import S3Repository
 from ckptflow.workflows.runner.isolation import new_node
 
+from ckptflow import cli_args
 from ckptflow.core import runroot
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 # Small enough for a couple of minutes on 2 CPU cores, big enough to show every stage.
 SMALL = (
@@ -94,21 +105,26 @@ def local_config(
     return cfg
 
 
-def check_base(target: str, cfg: PipelineConfig) -> PipelineConfig:
-    """`run finetune` needs a pretraining run to start from: refuse at once without one (rather
-    than render base_root 'null' and fail after minutes of retries). A local base is made
-    absolute: the steps do not run in this directory."""
+def check_base(
+    target: str, cfg: PipelineConfig, values: dict[str, str]
+) -> tuple[PipelineConfig, dict[str, str]]:
+    """`run finetune` needs a pretraining run to start from (`-p base_root` or
+    `--set finetune.base_root`): refuse at once without one, rather than render base_root
+    'null' and fail after minutes of retries. A local base is made absolute: the steps do not
+    run in this directory."""
     if target != "finetune":
-        return cfg
-    base = cfg.finetune.base_root
-    hint = "e.g. --set finetune.base_root=runs/ckptflow-xxxxx/pretrain (a pipeline's pretrain)"
+        return cfg, values
+    base = values.get("base_root") or cfg.finetune.base_root
+    hint = "e.g. -p base_root=runs/ckptflow-xxxxx/pretrain (a pipeline's pretraining run)"
     if not base:
         raise ConfigError(f"finetune needs a base to start from: {hint}")
     if "://" not in base and not Path(base).exists():
-        raise ConfigError(f"finetune.base_root={base}: no such folder; {hint}")
+        raise ConfigError(f"base_root={base}: no such folder; {hint}")
     if "://" not in base:
-        cfg = replace(cfg, finetune=replace(cfg.finetune, base_root=str(Path(base).resolve())))
-    return cfg
+        base = str(Path(base).resolve())
+        cfg = replace(cfg, finetune=replace(cfg.finetune, base_root=base))
+        values = {**values, "base_root": base} if "base_root" in values else values
+    return cfg, values
 
 
 def _artifact_repository(endpoint: str | None):
@@ -164,6 +180,22 @@ def _fmt(metrics: dict) -> str:
     )
 
 
+def _variants(cfg: PipelineConfig, values: dict[str, str] | None) -> list[dict]:
+    """The variants this run fanned out: `-p variants` when given, else the configuration's."""
+    from ckptflow.workflows.parameters import variant_items
+
+    if values and "variants" in values:
+        return [{k: str(v) for k, v in item.items()} for item in json.loads(values["variants"])]
+    return variant_items(cfg)
+
+
+def mlflow_ui_command(db: Path) -> str:
+    """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
+    exe = Path(sys.executable).parent / "mlflow"
+    launcher = str(exe) if exe.exists() else f"{sys.executable} -m mlflow"
+    return f"{launcher} ui --backend-store-uri sqlite:///{db.resolve()}"
+
+
 def summary(
     cfg: PipelineConfig,
     name: str,
@@ -171,18 +203,19 @@ def summary(
     runs_dir: Path,
     env: dict[str, str],
     mlflow_db: Path | None = None,
+    values: dict[str, str] | None = None,
 ) -> str:
     """What the run produced, and how to look at it (`env`: the steps' S3 settings;
     `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
     s3_endpoint = cfg.platform.s3_endpoint
     run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from ckptflow.workflows.finetune_dag import variant_root, variants
+    from ckptflow.workflows.finetune_dag import variant_name, variant_root
 
     roots = [("pretrain", f"{run_root}/pretrain")]
     if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
         roots += [
-            (f"finetune {v['name']}", variant_root(run_root, v["name"]))
-            for v in variants(cfg.finetune)
+            (f"finetune {n}", variant_root(run_root, n))
+            for n in (variant_name(v["lr"], v["freeze"]) for v in _variants(cfg, values))
         ]
     lines = [f"\nproduced under {run_root}:"]
     for label, root in roots:
@@ -202,9 +235,7 @@ def summary(
         )
         lines.append(f"  exported: {chosen.get('export_uri', '?')}")
     db = mlflow_db or runs_dir / "mlflow.db"
-    if db.is_relative_to(Path.cwd()):
-        db = db.relative_to(Path.cwd())
-    lines.append(f"\nMLflow UI:  .venv/bin/mlflow ui --backend-store-uri sqlite:///{db}")
+    lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
     if s3_endpoint:
         lines.append("(the in-process S3 server, and the objects above, end with this command)")
     else:
@@ -212,8 +243,21 @@ def summary(
     return "\n".join(lines)
 
 
+EXAMPLES = """examples:
+  ckptflow run pipeline --local
+  ckptflow run pipeline --local -p ranks=3 -p pretrain_steps=80 -p metric=exact_match -p mode=max
+  ckptflow run pipeline --local --from-template          (the WorkflowTemplate + a Workflow using it)
+  ckptflow run finetune --local -p base_root=runs/ckptflow-xxxxx/pretrain
+  ckptflow render --keys                                  (every --set setting)"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ckptflow run", description=__doc__.split("\n")[0])
+    ap = cli_args.Parser(
+        prog="ckptflow run",
+        description=__doc__.split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("target", choices=LOCAL_TARGETS, help="the workflow to render and run")
     ap.add_argument("--local", action="store_true", help="run here (required; cf. submit)")
     ap.add_argument("--s3", action="store_true", help="store checkpoints on an in-process S3")
@@ -221,10 +265,44 @@ def _parser() -> argparse.ArgumentParser:
         "--isolate", action="store_true",
         help="every task a pod; S3 (implied) and an MLflow server on the pods' bridge",
     )  # fmt: skip
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="a setting rendered into the manifest (see `ckptflow render --keys`)",
+    )  # fmt: skip
+    ap.add_argument(
+        "-p", "--parameter", dest="parameters", action="append", default=[],
+        metavar="NAME=VALUE", help="a workflow parameter (like `argo submit -p`), e.g. -p ranks=3",
+    )  # fmt: skip
+    ap.add_argument(
+        "--from-template", action="store_true",
+        help="render the WorkflowTemplate and run a Workflow that references it",
+    )  # fmt: skip
     ap.add_argument("--runs-dir", default="runs", help="where runs and mlflow.db go")
     ap.add_argument("--name", help="workflow name (default: <name>-<random>)")
     return ap
+
+
+def _documents(args, cfg: PipelineConfig, values: dict[str, str]) -> list[dict]:
+    """What `ckptflow run` renders: the Workflow (its parameters' values from `-p`), or with
+    --from-template the WorkflowTemplate and a Workflow referencing it (the Workflow last)."""
+    builder(args.target)
+    if not args.from_template:
+        return [manifests(args.target, cfg, "workflow", values)[0]]
+    template = manifests(args.target, cfg, "template")[0]
+    return [template, manifests(args.target, cfg, "from-template", values)[0]]
+
+
+def _name(args, workflow: dict) -> str:
+    """The workflow's name: --name (checked: it names folders and MLflow runs), or
+    generateName and a random suffix."""
+    if args.name:
+        if not NAME.fullmatch(args.name):
+            raise ConfigError(
+                f"--name {args.name!r}: use lower-case letters, digits and '-' (a Kubernetes name)"
+            )
+        return args.name
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+    return f"{workflow['metadata']['generateName']}{suffix}"
 
 
 def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
@@ -248,7 +326,9 @@ def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
 
 def main(argv: list[str] | None = None) -> int:
     """Render TARGET with the local configuration and run it through the local runner."""
-    args = _parser().parse_args(argv)
+    args = cli_args.parse(_parser(), argv, {"--set", "-p", "--parameter", "--name"})
+    if isinstance(args, int):
+        return args
     if not args.local:
         print(
             f"ckptflow run {args.target}: add --local to run it on this machine; "
@@ -266,17 +346,19 @@ def main(argv: list[str] | None = None) -> int:
             cfg = local_config(
                 runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
             )
-            builder(args.target)
-            cfg = check_base(args.target, cfg)
-            manifest = manifests(args.target, cfg)[0]
+            values = parse_pairs(args.parameters)
+            cfg, values = check_base(args.target, cfg, values)
+            docs = _documents(args, cfg, values)
+            name = _name(args, docs[-1])
         except (ConfigError, IsolationError) as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 2
-        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-        name = args.name or f"{manifest['metadata']['generateName']}{suffix}"
         workdir = runs_dir / name / "argo"
         (runs_dir / name).mkdir(parents=True, exist_ok=True)
-        (runs_dir / name / "workflow.yaml").write_text(to_yaml([manifest]))
+        for doc in docs:  # workflow.yaml, and the template.yaml it references
+            kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
+            (runs_dir / name / f"{kind}.yaml").write_text(to_yaml([doc]))
+        manifest = resolve_template_ref(docs[-1], docs[:-1])
         mlflow_db = None
         if mlflow_uri:
             port = int(mlflow_uri.rsplit(":", 1)[1])
@@ -286,9 +368,11 @@ def main(argv: list[str] | None = None) -> int:
             mlflow_db = tracking.dir / "mlflow.db"
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
+            # cwd: what the steps write relative to it (MLflow's ./mlruns artifacts) stays
+            # under the runs directory.
             result = run_workflow(
                 manifest, workdir=str(workdir), name=name, env=env, pod_node=node,
-                artifact_repository=_artifact_repository(endpoint),
+                artifact_repository=_artifact_repository(endpoint), cwd=str(runs_dir),
             )  # fmt: skip
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
@@ -299,5 +383,5 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ({result.message})" if result.message else "")
         )
         print(f"logs: {workdir / 'logs'}")
-        print(summary(cfg, name, result, runs_dir, env, mlflow_db))
+        print(summary(cfg, name, result, runs_dir, env, mlflow_db, values))
         return result.exit_code

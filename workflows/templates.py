@@ -95,13 +95,15 @@ def outputs(
     ]
 
 
-def retry(limit: int, backoff_s: int) -> RetryStrategy | None:
-    """Retry on any failure, pod loss included (policy Always), with doubling backoff."""
+def retry(limit: int, backoff_s: int, *, transient_only: bool = False) -> RetryStrategy | None:
+    """Retry with doubling backoff: on any failure, pod loss included (policy Always: training
+    and evaluation resume where they were), or with `transient_only` only when the pod errored
+    (policy OnError: deleted, evicted, its node lost), never when the step itself failed."""
     if limit <= 0:
         return None
     return RetryStrategy(
         limit=limit,
-        retry_policy="Always",
+        retry_policy="OnError" if transient_only else "Always",
         backoff=Backoff(duration=f"{backoff_s}s", factor=2),
     )
 
@@ -118,6 +120,7 @@ def step(
     launcher: Sequence[str] = (),
     retries: int = 0,
     backoff_s: int = 10,
+    transient_only: bool = False,
     deadline_s: int | None = None,
     shm_size: str | None = None,
     daemon: bool = False,
@@ -163,7 +166,7 @@ def step(
         resources=hera_resources(resources or platform.step_resources),
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),
-        retry_strategy=retry(retries, backoff_s),
+        retry_strategy=retry(retries, backoff_s, transient_only=transient_only),
         active_deadline_seconds=deadline_s,
         volumes=volumes or None,
         daemon=daemon or None,

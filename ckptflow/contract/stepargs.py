@@ -38,7 +38,9 @@ class StartRunArgs:
     workflow_name: str = arg("", "Argo workflow name (default: ARGO_WORKFLOW_NAME)")
     workflow_uid: str = arg("", "Argo workflow uid (default: ARGO_WORKFLOW_UID)")
     namespace: str = arg("", "Kubernetes namespace (default: ARGO_NAMESPACE)")
-    config_json: str = arg("{}", "the full pipeline configuration (a JSON object), as params")
+    config_json: str = arg(
+        "{}", "the run's configuration as params: a JSON object or Argo's parameter list"
+    )
     run_root: str = arg(
         "", "local run root: its mlflow.db serves when MLFLOW_TRACKING_URI is unset"
     )
@@ -162,7 +164,9 @@ class SelectArgs:
     RUNS_AS: ClassVar[str] = "plain"
     OUTPUTS: ClassVar[tuple[str, ...]] = ("chosen", "model_version", "export_uri", "failed")
 
-    candidates: str = arg(doc="comma-separated run roots of the variants")
+    candidates: str = arg(
+        doc="comma-separated run roots of the variants; PARENT/* names each under it"
+    )
     metric: str = arg("val_loss", "eval.json metric to rank by")
     mode: str = arg("min", "which direction is better", choices=("min", "max"))
     export_uri: str = arg("", 'folder under which the export is written ("": no export)')
