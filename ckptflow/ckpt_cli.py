@@ -139,6 +139,10 @@ def cmd_ls(args) -> int:
         print(f"no checkpoints under {st.uri}")
     else:
         print("\n".join(_table(rows)))
+    corrupt = [r.step for r in rows if r.state == "corrupt"]
+    if corrupt and args.verify:  # reading every byte found bad data: exit 1, as `verify` does
+        print(f"{len(corrupt)} corrupt step(s): {', '.join(map(str, corrupt))}", file=sys.stderr)
+        return 1
     return 0
 
 
