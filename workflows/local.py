@@ -189,11 +189,17 @@ def _variants(cfg: PipelineConfig, values: dict[str, str] | None) -> list[dict]:
     return variant_items(cfg)
 
 
+def _script(name: str) -> str:
+    """How to run this environment's `name` command from any directory: its script beside the
+    interpreter (absolute), else `python -m`."""
+    exe = Path(sys.executable).parent / name
+    module = "ckptflow.cli" if name == "ckptflow" else name
+    return str(exe) if exe.exists() else f"{sys.executable} -m {module}"
+
+
 def mlflow_ui_command(db: Path) -> str:
     """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
-    exe = Path(sys.executable).parent / "mlflow"
-    launcher = str(exe) if exe.exists() else f"{sys.executable} -m mlflow"
-    return f"{launcher} ui --backend-store-uri sqlite:///{db.resolve()}"
+    return f"{_script('mlflow')} ui --backend-store-uri sqlite:///{db.resolve()}"
 
 
 def summary(
@@ -239,7 +245,9 @@ def summary(
     if s3_endpoint:
         lines.append("(the in-process S3 server, and the objects above, end with this command)")
     else:
-        lines.append(f"checkpoints:  ckptflow ckpt ls {run_root}/pretrain/{runroot.CKPT}")
+        lines.append(
+            f"checkpoints:  {_script('ckptflow')} ckpt ls {run_root}/pretrain/{runroot.CKPT}"
+        )
     return "\n".join(lines)
 
 
