@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 
-from ckptflow import cli_args, env
+from ckptflow import env
+from ckptflow.contract import cli_args
 from ckptflow.core import layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.policy_syntax import PolicyError, parse_duration

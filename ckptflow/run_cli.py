@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ckptflow import cli_args
+from ckptflow.contract import cli_args
 from ckptflow.workflows.runner import (
     REFUSED_EXIT,
     IsolationError,

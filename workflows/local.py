@@ -46,7 +46,7 @@ from ckptflow.workflows.runner import (
 from ckptflow.workflows.runner.artifact_repo import S3Repository
 from ckptflow.workflows.runner.isolation import new_node
 
-from ckptflow import cli_args
+from ckptflow.contract import cli_args
 from ckptflow.core import runroot
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")

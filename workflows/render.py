@@ -26,7 +26,7 @@ from ckptflow.workflows.config import (
 )
 from ckptflow.workflows.parameters import parse_pairs
 
-from ckptflow import cli_args
+from ckptflow.contract import cli_args
 
 
 @dataclass(frozen=True)

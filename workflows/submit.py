@@ -30,7 +30,7 @@ from hera.exceptions import HeraException
 from hera.shared import global_config
 from hera.workflows import CronWorkflow, Workflow, WorkflowsService, WorkflowTemplate
 
-from ckptflow import cli_args
+from ckptflow.contract import cli_args
 
 PHASE_EXIT = {"Succeeded": 0, "Failed": 1, "Error": 2}
 STILL_RUNNING = 3

@@ -1,4 +1,4 @@
-"""Argument parsing shared by the `ckptflow` subcommands: a user mistake is one line.
+"""Argument parsing shared by the `ckptflow` commands (CLI and workflows): a user mistake is one line.
 
 argparse prints a usage block before its error and reads a value that starts with "-" as an
 option (`--grace -5m` becomes "expected one argument", which names no fix). Here the error is
