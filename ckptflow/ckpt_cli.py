@@ -41,8 +41,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+EXAMPLES = """ROOT is a checkpoint root: a run's ckpt/ folder, e.g.
+  ckptflow ckpt ls runs/NAME/pretrain/ckpt
+  ckptflow ckpt ls runs/NAME/finetune/VARIANT/ckpt --verify
+  ckptflow ckpt verify s3://bucket/runs/NAME/pretrain/ckpt --step 40
+  ckptflow ckpt gc runs/NAME/pretrain/ckpt --policy last=3,best=val_loss:min:1
+exit codes: 0 ok, 1 bad data found (verify, ls --verify), 2 a usage error"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = cli_args.Parser(prog="ckptflow ckpt", description=__doc__.split("\n\n")[0])
+    p = cli_args.Parser(
+        prog="ckptflow ckpt",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     ls = sub.add_parser("ls", help="one row per step: kind, sizes, state, pin, tier, metrics")
     ls.add_argument("root", help="checkpoint root: a local path or s3://bucket/prefix")

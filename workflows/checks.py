@@ -78,6 +78,19 @@ _QUANTITY = re.compile(
     r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
 )
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes object name
+# Settings that are Kubernetes object names (a label for those used as generateName prefixes).
+OBJECT_NAMES = (
+    "platform.service_account",
+    "platform.s3_secret",
+    "retention.name",
+    "evaluate.template_name",
+    "evaluate.event_source_name",
+    "evaluate.sensor_name",
+    "evaluate.sensor_service_account",
+)
+REQUIRED = ("platform.image", "platform.storage_root", "platform.experiment")
+URLS = ("platform.argo_ui",)
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 _LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _BASE_STEP = re.compile(r"latest|[0-9]{1,18}|best:[A-Za-z0-9_./-]+(:(min|max))?")
@@ -270,6 +283,14 @@ def _check_number(key: str, name: str, value: Any, meta: dict, shown: str) -> No
 def _check_text(key: str, name: str, value: Any, shown: str) -> None:
     if not isinstance(value, str):
         return
+    if key in REQUIRED and not value.strip():
+        raise _bad(key, shown, "must not be empty")
+    if key in URLS and not re.fullmatch(r"https?://\S+", value):
+        raise _bad(key, shown, "give a URL such as http://localhost:2746")
+    if key == "platform.outputs_dir" and not value.startswith("/"):
+        raise _bad(key, shown, "give an absolute path inside the container, e.g. /tmp/outputs")
+    if key in OBJECT_NAMES and value and not _DNS_NAME.fullmatch(value):
+        raise _bad(key, shown, "a Kubernetes name: lower-case letters, digits, '-' and '.'")
     if name in QUANTITIES:
         if value == "" and name == "shm_size":
             return

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, validate
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
+from ckptflow.workflows.local_summary import summary
 from ckptflow.workflows.parameters import parse_pairs
 from ckptflow.workflows.render import builder, manifests, to_yaml
 from ckptflow.workflows.runner import (
@@ -47,7 +47,6 @@ from ckptflow.workflows.runner.artifact_repo import S3Repository
 from ckptflow.workflows.runner.isolation import new_node
 
 from ckptflow.contract import cli_args
-from ckptflow.core import runroot
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -141,116 +140,6 @@ def _artifact_repository(endpoint: str | None):
     return S3Repository(client, S3_BUCKET, "artifacts")
 
 
-def _outputs(result, display: str) -> list[dict[str, str]]:
-    """Output parameters of every node shown as `display` (fanned-out tasks give several)."""
-    out = []
-    for node in result.nodes.values():
-        if node.get("displayName", "").split("(")[0] == display and node.get("type") == "Pod":
-            params = (node.get("outputs") or {}).get("parameters") or []
-            if params:
-                out.append({p["name"]: p.get("value", "") for p in params})
-    return out
-
-
-def _storage_options(cfg: PipelineConfig, env: dict[str, str]):
-    """How the summary reaches the run's storage: the steps' S3 endpoint and keys (`env`)."""
-    from ckptflow.core.storage import StorageOptions  # the format core: fsspec, no torch
-
-    if not cfg.platform.s3_endpoint:
-        return StorageOptions()
-    keys = (env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY"))
-    return StorageOptions(cfg.platform.s3_endpoint, credentials=keys if all(keys) else None)
-
-
-def _checkpoints(root: str, options, problems: list[str]) -> list[tuple[int, dict]]:
-    """(step, eval metrics) of each committed checkpoint under `<root>/ckpt`, read with the
-    format core; unreadable eval records go to `problems`."""
-    from ckptflow.core import rootreader
-    from ckptflow.core.storage import Storage
-
-    ckpt = runroot.ckpt_root(Storage(root, options=options))
-    steps = rootreader.committed_steps(ckpt)
-    evals = runroot.read_evals(ckpt, steps, problems)
-    return [(s, dict(evals[s].metrics) if s in evals else {}) for s in steps]
-
-
-def _fmt(metrics: dict) -> str:
-    return "  ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
-    )
-
-
-def _variants(cfg: PipelineConfig, values: dict[str, str] | None) -> list[dict]:
-    """The variants this run fanned out: `-p variants` when given, else the configuration's."""
-    from ckptflow.workflows.parameters import variant_items
-
-    if values and "variants" in values:
-        return [{k: str(v) for k, v in item.items()} for item in json.loads(values["variants"])]
-    return variant_items(cfg)
-
-
-def _script(name: str) -> str:
-    """How to run this environment's `name` command from any directory: its script beside the
-    interpreter (absolute), else `python -m`."""
-    exe = Path(sys.executable).parent / name
-    module = "ckptflow.cli" if name == "ckptflow" else name
-    return str(exe) if exe.exists() else f"{sys.executable} -m {module}"
-
-
-def mlflow_ui_command(db: Path) -> str:
-    """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
-    return f"{_script('mlflow')} ui --backend-store-uri sqlite:///{db.resolve()}"
-
-
-def summary(
-    cfg: PipelineConfig,
-    name: str,
-    result,
-    runs_dir: Path,
-    env: dict[str, str],
-    mlflow_db: Path | None = None,
-    values: dict[str, str] | None = None,
-) -> str:
-    """What the run produced, and how to look at it (`env`: the steps' S3 settings;
-    `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
-    s3_endpoint = cfg.platform.s3_endpoint
-    run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from ckptflow.workflows.finetune_dag import variant_name, variant_root
-
-    roots = [("pretrain", f"{run_root}/pretrain")]
-    if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
-        roots += [
-            (f"finetune {n}", variant_root(run_root, n))
-            for n in (variant_name(v["lr"], v["freeze"]) for v in _variants(cfg, values))
-        ]
-    lines = [f"\nproduced under {run_root}:"]
-    for label, root in roots:
-        problems: list[str] = []
-        try:
-            ckpts = _checkpoints(root, _storage_options(cfg, env), problems)
-        except Exception as exc:  # a summary must not hide the run's own result
-            lines.append(f"  {label}: cannot list checkpoints ({exc})")
-            continue
-        lines.append(f"  {label}: {len(ckpts)} committed checkpoints  ({root}/{runroot.CKPT})")
-        lines += [f"    step {step:>6}  {_fmt(m)}" for step, m in ckpts]
-        lines += [f"    unreadable evaluation: {p}" for p in problems]
-    for chosen in _outputs(result, "select"):
-        lines.append(
-            f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
-            f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
-        )
-        lines.append(f"  exported: {chosen.get('export_uri', '?')}")
-    db = mlflow_db or runs_dir / "mlflow.db"
-    lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
-    if s3_endpoint:
-        lines.append("(the in-process S3 server, and the objects above, end with this command)")
-    else:
-        lines.append(
-            f"checkpoints:  {_script('ckptflow')} ckpt ls {run_root}/pretrain/{runroot.CKPT}"
-        )
-    return "\n".join(lines)
-
-
 EXAMPLES = """examples:
   ckptflow run pipeline --local
   ckptflow run pipeline --local -p ranks=3 -p pretrain_steps=80 -p metric=exact_match -p mode=max
@@ -313,6 +202,16 @@ def _name(args, workflow: dict) -> str:
     return f"{workflow['metadata']['generateName']}{suffix}"
 
 
+def _write(run_dir: Path, docs: list[dict]) -> dict:
+    """workflow.yaml (and the template.yaml it references) into the run's folder; the manifest
+    to run (a workflowTemplateRef resolved against the template, as the controller does)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for doc in docs:
+        kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
+        (run_dir / f"{kind}.yaml").write_text(to_yaml([doc]))
+    return resolve_template_ref(docs[-1], docs[:-1])
+
+
 def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
     """The pod node (--isolate) and the S3 server (--s3, --isolate), closed by `stack`;
     (node, S3 endpoint, MLflow server URI) with None for what is not there."""
@@ -362,11 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 2
         workdir = runs_dir / name / "argo"
-        (runs_dir / name).mkdir(parents=True, exist_ok=True)
-        for doc in docs:  # workflow.yaml, and the template.yaml it references
-            kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
-            (runs_dir / name / f"{kind}.yaml").write_text(to_yaml([doc]))
-        manifest = resolve_template_ref(docs[-1], docs[:-1])
+        manifest = _write(runs_dir / name, docs)
         mlflow_db = None
         if mlflow_uri:
             port = int(mlflow_uri.rsplit(":", 1)[1])

@@ -142,7 +142,7 @@ def test_whole_pipeline_runs_locally(tmp_path, capsys, monkeypatch):
 
 
 def test_printed_commands_work_from_any_directory(tmp_path):
-    from ckptflow.workflows.local import mlflow_ui_command
+    from ckptflow.workflows.local_summary import mlflow_ui_command
 
     cmd = mlflow_ui_command(Path("runs") / "mlflow.db")
     exe, _, _, uri = cmd.split()
