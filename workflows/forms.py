@@ -60,6 +60,10 @@ def with_values(doc: dict, values: Mapping[str, str]) -> dict:
 
 def template(name: str, doc: dict, cfg: PipelineConfig) -> dict:
     """The rendered Workflow `doc` as a WorkflowTemplate (a fixed name instead of generateName)."""
+    if name == "evaluate":
+        raise ConfigError(
+            "--template: evaluate renders a WorkflowTemplate already; drop --template"
+        )
     if name not in KNOBS:
         raise ConfigError(
             f"--template: choose one of {', '.join(KNOBS)} ({name} has no template form)"
