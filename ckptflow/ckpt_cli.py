@@ -21,7 +21,8 @@ import json
 import sys
 import time
 
-from ckptflow import ckpt_ops_cli, cli_args, env
+from ckptflow import ckpt_ops_cli, env
+from ckptflow.contract import cli_args
 from ckptflow.core import health, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
@@ -42,8 +43,21 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+EXAMPLES = """ROOT is a checkpoint root: a run's ckpt/ folder, e.g.
+  ckptflow ckpt ls runs/NAME/pretrain/ckpt
+  ckptflow ckpt ls runs/NAME/finetune/VARIANT/ckpt --verify
+  ckptflow ckpt verify s3://bucket/runs/NAME/pretrain/ckpt --step 40
+  ckptflow ckpt gc runs/NAME/pretrain/ckpt --policy last=3,best=val_loss:min:1
+exit codes: 0 ok, 1 bad data found (verify, ls --verify), 2 a usage error"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = cli_args.Parser(prog="ckptflow ckpt", description=__doc__.split("\n\n")[0])
+    p = cli_args.Parser(
+        prog="ckptflow ckpt",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     ls = sub.add_parser("ls", help="one row per step: kind, sizes, state, pin, tier, metrics")
     ls.add_argument("root", help="checkpoint root: a local path or s3://bucket/prefix")
@@ -144,6 +158,10 @@ def cmd_ls(args) -> int:
         print(f"no checkpoints under {st.uri}")
     else:
         print("\n".join(_table(rows)))
+    corrupt = [r.step for r in rows if r.state == "corrupt"]
+    if corrupt and args.verify:  # reading every byte found bad data: exit 1, as `verify` does
+        print(f"{len(corrupt)} corrupt step(s): {', '.join(map(str, corrupt))}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -32,10 +32,32 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+COMMON = """common paths:
+  ckptflow run pipeline --local                 train, fine-tune, select here (a few minutes)
+  ckptflow run pipeline --local -p ranks=3      ... with a workflow parameter changed
+  ckptflow ckpt ls runs/NAME/pretrain/ckpt      the checkpoints of a run (--verify: every byte)
+  ckptflow ckpt gc ROOT --policy last=3         what a retention policy deletes (dry run)
+  ckptflow render pipeline -o pipeline.yaml     the Argo manifest (--template: WorkflowTemplate)
+  ckptflow submit pipeline --wait               send it to the Argo Server
+  ckptflow render --keys                        every --set setting and its default
+run `ckptflow COMMAND --help` for a command's options"""
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("ckptflow")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
 def _usage() -> str:
-    lines = ["usage: ckptflow COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: ckptflow [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in sorted(COMMANDS.items())]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", COMMON])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        print(f"ckptflow {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from ckptflow import cli_args
+from ckptflow.contract import cli_args
 from ckptflow.core.planner import (
     GIB,
     PlanInputs,

@@ -18,11 +18,14 @@ import signal
 import sys
 from pathlib import Path
 
+from ckptflow.contract import cli_args
 from ckptflow.workflows.runner import (
     REFUSED_EXIT,
     IsolationError,
     SpecError,
+    load_documents,
     load_manifest,
+    resolve_template_ref,
     run_workflow,
     workflow_name,
 )
@@ -37,17 +40,25 @@ BUILDER_TARGETS = ("pipeline", "pretrain", "finetune")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli_args.Parser(
         prog="ckptflow run",
         description="Run a rendered Argo Workflow (or WorkflowTemplate) manifest on this machine. "
         "Exit code: 0 Succeeded, 1 Failed, 2 Error, 3 refused manifest, 130 interrupted.",
         epilog=f"`ckptflow run {{{','.join(BUILDER_TARGETS)}}} --local` renders a workflow and "
-        "runs it here (see `ckptflow run pipeline --help`).",
+        "runs it here (see `ckptflow run pipeline --help`). Examples:\n"
+        "  ckptflow run pipeline --local -p ranks=3 -p pretrain_steps=80\n"
+        "  ckptflow run runs/NAME/workflow.yaml -p ranks=3\n"
+        "  ckptflow run wf.yaml --template-file template.yaml   (a workflowTemplateRef)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("target", help="a Workflow/WorkflowTemplate manifest (YAML or JSON)")
     p.add_argument(
         "-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
         help="a workflow parameter (repeatable), like `argo submit -p`",
+    )  # fmt: skip
+    p.add_argument(
+        "--template-file", action="append", default=[], metavar="FILE",
+        help="the WorkflowTemplate(s) a workflowTemplateRef names (repeatable)",
     )  # fmt: skip
     p.add_argument("--workdir", help="logs, pod directories, status (default runs/local/NAME)")
     p.add_argument(
@@ -121,11 +132,14 @@ def parse_parameters(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def resolve_manifest(target: str) -> dict:
-    """The manifest a file target names."""
+def resolve_manifest(target: str, template_files: list[str] = ()) -> dict:
+    """The manifest a file target names, its workflowTemplateRef (if any) resolved against the
+    WorkflowTemplates of `template_files`."""
     if not Path(target).exists():
         raise SpecError(f"{target}: no such manifest file (give a rendered Workflow YAML)")
-    return load_manifest(target)
+    manifest = load_manifest(target)
+    templates = [d for f in template_files for d in load_documents(f)]
+    return resolve_template_ref(manifest, templates)
 
 
 def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
@@ -157,13 +171,15 @@ def _sigterm(signum, frame):  # SIGTERM stops the run like Ctrl-C: processes are
 
 def run_file(argv: list[str]) -> int:
     """`ckptflow run FILE.yaml ...`: a refused manifest is one line on stderr and exit code 3."""
-    args = build_parser().parse_args(argv)
+    args = cli_args.parse(build_parser(), argv, {"-p", "--parameter", "--semaphore"})
+    if isinstance(args, int):
+        return args
     if hasattr(signal, "SIGTERM"):
         # signal() refuses outside the main thread (e.g. main() called from a test thread)
         with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, _sigterm)
     try:
-        manifest = resolve_manifest(args.target)
+        manifest = resolve_manifest(args.target, args.template_file)
         return run_manifest(manifest, args)
     except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)

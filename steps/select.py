@@ -79,12 +79,24 @@ def assess(uri: str, cfg: SelectArgs) -> Candidate:
     return Candidate(variant_name(uri), run.url(), ckpt.url(), step, value, evals[step])
 
 
+def candidate_uris(candidates: str) -> list[str]:
+    """The run roots `--candidates` names; `PARENT/*` stands for every folder directly under
+    PARENT (the variants of a run whose grid is a workflow parameter), in name order."""
+    out = []
+    for uri in (c.strip() for c in candidates.split(",")):
+        if uri.endswith("/*"):
+            parent = uri[:-2]
+            st = env.open_storage(parent)
+            out += [join_uri(parent, n) for n in sorted(st.listdir()) if not st.is_file(n)]
+        elif uri:
+            out.append(uri)
+    return out
+
+
 def choose(cfg: SelectArgs) -> tuple[Candidate | None, list[Candidate], dict[str, str]]:
     """(winner, every usable candidate, failures uri -> cause)."""
     ok, failures = [], {}
-    for uri in (c.strip() for c in cfg.candidates.split(",")):
-        if not uri:
-            continue
+    for uri in candidate_uris(cfg.candidates):
         try:
             cand = assess(uri, cfg)
         except Exception as exc:  # noqa: BLE001 - a broken variant is reported, not fatal

@@ -19,10 +19,20 @@ from ckptflow.core import jsonfile
 log = logging.getLogger("ckptflow.start_run")
 
 
+def config_params(text: str) -> dict:
+    """The run's params from --config-json: a JSON object, or Argo's workflow parameter list
+    (`{{workflow.parameters.json}}`: [{"name": ..., "value": ...}, ...]) as name -> value."""
+    doc = jsonfile.loads(text, what="--config-json")
+    if isinstance(doc, list) and all(isinstance(p, dict) and "name" in p for p in doc):
+        return {str(p["name"]): p.get("value", "") for p in doc}
+    if not isinstance(doc, dict):
+        raise ValueError("not an object or an Argo parameter list")
+    return doc
+
+
 def _check(p, cfg: StartRunArgs) -> None:
     try:
-        if not isinstance(jsonfile.loads(cfg.config_json, what="--config-json"), dict):
-            raise ValueError("not an object")
+        config_params(cfg.config_json)
     except (ValueError, jsonfile.BadJsonFile) as exc:
         p.error(
             f"--config-json must be a JSON object ({exc}); e.g. --config-json '{{\"lr\": 0.001}}'"
@@ -46,7 +56,7 @@ def main(argv=None) -> int:
         cfg,
         log,
         run_name=cfg.run_name,
-        params=jsonfile.loads(cfg.config_json, what="--config-json"),
+        params=config_params(cfg.config_json),
         tags={k: v for k, v in tags.items() if v},
         keep_open=True,  # the later steps nest under it; finish_run closes it
     ) as run:

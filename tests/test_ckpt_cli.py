@@ -142,6 +142,8 @@ def test_corrupt_object_is_named_by_verify_and_ls(tmp_path, capsys):
     rows = {r["step"]: r for r in json.loads(run(capsys, "ls", root, "--json", "--verify")[1])}
     assert rows[2]["state"] == "corrupt" and rows[2]["problems"] == [f"{path} (checksum mismatch)"]
     assert rows[1]["state"] == rows[5]["state"] == "committed"
+    rc, out, err = run(capsys, "ls", root, "--verify")  # found bad data: exit 1, as verify
+    assert rc == 1 and "1 corrupt step(s): 2" in err
     # a missing object is found by the plain listing
     gone = unique_object(root, 5, [1, 2])
     os.remove(os.path.join(root, layout.object_path(gone)))
@@ -180,6 +182,7 @@ def test_gc_prints_a_dry_run_and_deletes_only_with_yes(tmp_path, capsys):
     assert rc == 0 and report["applied"] and report["delete_steps"] == [1, 2, 5]
     assert report["leftovers"] == [9] and report["bytes_freed"] > 0
     assert report["keep"] == {"6": ["last-1", "latest-valid"]}
+    assert report["grace_objects"] == 0 and report["grace_s"] == 0
     assert rootreader.step_names(Storage(root)) == {6: "step-00000006"}
     target = {"w": torch.zeros(64, 64), "b": torch.zeros(64)}
     Checkpointer(root).load(target)
@@ -224,3 +227,15 @@ def test_ls_verify_gc_on_s3_and_a_missing_bucket(s3_bucket, capsys):
     assert Checkpointer(root).load(target) == 6 and torch.equal(target["b"], states[5]["b"])
     rc, out, err = run(capsys, "ls", f"s3://{s3_bucket}-missing/ckpt")
     assert rc == 2 and "bucket does not exist" in err and "Traceback" not in err
+
+
+def test_gc_says_what_the_grace_period_kept(tmp_path, capsys):
+    root = str(tmp_path / "ckpt")
+    build_root(root)
+    rc, out, _ = run(capsys, "gc", root, "--policy", "last=1", "--grace", "1h")
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if ln.startswith("kept by the 1h grace period"))
+    assert "unreferenced object(s)" in line and "--grace 0 frees them" in line
+    report = json.loads(run(capsys, "gc", root, "--policy", "last=1", "--grace", "1h", "--json")[1])
+    assert report["grace_objects"] > 0 and report["grace_bytes"] > 0 and report["grace_s"] == 3600
+    assert report["grace_bytes"] >= report["bytes_freed"]  # what was freed is the smaller part

@@ -40,7 +40,27 @@ def places(tmp_path_factory):
     ck.save(2, {"w": torch.zeros(4)})
     ck.close()
     (tmp / "file.txt").write_text("a regular file")
-    return {"root": str(root), "file": str(tmp / "file.txt"), "tmp": str(tmp)}
+    run = tmp / "runs" / "ckptflow-abcde"  # a pipeline run, as `ckptflow run --local` leaves
+    for part in ("pretrain", "finetune/lr0.001-freeze1"):
+        ck = Checkpointer(str(run / part / "ckpt"))
+        ck.save(1, {"w": torch.ones(4)})
+        ck.close()
+    torch.save({"w": torch.ones(4)}, tmp / "model.pt")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(4)}, str(tmp / "model.safetensors"))
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.ones(4)}, checkpoint_id=str(tmp / "dcp"))
+    return {
+        "root": str(root),
+        "file": str(tmp / "file.txt"),
+        "tmp": str(tmp),
+        "run": str(run),
+        "pt": str(tmp / "model.pt"),
+        "st": str(tmp / "model.safetensors"),
+        "dcp": str(tmp / "dcp"),
+    }
 
 
 # (argv, a phrase of the fix the one line must name)
@@ -103,7 +123,74 @@ CASES = {
     "plan: mtbf-per rack": ([*PLAN, "--mtbf-per", "rack"], "mtbf-per"),
     "plan: full-every 0": ([*PLAN, "--full-every", "0"], "full_every"),
     "an unknown top-level command": (["frobnicate"], "frobnicate"),
+    # the wrong folder: the message says what it is and which root to give
+    "ls a run root": (
+        ["ckpt", "ls", "{run}/pretrain"],
+        "is a run root; its checkpoints are in {run}/pretrain/ckpt",
+    ),
+    "verify a run root": (
+        ["ckpt", "verify", "{run}/pretrain"],
+        "`ckptflow ckpt ls {run}/pretrain/ckpt`",
+    ),
+    "gc a run root": (
+        ["ckpt", "gc", "{run}/pretrain", "--policy", "last=1"],
+        "{run}/pretrain/ckpt",
+    ),
+    "pin in a run root": (["ckpt", "pin", "{run}/pretrain", "1"], "{run}/pretrain/ckpt"),
+    "archive a run root": (
+        ["ckpt", "archive", "{run}/pretrain", "--older-than", "1d", "--to", "{tmp}/arch"],
+        "{run}/pretrain/ckpt",
+    ),
+    "repair a run root": (["ckpt", "repair", "{run}/pretrain"], "{run}/pretrain/ckpt"),
+    "ls a pipeline run": (
+        ["ckpt", "ls", "{run}"],
+        "its checkpoint roots: {run}/finetune/lr0.001-freeze1/ckpt, {run}/pretrain/ckpt",
+    ),
+    "ls a runs directory": (["ckpt", "ls", "{tmp}/runs"], "{run}/pretrain/ckpt"),
+    "ls a step folder": (
+        ["ckpt", "ls", "{root}/step-00000001"],
+        "is one step of the checkpoint root {root}",
+    ),
+    "ls the root marker": (["ckpt", "ls", "{root}/ckptflow-root.json"], "give its folder, {root}"),
+    "ls a torch.save file": (["ckpt", "ls", "{pt}"], "is a torch.save file"),
+    "verify a torch.save file": (["ckpt", "verify", "{pt}"], "is a torch.save file"),
+    "ls a safetensors file": (["ckpt", "ls", "{st}"], "is a safetensors file"),
+    "ls a DCP folder": (["ckpt", "ls", "{dcp}"], "torch.distributed.checkpoint (DCP) folder"),
+    # the other commands' flags and settings
+    "version with an argument": (["--versions"], "unknown command"),
+    "render: a bad --set": (
+        ["render", "pipeline", "--set", "platform.image_pull_policy=Sometimes"],
+        "not one of Always, IfNotPresent, Never",
+    ),
+    "render: tolerations not a list": (
+        ["render", "pipeline", "--set", "platform.tolerations=[{{"],
+        "not valid YAML/JSON",
+    ),
+    "render: a bad -p": (["render", "pipeline", "-p", "ranks=two"], "-p ranks=two: expected int"),
+    "render: an unknown workflow": (["render", "pipelines"], "invalid choice"),
+    "submit: a bad --set": (["submit", "pipeline", "--set", "pretrain.model=huge"], "not one of"),
+    "submit: a bad -p": (["submit", "pipeline", "-p", "mode=up"], "not one of min, max"),
+    "run: finetune without a base": (
+        ["run", "finetune", "--local", "--runs-dir", "{tmp}/lr"],
+        "finetune needs a base",
+    ),
+    "run: a bad --set": (
+        ["run", "pipeline", "--local", "--runs-dir", "{tmp}/lr", "--set", "finetune.mode=max2"],
+        "not one of min, max",
+    ),
+    "run: a bad -p": (
+        ["run", "pipeline", "--local", "--runs-dir", "{tmp}/lr", "-p", "ckpt_every=-5"],
+        "-p ckpt_every=-5: must be at least 1",
+    ),
+    "run: a bad --name": (
+        ["run", "pipeline", "--local", "--runs-dir", "{tmp}/lr", "--name", "My Run"],
+        "--name",
+    ),
+    "run: an unknown option": (["run", "pipeline", "--locl"], "--locl"),
+    "run: a missing manifest": (["run", "{tmp}/none.yaml"], "no such manifest file"),
 }
+# `ckptflow run FILE` refuses a manifest it cannot run with exit code 3 (documented).
+EXIT = {"run: a missing manifest": 3}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -113,7 +200,7 @@ def test_a_user_mistake_is_one_line_and_exit_2(places, name, capsys):
     rc = cli.main(argv)
     out = capsys.readouterr()
     lines = out.err.strip().splitlines()
-    assert rc == 2, (rc, out.err, out.out)
+    assert rc == EXIT.get(name, 2), (rc, out.err, out.out)
     assert len(lines) == 1, out.err
     assert "Traceback" not in out.err + out.out
     assert fix.format(**places) in lines[0], lines[0]
@@ -145,6 +232,9 @@ def test_gc_of_a_root_with_nothing_yet_is_no_error(places, capsys):
 
 
 def test_the_valid_commands_still_work(places, capsys):
+    assert cli.main(["--version"]) == 0 and capsys.readouterr().out.startswith("ckptflow ")
+    assert cli.main(["--help"]) == 0 and "common paths:" in capsys.readouterr().out
+    assert cli.main(["ckpt", "ls", places["run"] + "/pretrain/ckpt"]) == 0
     assert cli.main(["ckpt", "ls", places["root"]]) == 0
     assert cli.main(["ckpt", "pin", places["root"], "1"]) == 0
     assert cli.main(["ckpt", "gc", places["root"], "--policy", "last=1", "--grace", "0"]) == 0

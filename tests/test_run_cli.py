@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from ckptflow.run_cli import BUILDER_TARGETS, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,10 +74,9 @@ def test_a_file_named_like_a_builder_is_run_as_a_file(tmp_path):
 
 
 def test_help_names_both_kinds_of_target(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["--help"])
-    assert info.value.code == 0
+    assert main(["--help"]) == 0
     out = capsys.readouterr().out
+    assert "--template-file" in out and "ckptflow run pipeline --local -p" in out
     assert "-p NAME=VALUE" in out and "--shared-tmp" in out and "pipeline" in out
 
 
@@ -115,3 +112,30 @@ def test_semaphore_options_give_the_limits(tmp_path, capsys):
     cm.write_text("kind: ConfigMap\nmetadata: {name: cm}\ndata: {wf: '1'}\n")
     assert main([*base, "--semaphore-config", str(cm)]) == 0
     assert main([*base, "--semaphore", "cm/wf"]) == 3
+
+
+def test_a_workflow_template_ref_runs_the_template_given_with_template_file(tmp_path):
+    import yaml
+
+    template = yaml.safe_load((FIXTURES / "steps.yaml").read_text())
+    template["kind"] = "WorkflowTemplate"
+    template["metadata"] = {"name": "greeter"}
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(template))
+    wf = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "greet-"},
+        "spec": {
+            "workflowTemplateRef": {"name": "greeter"},
+            "arguments": {"parameters": [{"name": "greeting", "value": "hey"}]},
+        },
+    }
+    (tmp_path / "wf.yaml").write_text(yaml.safe_dump(wf))
+    done = _run(str(tmp_path / "wf.yaml"), "--template-file", str(tmp_path / "template.yaml"),
+                "--workdir", str(tmp_path / "w"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    logs = "".join(p.read_text() for p in (tmp_path / "w" / "logs").rglob("*.log"))
+    assert "hey1" in logs
+    # Without the template: one line saying how to give it.
+    done = _run(str(tmp_path / "wf.yaml"), "--workdir", str(tmp_path / "x"))
+    assert done.returncode == 3 and "--template-file" in done.stderr

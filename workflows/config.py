@@ -17,9 +17,13 @@ Only references and settings live here: credentials are named by their Kubernete
 from __future__ import annotations
 
 import difflib
+import json
 import types
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+
+from ckptflow.workflows import checks
+from ckptflow.workflows.checks import ConfigError
 
 from ckptflow.contract import (
     EXPERIMENT,
@@ -30,9 +34,7 @@ from ckptflow.contract import (
     SelectArgs,
 )
 
-
-class ConfigError(ValueError):
-    """A user-supplied setting is unknown or malformed; the message names the fix."""
+__all__ = ["ConfigError"]  # (and the dataclasses and functions below)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,17 @@ class Resources:
     cpu: str = "1"  # CPU request, e.g. "2" or "500m"
     memory: str = "2Gi"  # memory request and limit (a limit stops one pod starving a node)
     gpu: int = 0  # nvidia.com/gpu count (request == limit); 0 requests none
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """One Kubernetes toleration of every pod (the Pod API's fields)."""
+
+    key: str = ""  # taint key ("" with operator Exists: every taint)
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""  # taint value (operator Equal)
+    effect: str = ""  # "" (every effect) | NoSchedule | PreferNoSchedule | NoExecute
+    toleration_seconds: int | None = None  # NoExecute only: how long the pod stays
 
 
 @dataclass(frozen=True)
@@ -60,8 +73,10 @@ class PlatformConfig:
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID"  # key of the access key id in that Secret
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"  # key of the secret access key in it
     s3_region: str = "us-east-1"  # AWS_DEFAULT_REGION of every pod
-    node_selector: tuple[str, ...] = ()  # "key=value" labels every pod's node must carry
-    tolerations: tuple[str, ...] = ()  # "key[=value]:Effect"; no value means operator Exists
+    # Labels every pod's node must carry: a mapping {"pool": "gpu"} (or pool=gpu,zone=a).
+    node_selector: tuple[tuple[str, str], ...] = ()
+    # Tolerations of every pod: a YAML/JSON list as in a Pod spec (or key[=value]:Effect,...).
+    tolerations: tuple[Toleration, ...] = ()
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
     workflow_deadline_s: int = 2 * 24 * 3600  # activeDeadlineSeconds of each workflow
     ttl_after_completion_s: int = 7 * 24 * 3600  # delete finished workflows after this long
@@ -208,6 +223,7 @@ class Setting:
     path: tuple[str, ...]  # attributes from the root: ("pretrain", "train", "max_steps")
     type: object  # the field's type
     section: bool  # a dataclass: its fields are the keys below it
+    meta: typing.Mapping = field(default_factory=dict)  # the field's metadata (contract bounds)
 
 
 def _walk(cls: type, prefix: str = "", path: tuple[str, ...] = (), hide=frozenset()):
@@ -218,7 +234,7 @@ def _walk(cls: type, prefix: str = "", path: tuple[str, ...] = (), hide=frozense
             continue
         tp, at = hints[f.name], (*path, f.name)
         if not is_dataclass(tp):
-            yield Setting(prefix + f.name, at, tp, False)
+            yield Setting(prefix + f.name, at, tp, False, f.metadata)
             continue
         if f.metadata.get("flat"):
             yield from _walk(tp, prefix, at, f.metadata["hide"])
@@ -254,8 +270,16 @@ def _replace_at(obj: object, path: tuple[str, ...], value: object) -> object:
     return replace(obj, **{path[0]: _replace_at(getattr(obj, path[0]), path[1:], value)})
 
 
+NODE_SELECTOR = tuple[tuple[str, str], ...]
+TOLERATIONS = tuple[Toleration, ...]
+
+
 def _convert(key: str, raw: str, tp: object) -> object:
     """Turn the text of `--set key=raw` into the field's type, or explain what was expected."""
+    if tp == NODE_SELECTOR:
+        return checks.node_selector_from_text(key, raw)
+    if tp == TOLERATIONS:
+        return checks.tolerations_from_text(key, raw, Toleration)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -276,13 +300,15 @@ def _convert(key: str, raw: str, tp: object) -> object:
             return tp(raw)
         except ValueError:
             raise ConfigError(f"--set {key}={raw}: expected {tp.__name__}") from None
-    return raw
+    return raw.strip() if tp is str and raw != raw.strip() else raw
 
 
 def apply_overrides(cfg: PipelineConfig, assignments: typing.Iterable[str]) -> PipelineConfig:
     """Return `cfg` with each "dotted.key=value" applied; unknown keys raise ConfigError.
 
-    Lists are comma-separated (`--set finetune.lrs=1e-3,3e-4`), booleans true/false.
+    Lists are comma-separated (`--set finetune.lrs=1e-3,3e-4`), booleans true/false,
+    tolerations and node selectors YAML/JSON. Each value is checked (`ckptflow.workflows.
+    checks`): a bad one raises ConfigError naming the key, the value and what is allowed.
     """
     known = settings(type(cfg))
     for assignment in assignments:
@@ -299,8 +325,36 @@ def apply_overrides(cfg: PipelineConfig, assignments: typing.Iterable[str]) -> P
         if s.section:
             subkeys = ", ".join(k for k in setting_keys(type(cfg)) if k.startswith(f"{key}."))
             raise ConfigError(f"--set {key}: is a section; set one of {subkeys}")
-        cfg = _replace_at(cfg, s.path, _convert(key, raw, s.type))
+        value = _convert(key, raw, s.type)
+        checks.check(key, value, s.meta, shown=raw)
+        cfg = _replace_at(cfg, s.path, value)
     return cfg
+
+
+def validate(cfg: object) -> None:
+    """Raise ConfigError for the first setting of `cfg` that is not allowed (however it was
+    set: `--set`, a builder's defaults, Python), before anything is rendered."""
+    for key, s in settings(type(cfg)).items():
+        if not s.section:
+            checks.check(
+                key, value_at(cfg, s.path), s.meta, shown=shown_value(value_at(cfg, s.path))
+            )
+
+
+def shown_value(value: object) -> str:
+    """A setting's value as `--set` takes it back (structured values as JSON)."""
+    if isinstance(value, tuple) and value and isinstance(value[0], Toleration):
+        return json.dumps([_toleration_json(t) for t in value], separators=(",", ":"))
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return json.dumps(dict(value), separators=(",", ":"))
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _toleration_json(t: Toleration) -> dict:
+    names = {"toleration_seconds": "tolerationSeconds"}
+    return {names.get(k, k): v for k, v in asdict(t).items() if v not in ("", None)}
 
 
 def as_tree(cfg: object) -> dict:
@@ -314,6 +368,8 @@ def as_tree(cfg: object) -> dict:
         for part in sections:
             node = node.setdefault(part, {})
         value = value_at(cfg, s.path)
+        if isinstance(value, tuple) and value and isinstance(value[0], Toleration | tuple):
+            value = json.loads(shown_value(value))  # tolerations, node selector: structured
         node[name] = list(value) if isinstance(value, tuple) else value
     return tree
 
@@ -325,7 +381,5 @@ def describe(cls: type = PipelineConfig, obj: object | None = None) -> list[str]
     for key, s in settings(cls).items():
         if s.section:
             continue
-        value = value_at(obj, s.path)
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        lines.append(f"{key} = {shown}")
+        lines.append(f"{key} = {shown_value(value_at(obj, s.path))}")
     return lines

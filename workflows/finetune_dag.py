@@ -14,8 +14,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from ckptflow.workflows import parameters
 from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
 from ckptflow.workflows.metrics import save_metrics
+from ckptflow.workflows.parameters import ref
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
@@ -25,6 +27,14 @@ from ckptflow.contract import FinetuneArgs, SelectArgs, to_argv
 from ckptflow.core import runroot
 
 DAG_NAME = "finetune"
+# Step arguments that are workflow parameters (ckptflow.workflows.parameters).
+VARIANT_KNOBS = {
+    "task": ref("finetune_task"),
+    "max_steps": ref("finetune_steps"),
+    "ckpt_every": ref("finetune_ckpt_every"),
+    "base_step": ref("base_step"),
+}
+SELECT_KNOBS = {"metric": ref("metric"), "mode": ref("mode")}
 
 
 def variant_root(root: str, name: str) -> str:
@@ -32,10 +42,15 @@ def variant_root(root: str, name: str) -> str:
     return f"{root}/finetune/{name}"
 
 
+def variant_name(lr: str, freeze: str) -> str:
+    """A variant's name (its folder) from its grid values, as Argo writes them."""
+    return f"lr{lr}-freeze{freeze}"
+
+
 def variants(c: FinetuneConfig) -> list[dict[str, str]]:
-    """The grid as withItems entries: name, lr, freeze (strings, as Argo passes them)."""
+    """The grid: name, lr, freeze (strings, as Argo passes them)."""
     grid = [
-        {"name": f"lr{lr:g}-freeze{k}", "lr": f"{lr:g}", "freeze": str(k)}
+        {"name": variant_name(f"{lr:g}", str(k)), "lr": f"{lr:g}", "freeze": str(k)}
         for lr, k in itertools.product(c.lrs, c.freeze_blocks)
     ]
     if not grid:
@@ -56,6 +71,7 @@ def variant_template(cfg: PipelineConfig) -> Container:
         lr=param("lr"),
         freeze_blocks=param("freeze"),
         mlflow_parent_run_id=param("parent_run_id"),
+        **VARIANT_KNOBS,
     )
     return step(
         "finetune-variant",
@@ -74,14 +90,16 @@ def variant_template(cfg: PipelineConfig) -> Container:
     )
 
 
-def select_template(cfg: PipelineConfig, grid: list[dict[str, str]]) -> Container:
-    """The fan-in: `ckptflow.steps.select` over every variant's run root (known at render)."""
+def select_template(cfg: PipelineConfig) -> Container:
+    """The fan-in: `ckptflow.steps.select` over every variant's run root (`finetune/*`: the
+    variants are a workflow parameter, unknown when the manifest is rendered)."""
     c, root = cfg.finetune, param("run_root")
     choose = to_argv(
         replace(c.select, experiment=c.train.experiment),
-        candidates=",".join(variant_root(root, v["name"]) for v in grid),
+        candidates=variant_root(root, "*"),
         export_uri=f"{root}/{runroot.EXPORT}",
         mlflow_parent_run_id=param("parent_run_id"),
+        **SELECT_KNOBS,
     )
     return step(
         "select",
@@ -91,6 +109,7 @@ def select_template(cfg: PipelineConfig, grid: list[dict[str, str]]) -> Containe
         inputs=("run_root", "parent_run_id"),
         output_names=SelectArgs.OUTPUTS,
         retries=1,
+        transient_only=True,  # a failed selection fails again; a lost pod may not
     )
 
 
@@ -99,8 +118,8 @@ def add_finetune_dag(cfg: PipelineConfig) -> DAG:
     parent_run_id). Call inside a Workflow context."""
     if cfg.finetune.workers < 1:
         raise ConfigError("finetune.workers must be at least 1")
-    grid = variants(cfg.finetune)
-    variant, select = variant_template(cfg), select_template(cfg, grid)
+    variants(cfg.finetune)  # a grid that names no variant, or one twice, is refused here
+    variant, select = variant_template(cfg), select_template(cfg)
     root = param("run_root")
     inputs = [Parameter(name=n) for n in ("base_root", "run_root", "parent_run_id")]
     with DAG(name=DAG_NAME, inputs=inputs) as dag:
@@ -108,12 +127,12 @@ def add_finetune_dag(cfg: PipelineConfig) -> DAG:
             name="variant",
             arguments={
                 "base_root": param("base_root"),
-                "variant_root": variant_root(root, "{{item.name}}"),
+                "variant_root": variant_root(root, variant_name("{{item.lr}}", "{{item.freeze}}")),
                 "lr": "{{item.lr}}",
                 "freeze": "{{item.freeze}}",
                 "parent_run_id": param("parent_run_id"),
             },
-            with_items=grid,
+            with_param=ref("variants"),
             continue_on=ContinueOn(failed=True, error=True),
         )
         # select runs whatever became of each variant: it skips and reports failed ones.
@@ -129,9 +148,8 @@ def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
     """The Argo UI's title and description of the fine-tuning workflow."""
     c = cfg.finetune
     return (
-        f"ckptflow finetune: {len(variants(c))} variants x {c.workers} workers",
-        f"task {c.train.task}, select by {c.select.mode} {c.select.metric}, "
-        f"register {c.select.model_name}",
+        f"ckptflow finetune: variants x {c.workers} workers",
+        f"fine-tune each variant, select the champion, register {c.select.model_name}",
     )
 
 
@@ -153,5 +171,12 @@ def build_finetune(cfg: PipelineConfig) -> Workflow:
         prefix=f"{cfg.name}-finetune",
         title=title,
         description=description,
-        arguments=[Parameter(name="base_root", value=c.base_root or None)],
+        arguments=[
+            Parameter(
+                name=parameters.BASE_ROOT,
+                value=c.base_root or None,
+                description="the pretraining run root to fine-tune from (its ckpt/ below)",
+            ),
+            *parameters.arguments(cfg, parameters.FINETUNE),
+        ],
     )

@@ -25,21 +25,31 @@ import argparse
 import contextlib
 import os
 import random
+import re
 import string
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides
+from ckptflow.workflows.config import ConfigError, PipelineConfig, apply_overrides, validate
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, MlflowServer, free_port, start_s3
+from ckptflow.workflows.local_summary import summary
+from ckptflow.workflows.parameters import parse_pairs
 from ckptflow.workflows.render import builder, manifests, to_yaml
-from ckptflow.workflows.runner import REFUSED_EXIT, IsolationError, SpecError, run_workflow
+from ckptflow.workflows.runner import (
+    REFUSED_EXIT,
+    IsolationError,
+    SpecError,
+    resolve_template_ref,
+    run_workflow,
+)
 from ckptflow.workflows.runner.artifact_repo import S3Repository
 from ckptflow.workflows.runner.isolation import new_node
 
-from ckptflow.core import runroot
-from ckptflow.core.layout import step_dir
+from ckptflow.contract import cli_args
 
 LOCAL_TARGETS = ("pipeline", "pretrain", "finetune")
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 # A few minutes on 2 CPU cores, long enough for the tiny model to learn its task: pretraining
 # on `add` passes 0.5 exact match on held-out problems after about 500 steps of 32 sequences,
@@ -97,7 +107,31 @@ def local_config(
         computed.append(f"platform.s3_endpoint={s3_endpoint}")
     if mlflow_uri:
         computed.append(f"platform.s3_secret={PipelineConfig().platform.s3_secret}")
-    return apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
+    cfg = apply_overrides(PipelineConfig(), [*SMALL, *computed, *overrides])
+    validate(cfg)
+    return cfg
+
+
+def check_base(
+    target: str, cfg: PipelineConfig, values: dict[str, str]
+) -> tuple[PipelineConfig, dict[str, str]]:
+    """`run finetune` needs a pretraining run to start from (`-p base_root` or
+    `--set finetune.base_root`): refuse at once without one, rather than render base_root
+    'null' and fail after minutes of retries. A local base is made absolute: the steps do not
+    run in this directory."""
+    if target != "finetune":
+        return cfg, values
+    base = values.get("base_root") or cfg.finetune.base_root
+    hint = "e.g. -p base_root=runs/ckptflow-xxxxx/pretrain (a pipeline's pretraining run)"
+    if not base:
+        raise ConfigError(f"finetune needs a base to start from: {hint}")
+    if "://" not in base and not Path(base).exists():
+        raise ConfigError(f"base_root={base}: no such folder; {hint}")
+    if "://" not in base:
+        base = str(Path(base).resolve())
+        cfg = replace(cfg, finetune=replace(cfg.finetune, base_root=base))
+        values = {**values, "base_root": base} if "base_root" in values else values
+    return cfg, values
 
 
 def _artifact_repository(endpoint: str | None):
@@ -114,105 +148,21 @@ def _artifact_repository(endpoint: str | None):
     return S3Repository(client, S3_BUCKET, "artifacts")
 
 
-def _outputs(result, display: str) -> list[dict[str, str]]:
-    """Output parameters of every node shown as `display` (fanned-out tasks give several)."""
-    out = []
-    for node in result.nodes.values():
-        if node.get("displayName", "").split("(")[0] == display and node.get("type") == "Pod":
-            params = (node.get("outputs") or {}).get("parameters") or []
-            if params:
-                out.append({p["name"]: p.get("value", "") for p in params})
-    return out
-
-
-def _storage_options(cfg: PipelineConfig, env: dict[str, str]):
-    """How the summary reaches the run's storage: the steps' S3 endpoint and keys (`env`)."""
-    from ckptflow.core.storage import StorageOptions  # the format core: fsspec, no torch
-
-    if not cfg.platform.s3_endpoint:
-        return StorageOptions()
-    keys = (env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY"))
-    return StorageOptions(cfg.platform.s3_endpoint, credentials=keys if all(keys) else None)
-
-
-def _checkpoints(root: str, options, problems: list[str]) -> list[tuple[int, dict]]:
-    """(step, eval metrics) of each committed checkpoint under `<root>/ckpt`, read with the
-    format core; unreadable eval records go to `problems`. A fine-tune's base, evaluated on
-    the fine-tune's task, comes first as step "base"."""
-    from ckptflow.core import rootreader
-    from ckptflow.core.storage import Storage
-
-    ckpt = runroot.ckpt_root(Storage(root, options=options))
-    steps = rootreader.committed_steps(ckpt)
-    evals = runroot.read_evals(ckpt, steps, problems)
-    base = next((dict(r.base_metrics) for r in evals.values() if r.base_metrics), None)
-    rows = [("base", base)] if base else []
-    return rows + [(s, dict(evals[s].metrics) if s in evals else {}) for s in steps]
-
-
-def _fmt(metrics: dict) -> str:
-    return "  ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
-    )
-
-
-def summary(
-    cfg: PipelineConfig,
-    name: str,
-    result,
-    runs_dir: Path,
-    env: dict[str, str],
-    mlflow_db: Path | None = None,
-) -> str:
-    """What the run produced, and how to look at it (`env`: the steps' S3 settings;
-    `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
-    s3_endpoint = cfg.platform.s3_endpoint
-    run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
-    from ckptflow.workflows.finetune_dag import variant_root, variants
-
-    roots = [("pretrain", f"{run_root}/pretrain")]
-    if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
-        roots += [
-            (f"finetune {v['name']}", variant_root(run_root, v["name"]))
-            for v in variants(cfg.finetune)
-        ]
-    lines = [f"\nproduced under {run_root}:"]
-    for label, root in roots:
-        problems: list[str] = []
-        try:
-            ckpts = _checkpoints(root, _storage_options(cfg, env), problems)
-        except Exception as exc:  # a summary must not hide the run's own result
-            lines.append(f"  {label}: cannot list checkpoints ({exc})")
-            continue
-        chosen = {o.get("chosen") for o in _outputs(result, "select")}
-        n = sum(1 for step, _ in ckpts if step != "base")
-        lines.append(f"  {label}: {n} committed checkpoints  ({root}/{runroot.CKPT})")
-        for step, m in ckpts:
-            here = f"{root}/{runroot.CKPT}/{step_dir(step)}" if step != "base" else ""
-            mark = "  <- selected" if here in chosen else ""
-            shown = "base (before)" if step == "base" else f"step {step:>6}"
-            lines.append(f"    {shown}  {_fmt(m)}{mark}")
-        lines += [f"    unreadable evaluation: {p}" for p in problems]
-    for chosen in _outputs(result, "select"):
-        lines.append(
-            f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
-            f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
-        )
-        lines.append(f"  exported: {chosen.get('export_uri', '?')}")
-        lines.append(f"  run report: {run_root}/report.png")
-    db = mlflow_db or runs_dir / "mlflow.db"
-    if db.is_relative_to(Path.cwd()):
-        db = db.relative_to(Path.cwd())
-    lines.append(f"\nMLflow UI:  .venv/bin/mlflow ui --backend-store-uri sqlite:///{db}")
-    if s3_endpoint:
-        lines.append("(the in-process S3 server, and the objects above, end with this command)")
-    else:
-        lines.append(f"checkpoints:  ckptflow ckpt ls {run_root}/pretrain/{runroot.CKPT}")
-    return "\n".join(lines)
+EXAMPLES = """examples:
+  ckptflow run pipeline --local
+  ckptflow run pipeline --local -p ranks=3 -p pretrain_steps=80 -p metric=exact_match -p mode=max
+  ckptflow run pipeline --local --from-template          (the WorkflowTemplate + a Workflow using it)
+  ckptflow run finetune --local -p base_root=runs/ckptflow-xxxxx/pretrain
+  ckptflow render --keys                                  (every --set setting)"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ckptflow run", description=__doc__.split("\n")[0])
+    ap = cli_args.Parser(
+        prog="ckptflow run",
+        description=__doc__.split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("target", choices=LOCAL_TARGETS, help="the workflow to render and run")
     ap.add_argument("--local", action="store_true", help="run here (required; cf. submit)")
     ap.add_argument("--s3", action="store_true", help="store checkpoints on an in-process S3")
@@ -220,10 +170,54 @@ def _parser() -> argparse.ArgumentParser:
         "--isolate", action="store_true",
         help="every task a pod; S3 (implied) and an MLflow server on the pods' bridge",
     )  # fmt: skip
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="a setting rendered into the manifest (see `ckptflow render --keys`)",
+    )  # fmt: skip
+    ap.add_argument(
+        "-p", "--parameter", dest="parameters", action="append", default=[],
+        metavar="NAME=VALUE", help="a workflow parameter (like `argo submit -p`), e.g. -p ranks=3",
+    )  # fmt: skip
+    ap.add_argument(
+        "--from-template", action="store_true",
+        help="render the WorkflowTemplate and run a Workflow that references it",
+    )  # fmt: skip
     ap.add_argument("--runs-dir", default="runs", help="where runs and mlflow.db go")
     ap.add_argument("--name", help="workflow name (default: <name>-<random>)")
     return ap
+
+
+def _documents(args, cfg: PipelineConfig, values: dict[str, str]) -> list[dict]:
+    """What `ckptflow run` renders: the Workflow (its parameters' values from `-p`), or with
+    --from-template the WorkflowTemplate and a Workflow referencing it (the Workflow last)."""
+    builder(args.target)
+    if not args.from_template:
+        return [manifests(args.target, cfg, "workflow", values)[0]]
+    template = manifests(args.target, cfg, "template")[0]
+    return [template, manifests(args.target, cfg, "from-template", values)[0]]
+
+
+def _name(args, workflow: dict) -> str:
+    """The workflow's name: --name (checked: it names folders and MLflow runs), or
+    generateName and a random suffix."""
+    if args.name:
+        if not NAME.fullmatch(args.name):
+            raise ConfigError(
+                f"--name {args.name!r}: use lower-case letters, digits and '-' (a Kubernetes name)"
+            )
+        return args.name
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+    return f"{workflow['metadata']['generateName']}{suffix}"
+
+
+def _write(run_dir: Path, docs: list[dict]) -> dict:
+    """workflow.yaml (and the template.yaml it references) into the run's folder; the manifest
+    to run (a workflowTemplateRef resolved against the template, as the controller does)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for doc in docs:
+        kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
+        (run_dir / f"{kind}.yaml").write_text(to_yaml([doc]))
+    return resolve_template_ref(docs[-1], docs[:-1])
 
 
 def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
@@ -247,7 +241,9 @@ def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
 
 def main(argv: list[str] | None = None) -> int:
     """Render TARGET with the local configuration and run it through the local runner."""
-    args = _parser().parse_args(argv)
+    args = cli_args.parse(_parser(), argv, {"--set", "-p", "--parameter", "--name"})
+    if isinstance(args, int):
+        return args
     if not args.local:
         print(
             f"ckptflow run {args.target}: add --local to run it on this machine; "
@@ -265,16 +261,15 @@ def main(argv: list[str] | None = None) -> int:
             cfg = local_config(
                 runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
             )
-            builder(args.target)
-            manifest = manifests(args.target, cfg)[0]
+            values = parse_pairs(args.parameters)
+            cfg, values = check_base(args.target, cfg, values)
+            docs = _documents(args, cfg, values)
+            name = _name(args, docs[-1])
         except (ConfigError, IsolationError) as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 2
-        suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-        name = args.name or f"{manifest['metadata']['generateName']}{suffix}"
         workdir = runs_dir / name / "argo"
-        (runs_dir / name).mkdir(parents=True, exist_ok=True)
-        (runs_dir / name / "workflow.yaml").write_text(to_yaml([manifest]))
+        manifest = _write(runs_dir / name, docs)
         mlflow_db = None
         if mlflow_uri:
             port = int(mlflow_uri.rsplit(":", 1)[1])
@@ -284,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
             mlflow_db = tracking.dir / "mlflow.db"
         print(f"running {name} locally (manifest: {runs_dir / name / 'workflow.yaml'})", flush=True)
         try:
+            # cwd: what the steps write relative to it (MLflow's ./mlruns artifacts) stays
+            # under the runs directory.
             result = run_workflow(
                 manifest, workdir=str(workdir), name=name, env=env, pod_node=node,
-                artifact_repository=_artifact_repository(endpoint),
+                artifact_repository=_artifact_repository(endpoint), cwd=str(runs_dir),
             )  # fmt: skip
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
@@ -297,5 +294,5 @@ def main(argv: list[str] | None = None) -> int:
             + (f" ({result.message})" if result.message else "")
         )
         print(f"logs: {workdir / 'logs'}")
-        print(summary(cfg, name, result, runs_dir, env, mlflow_db))
+        print(summary(cfg, name, result, runs_dir, env, mlflow_db, values))
         return result.exit_code

@@ -24,8 +24,9 @@ the Workflow takes its service from `global_config` when it is constructed):
 
 from __future__ import annotations
 
+from ckptflow.workflows import parameters
 from ckptflow.workflows.config import PipelineConfig
-from ckptflow.workflows.finetune_dag import add_finetune_dag, variants
+from ckptflow.workflows.finetune_dag import add_finetune_dag
 from ckptflow.workflows.pretrain_dag import add_pretrain_dag
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import run_root
@@ -52,13 +53,11 @@ def build_pipeline(cfg: PipelineConfig) -> Workflow:
         cfg,
         stages,
         prefix=cfg.name,
-        title=(
-            f"ckptflow pipeline: {pc.train.model} on {pc.ranks} ranks, "
-            f"{len(variants(fc))} fine-tunes x {fc.workers} workers"
-        ),
+        title="ckptflow pipeline: pretrain, fine-tune fan-out, select",
         description=(
-            f"pretrain {pc.train.max_steps} steps (checkpoint every {pc.train.ckpt_every}, "
-            f"evaluated in the background), fine-tune on {fc.train.task}, select by "
-            f"{fc.select.mode} {fc.select.metric}, register {fc.select.model_name}"
+            "pretrain on N ranks (each checkpoint evaluated in the background), fine-tune "
+            f"each variant on {fc.workers} worker(s), select by the metric, register "
+            f"{fc.select.model_name}; the knobs are the workflow parameters"
         ),
+        arguments=parameters.arguments(cfg, parameters.PIPELINE),
     )

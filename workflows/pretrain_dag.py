@@ -30,23 +30,34 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ckptflow.workflows import parameters
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
 from ckptflow.workflows.evaluate_template import evaluator
 from ckptflow.workflows.metrics import save_metrics
+from ckptflow.workflows.parameters import ref
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Parameter, Workflow
-from hera.workflows.models import ContainerPort, Probe, TCPSocketAction
+from hera.workflows.models import ContainerPort, Probe, Sequence, TCPSocketAction
 
 from ckptflow.contract import PretrainArgs, RdzvArgs, to_argv
 
 DAG_NAME = "pretrain"
+# The rank's step arguments that are workflow parameters (ckptflow.workflows.parameters).
+KNOB_ARGS = {
+    "model": ref("model"),
+    "task": ref("pretrain_task"),
+    "max_steps": ref("pretrain_steps"),
+    "lr": ref("pretrain_lr"),
+    "ckpt_every": ref("ckpt_every"),
+    "full_every": ref("full_every"),
+}
 
 
 def torchrun_args(c: PretrainConfig) -> list[str]:
     """torchrun's arguments joining this rank to the daemon-hosted c10d rendezvous."""
     return [
-        f"--nnodes={c.ranks}",
+        f"--nnodes={ref('ranks')}",
         f"--nproc-per-node={c.procs_per_rank}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={param('rdzv_host')}:{c.rdzv_port}",
@@ -80,7 +91,10 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
     rdzv = _rdzv_template(cfg)
     train = to_argv(
-        c.train, run_root=param("run_root"), mlflow_parent_run_id=param("parent_run_id")
+        c.train,
+        run_root=param("run_root"),
+        mlflow_parent_run_id=param("parent_run_id"),
+        **KNOB_ARGS,
     )
     rank = step(
         "pretrain-rank",
@@ -121,7 +135,7 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         ranks = rank(
             name="rank",
             arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
-            with_items=list(range(c.ranks)),
+            with_sequence=Sequence(count=ref("ranks")),
         )
         # The background evaluator is a daemon: when the ranks fail, failFast starts nothing
         # more and the DAG ends (Failed) at once, stopping it, rather than waiting for a
@@ -134,13 +148,13 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
 
 
 def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
-    """The Argo UI's title and description of the pretraining workflow."""
+    """The Argo UI's title and description of the pretraining workflow (the knobs are its
+    parameters: the text names what they do, not values a submission may change)."""
     c, t = cfg.pretrain, cfg.pretrain.train
     mode = "async" if t.async_save else "sync"
     return (
-        f"ckptflow pretrain: {t.model}, {c.ranks} ranks x {c.procs_per_rank}",
-        f"{t.max_steps} steps, checkpoint every {t.ckpt_every} ({mode}), "
-        "background evaluation of each checkpoint",
+        f"ckptflow pretrain: N ranks x {c.procs_per_rank} processes",
+        f"checkpointed pretraining ({mode} saves), background evaluation of each checkpoint",
     )
 
 
@@ -150,5 +164,10 @@ def build_pretrain(cfg: PipelineConfig) -> Workflow:
     stage = Stage("pretrain", add_pretrain_dag, {"run_root": root})
     title, description = ui_text(cfg)
     return staged_workflow(
-        cfg, [stage], prefix=f"{cfg.name}-pretrain", title=title, description=description
+        cfg,
+        [stage],
+        prefix=f"{cfg.name}-pretrain",
+        title=title,
+        description=description,
+        arguments=parameters.arguments(cfg, parameters.PRETRAIN),
     )

@@ -22,12 +22,11 @@ The run id itself is a workflow output (`mlflow_run_id`, visible in the UI's out
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ckptflow.workflows import templates
-from ckptflow.workflows.config import PipelineConfig, as_tree
+from ckptflow.workflows.config import PipelineConfig
 from ckptflow.workflows.templates import step
 from hera.workflows import DAG, Container, Parameter, Workflow
 from hera.workflows.models import LabelValueFrom, ValueFrom, WorkflowMetadata
@@ -42,17 +41,6 @@ START_TASK = "start-run"
 PARENT_RUN_ID = "{{tasks." + START_TASK + ".outputs.parameters.run_id}}"
 
 
-def config_json(cfg: PipelineConfig, sections: tuple[str, ...]) -> str:
-    """The config sections a workflow uses as compact JSON (the parent run's MLflow params).
-
-    Holds no secrets: the config only names the Secret. Keys are those of `--set`.
-    """
-    tree = as_tree(cfg)
-    picked = {"name": cfg.name, "platform": tree["platform"]}
-    picked.update({s: tree[s] for s in sections})
-    return json.dumps(picked, sort_keys=True, separators=(",", ":"))
-
-
 def labels(cfg: PipelineConfig) -> dict[str, str]:
     """Static labels of a lineage-tracked workflow."""
     return {EXPERIMENT_LABEL: cfg.platform.experiment, "app.kubernetes.io/part-of": "ckptflow"}
@@ -65,24 +53,29 @@ def workflow_metadata() -> WorkflowMetadata:
     )
 
 
-def start_run_template(cfg: PipelineConfig, sections: tuple[str, ...]) -> Container:
+def start_run_template(cfg: PipelineConfig) -> Container:
     """`ckptflow.steps.start_run`: creates the parent run (named after the workflow), outputs its id.
 
-    `sections` names the config sections recorded as the run's params.
+    Its MLflow params are the workflow parameters (`{{workflow.parameters.json}}`).
     """
     p = cfg.platform
     args = StartRunArgs(
         experiment=p.experiment,
-        config_json=config_json(cfg, sections),
         output_dir=p.outputs_dir,  # its own outputs below, not step()'s
     )
     names = {
+        # The run's params: the workflow parameters as this run got them (`-p` included),
+        # not a rendered copy of the whole configuration.
+        "config_json": "{{workflow.parameters.json}}",
         "run_name": "{{workflow.name}}",
         "workflow_name": "{{workflow.name}}",
         "workflow_uid": "{{workflow.uid}}",
         "namespace": "{{workflow.namespace}}",
     }
-    tpl = step("start-run", "start_run", to_argv(args, **names), platform=p, retries=2, backoff_s=5)
+    tpl = step(
+        "start-run", "start_run", to_argv(args, **names), platform=p, retries=2, backoff_s=5,
+        transient_only=True,  # a failed start (MLflow refused) fails again
+    )  # fmt: skip
     # run_id doubles as a workflow output, which is how the exit handler reaches it.
     (run_id,) = StartRunArgs.OUTPUTS
     tpl.outputs = [
@@ -102,7 +95,10 @@ def finish_run_template(cfg: PipelineConfig) -> Container:
         run_id="{{workflow.outputs.parameters." + GLOBAL_RUN_ID + "}}",
         status="{{workflow.status}}",
     )
-    return step("finish-run", "finish_run", args, platform=cfg.platform, retries=2, backoff_s=5)
+    return step(
+        "finish-run", "finish_run", args, platform=cfg.platform, retries=2, backoff_s=5,
+        transient_only=True,
+    )  # fmt: skip
 
 
 def lineage_workflow(cfg: PipelineConfig, *, prefix: str, title: str, description: str) -> Workflow:
@@ -137,13 +133,13 @@ def staged_workflow(
 ) -> Workflow:
     """start_run -> each stage in order, all nested under one parent run; finish_run on exit.
 
-    Every stage gets `parent_run_id`; the stage names are the config sections start_run records.
+    Every stage gets `parent_run_id`; `arguments` are the workflow parameters.
     """
     w = lineage_workflow(cfg, prefix=prefix, title=title, description=description)
     if arguments:
         w.arguments = arguments
     with w:
-        start = start_run_template(cfg, tuple(s.name for s in stages))
+        start = start_run_template(cfg)
         finish_run_template(cfg)
         dags = [s.add(cfg) for s in stages]
         with DAG(name="main"):

@@ -1,4 +1,7 @@
-"""`ckptflow submit NAME [--wait] [--namespace NS] [--host URL] [--set key=value ...]`.
+"""`ckptflow submit NAME [--wait] [--namespace NS] [--host URL] [--set key=value ...] [-p NAME=VALUE ...] [--template | --from-template]`.
+
+`--template` installs (creates or updates) NAME's WorkflowTemplate; `--from-template` submits a
+Workflow running the installed one (`workflowTemplateRef`) with the `-p` values.
 
 Submits through hera's `WorkflowsService` (the Argo Server's REST API), prints the name and
 the Argo UI link and, with `--wait`, follows a Workflow to completion: exit code 0 when it
@@ -21,10 +24,13 @@ import time
 from dataclasses import replace
 
 from ckptflow.workflows.config import ConfigError, PipelineConfig
-from ckptflow.workflows.render import add_common_args, builder, config
+from ckptflow.workflows.parameters import parse_pairs
+from ckptflow.workflows.render import add_common_args, builder, config, manifests
 from hera.exceptions import HeraException
 from hera.shared import global_config
-from hera.workflows import CronWorkflow, WorkflowsService, WorkflowTemplate
+from hera.workflows import CronWorkflow, Workflow, WorkflowsService, WorkflowTemplate
+
+from ckptflow.contract import cli_args
 
 PHASE_EXIT = {"Succeeded": 0, "Failed": 1, "Error": 2}
 STILL_RUNNING = 3
@@ -100,16 +106,53 @@ def wait(
         time.sleep(poll_s)
 
 
+EXAMPLES = """examples:
+  ckptflow submit pipeline --wait --set pretrain.ranks=4
+  ckptflow submit pipeline --template                 install the WorkflowTemplate once
+  ckptflow submit pipeline --from-template -p ranks=4 -p pretrain_steps=400 --wait"""
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0, e.g. 10")
+    return value
+
+
+def hera_object(name: str, cfg: PipelineConfig, form: str, values: dict[str, str]):
+    """What `submit` sends: the builder's hera object, or for `-p`/--template/--from-template
+    the hera object of the rendered form (its parameters' values replaced)."""
+    if form == "workflow" and not values:
+        return builder(name).build(cfg)
+    doc = manifests(name, cfg, form, values)[0]
+    return (
+        WorkflowTemplate.from_dict(doc)
+        if doc["kind"] == "WorkflowTemplate"
+        else Workflow.from_dict(doc)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Submit NAME to the Argo Server; with --wait, exit with the workflow's phase."""
-    ap = argparse.ArgumentParser(prog="ckptflow submit", description=__doc__.split("\n")[0])
+    ap = cli_args.Parser(
+        prog="ckptflow submit",
+        description=__doc__.split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(ap)
     ap.add_argument("--wait", action="store_true", help="follow the workflow to completion")
     ap.add_argument("--namespace", help="namespace (default: platform.namespace)")
     ap.add_argument("--host", help="Argo Server URL (default: hera config, ARGO_SERVER)")
-    ap.add_argument("--poll", type=float, default=10.0, help="seconds between --wait polls")
-    ap.add_argument("--timeout", type=float, default=6 * 3600, help="--wait gives up after")
-    args = ap.parse_args(argv)
+    ap.add_argument("--poll", type=_seconds, default=10.0, help="seconds between --wait polls")
+    ap.add_argument("--timeout", type=_seconds, default=6 * 3600, help="--wait gives up after")
+    args = cli_args.parse(ap, argv, {"--set", "-p", "--parameter", "--poll", "--timeout"})
+    if isinstance(args, int):
+        return args
     try:
         cfg: PipelineConfig = config(args.overrides)
         if args.namespace:
@@ -117,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         ns = cfg.platform.namespace
         conn = argo_connection(args.host, cfg.platform.argo_ui)
         b = builder(args.name)
-        obj = b.build(cfg)
+        obj = hera_object(args.name, cfg, args.form, parse_pairs(args.parameters))
     except ConfigError as exc:
         print(f"ckptflow submit: {exc}", file=sys.stderr)
         return 2

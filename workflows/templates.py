@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckptflow.workflows.config import ConfigError, PlatformConfig, Resources
+from ckptflow.workflows.config import PlatformConfig, Resources
 from hera.workflows import (
     Container,
     EmptyDirVolume,
@@ -97,13 +97,15 @@ def outputs(
     ]
 
 
-def retry(limit: int, backoff_s: int) -> RetryStrategy | None:
-    """Retry on any failure, pod loss included (policy Always), with doubling backoff."""
+def retry(limit: int, backoff_s: int, *, transient_only: bool = False) -> RetryStrategy | None:
+    """Retry with doubling backoff: on any failure, pod loss included (policy Always: training
+    and evaluation resume where they were), or with `transient_only` only when the pod errored
+    (policy OnError: deleted, evicted, its node lost), never when the step itself failed."""
     if limit <= 0:
         return None
     return RetryStrategy(
         limit=limit,
-        retry_policy="Always",
+        retry_policy="OnError" if transient_only else "Always",
         backoff=Backoff(duration=f"{backoff_s}s", factor=2),
     )
 
@@ -120,6 +122,7 @@ def step(
     launcher: Sequence[str] = (),
     retries: int = 0,
     backoff_s: int = 10,
+    transient_only: bool = False,
     deadline_s: int | None = None,
     shm_size: str | None = None,
     daemon: bool = False,
@@ -166,7 +169,7 @@ def step(
         resources=hera_resources(resources or platform.step_resources),
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),
-        retry_strategy=retry(retries, backoff_s),
+        retry_strategy=retry(retries, backoff_s, transient_only=transient_only),
         active_deadline_seconds=deadline_s,
         volumes=volumes or None,
         daemon=daemon or None,
@@ -175,34 +178,22 @@ def step(
 
 
 def node_selector(platform: PlatformConfig) -> dict[str, str] | None:
-    """`platform.node_selector` ("key=value" entries) as a Kubernetes nodeSelector."""
-    out = {}
-    for entry in platform.node_selector:
-        key, sep, value = entry.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"platform.node_selector: {entry!r} is not key=value")
-        out[key] = value
-    return out or None
+    """`platform.node_selector` (label, value pairs, checked by config) as a nodeSelector."""
+    return dict(platform.node_selector) or None
 
 
 def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
-    """`platform.tolerations` ("key[=value]:Effect") as Kubernetes tolerations."""
-    out = []
-    for entry in platform.tolerations:
-        kv, sep, effect = entry.rpartition(":")
-        if not sep or not kv:
-            kv, effect = entry, ""
-        key, eq, value = kv.partition("=")
-        if not key:
-            raise ConfigError(f"platform.tolerations: {entry!r} is not key[=value]:Effect")
-        out.append(
-            Toleration(
-                key=key,
-                operator="Equal" if eq else "Exists",
-                value=value if eq else None,
-                effect=effect or None,
-            )
+    """`platform.tolerations` (checked by config) as Kubernetes tolerations."""
+    out = [
+        Toleration(
+            key=t.key or None,
+            operator=t.operator,
+            value=t.value or None,
+            effect=t.effect or None,
+            toleration_seconds=t.toleration_seconds,
         )
+        for t in platform.tolerations
+    ]
     return out or None
 
 

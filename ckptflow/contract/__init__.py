@@ -13,8 +13,10 @@ from __future__ import annotations
 from ckptflow.contract.argv import Spec, arg, parse, parser, specs, to_argv
 from ckptflow.contract.stepargs import (
     EXPERIMENT,
+    MODELS,
     PARALLEL,
     STEP_ARGS,
+    TASKS,
     DrillArgs,
     EvaluateArgs,
     FinetuneArgs,
@@ -27,7 +29,9 @@ from ckptflow.contract.stepargs import (
 
 __all__ = [
     "EXPERIMENT",
+    "MODELS",
     "PARALLEL",
+    "TASKS",
     "STEP_ARGS",
     "DrillArgs",
     "EvaluateArgs",

@@ -21,6 +21,10 @@ EXPERIMENT_DOC = "MLflow experiment when there is no parent run"
 PARALLEL = ("fsdp", "ddp")  # how finetune wraps its model
 # what a training step reports of its saves (Argo Prometheus metrics: ckptflow.workflows.metrics)
 SAVE_OUTPUTS = ("save_seconds", "stall_seconds", "ckpt_bytes", "saves")
+# The named model sizes and corpus tasks (keys of ckptflow.steps.lib.model.SIZES and
+# ckptflow.steps.lib.data.TASKS, written out torch-free; tests/contract keeps them equal).
+MODELS = ("tiny", "small", "medium", "base", "large")
+TASKS = ("add", "sub", "mul", "rev", "sort")
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,9 @@ class StartRunArgs:
     workflow_name: str = arg("", "Argo workflow name (default: ARGO_WORKFLOW_NAME)")
     workflow_uid: str = arg("", "Argo workflow uid (default: ARGO_WORKFLOW_UID)")
     namespace: str = arg("", "Kubernetes namespace (default: ARGO_NAMESPACE)")
-    config_json: str = arg("{}", "the full pipeline configuration (a JSON object), as params")
+    config_json: str = arg(
+        "{}", "the run's configuration as params: a JSON object or Argo's parameter list"
+    )
     run_root: str = arg(
         "", "local run root: its mlflow.db serves when MLFLOW_TRACKING_URI is unset"
     )
@@ -83,8 +89,8 @@ class PretrainArgs(LoopArgs):
     OUTPUTS: ClassVar[tuple[str, ...]] = ("ckpt_root", "last_step", *SAVE_OUTPUTS)
 
     run_root: str = arg(doc="run root URI: checkpoints under ckpt/, FINISHED, default mlflow.db")
-    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)")
-    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)")
+    model: str = arg("tiny", "named model size (ckptflow.steps.lib.model.SIZES)", choices=MODELS)
+    task: str = arg("add", "corpus task (ckptflow.steps.lib.data.TASKS)", choices=TASKS)
     seq_len: int = arg(64, "tokens per sequence")
     lr: float = arg(3e-3, "peak learning rate")
     weight_decay: float = arg(0.1, "AdamW weight decay on matrices")
@@ -107,7 +113,9 @@ class EvaluateArgs:
     claim_ttl_seconds: float = arg(
         120.0, "a claim not refreshed for this long (its evaluator died) is taken over"
     )
-    task: str = arg("", 'task to evaluate on ("": the task the checkpoint was trained on)')
+    task: str = arg(
+        "", 'task to evaluate on ("": the task the checkpoint was trained on)', choices=("", *TASKS)
+    )
     eval_batches: int = arg(4, "validation batches for the loss")
     eval_batch_size: int = arg(16, "sequences per validation batch")
     exact_match_n: int = arg(64, "validation prompts for exact match")
@@ -130,7 +138,11 @@ class FinetuneArgs(LoopArgs):
     base_root: str = arg(doc="pretraining run root (or its checkpoint root)")
     run_root: str = arg(doc="this variant's run root: ckpt/, FINISHED, default mlflow.db")
     base_step: str = arg("latest", "latest | best:METRIC[:min|max] | a step number")
-    task: str = arg("rev", "fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike pretraining's")
+    task: str = arg(
+        "rev",
+        "fine-tuning task (ckptflow.steps.lib.data.TASKS), unlike pretraining's",
+        choices=TASKS,
+    )
     seq_len: int = arg(0, "tokens per sequence (0: the base model's seq_len)")
     lr: float = arg(1e-3, "peak learning rate")
     warmup_steps: int = arg(2, "linear warm-up steps before cosine decay")
@@ -154,7 +166,9 @@ class SelectArgs:
     RUNS_AS: ClassVar[str] = "plain"
     OUTPUTS: ClassVar[tuple[str, ...]] = ("chosen", "model_version", "export_uri", "failed")
 
-    candidates: str = arg(doc="comma-separated run roots of the variants")
+    candidates: str = arg(
+        doc="comma-separated run roots of the variants; PARENT/* names each under it"
+    )
     metric: str = arg("val_loss", "eval.json metric to rank by")
     mode: str = arg("min", "which direction is better", choices=("min", "max"))
     export_uri: str = arg("", 'folder under which the export is written ("": no export)')

@@ -52,6 +52,9 @@ class GcReport:
     slimmed: dict[int, int] = field(default_factory=dict)  # slim=AGE: step -> bytes it drops
     bytes_freed: int = 0  # objects plus step files
     warnings: list[str] = field(default_factory=list)
+    grace_s: float = 0.0  # the grace period
+    grace_objects: int = 0  # unreferenced objects kept because they are younger than it
+    grace_bytes: int = 0  # their bytes
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -75,6 +78,13 @@ class GcReport:
             f"{verb} {len(self.delete_steps)} step(s), {len(self.leftovers)} leftover(s), "
             f"{len(self.objects)} object(s): {listing.human_bytes(self.bytes_freed)} freed"
         )
+        if self.grace_objects:
+            out.append(
+                f"kept by the {_age(self.grace_s)} grace period: {self.grace_objects} unreferenced "
+                f"object(s), {listing.human_bytes(self.grace_bytes)} (written less than "
+                f"{_age(self.grace_s)} ago; --grace 0 frees them: a live save is protected by "
+                "its intent)"
+            )
         if not self.applied:
             out.append("dry run: nothing was deleted; add --yes to delete")
         return out
@@ -102,7 +112,7 @@ def gc(
     policy = parse_policy(policy) if isinstance(policy, str) else policy
     st = listing.open_root(root_uri, storage, must_exist=False)
     rootreader.require_marker(st)  # never delete on a guessed root id (all steps "foreign")
-    report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply)
+    report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply, grace_s=grace_s)
     rows = listing.build_rows(st, now=now, check=True)
     plan = plan_on_sound_latest(st, rows, policy, now, report.warnings)
     report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
@@ -128,10 +138,12 @@ def gc(
     if policy.slim is not None:
         kept = [by_step[s] for s in plan.keep]
         report.slimmed = _slim_kept(st, kept, policy, now, apply, report.warnings)
+    young: list[int] = []
     keys, size = free_objects(
-        st, rows, set(plan.delete), now - grace_s, report.warnings, apply, now=now
+        st, rows, set(plan.delete), now - grace_s, report.warnings, apply, now=now, young=young
     )
     report.objects, report.bytes_freed = keys, report.bytes_freed + size
+    report.grace_objects, report.grace_bytes = len(young), sum(young)
     if apply:
         health.prune(st)
         health.record(st, "gc", duration_s=time.time() - now, bytes=report.bytes_freed)
@@ -170,6 +182,14 @@ def _slim_kept(
         row.objects = {k: v["size"] for k, v in new["objects"].items()}
         row.slimmed_at, row.manifest_id = now, new["slimmed"]["slim_id"]
     return out
+
+
+def _age(seconds: float) -> str:
+    """1h, 90s, 2d: a grace period as a person writes it."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"
 
 
 def check_grace(grace_s: float) -> float:
@@ -374,11 +394,12 @@ def free_objects(
     apply: bool,
     only: set[str] | None = None,
     now: float | None = None,
+    young: list[int] | None = None,
 ) -> tuple[list[str], int]:
     """Objects (among `only`, if given) older than the cutoff that no kept manifest references;
     deleted when `apply`. Returns the keys and their bytes. Objects written since a live save
     started are kept whatever the cutoff: that save names them only when it writes its
-    manifest."""
+    manifest. `young` gets the size of each unreferenced object the cutoff keeps."""
     present = listing.list_objects(st)
     # Listed again right before deleting: a save that committed meanwhile keeps its objects.
     refs = referenced(st, rows, skip, fresh=apply, warnings=warnings, slim_cutoff=cutoff)
@@ -390,6 +411,12 @@ def free_objects(
         for k, e in present.items()
         if k not in refs and e.mtime < cutoff and (only is None or k in only)
     )
+    if young is not None:
+        young += [
+            e.size
+            for k, e in present.items()
+            if k not in refs and e.mtime >= cutoff and (only is None or k in only)
+        ]
     if apply:
         delete_files(st, [layout.object_path(k) for k in keys])
     return keys, sum(present[k].size for k in keys)

@@ -15,7 +15,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, layout, locator, rootreader, runroot
+from ckptflow.core import codec, layout, locator, rootguess, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.retention import CatalogEntry
 from ckptflow.core.storage import Entry, Storage, StorageError
@@ -81,6 +81,9 @@ def open_root(uri: str, storage: Storage | None = None, *, must_exist: bool = Tr
     URI, a missing bucket, a folder that holds something else, or (must_exist) nothing there."""
     st = storage or Storage(uri)
     st.check_reachable()
+    hint = rootguess.describe(st)  # a file, a run root, a DCP folder...: say where the root is
+    if hint:
+        raise CheckpointError(hint)
     if st.is_file():
         raise CheckpointError(f"{st.uri} is a file, not a checkpoint root; check the root URI")
     if rootreader.read_root_id(st) is None and must_exist and not st.listdir():

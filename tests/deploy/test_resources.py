@@ -4,6 +4,7 @@ that can run at once, plus MinIO and MLflow (deploy/k8s), stay within a laptop's
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from fractions import Fraction
 
@@ -37,7 +38,21 @@ def _depends_on(task: dict, names: set[str]) -> set[str]:
     return {n for n in re.findall(r"[a-z0-9][a-z0-9-]*", expr) if n in names}
 
 
-def _peak(templates: dict, name: str) -> tuple[Fraction, Fraction]:
+def _fan(task: dict, params: dict[str, str]) -> int:
+    """How many pods a task fans out to: withItems, withSequence's count or withParam's list,
+    the workflow parameters (their defaults) substituted."""
+
+    def value(text):
+        return re.sub(r"\{\{workflow\.parameters\.([\w-]+)\}\}", lambda m: params[m[1]], str(text))
+
+    if "withSequence" in task:
+        return int(value(task["withSequence"]["count"]))
+    if "withParam" in task:
+        return len(json.loads(value(task["withParam"])))
+    return len(task.get("withItems", [None]))
+
+
+def _peak(templates: dict, name: str, params: dict[str, str]) -> tuple[Fraction, Fraction]:
     """The most a template can request at once: a DAG's largest set of tasks of which no one
     waits for another (a daemon lives on past its dependents), each fan-out times its items."""
     template = templates[name]
@@ -57,8 +72,8 @@ def _peak(templates: dict, name: str) -> tuple[Fraction, Fraction]:
         return not daemon and (a in ancestors(b) or b in ancestors(a))
 
     def need(n: str) -> tuple[Fraction, Fraction]:
-        cpu, mem = _peak(templates, tasks[n]["template"])
-        fan = len(tasks[n].get("withItems", [None]))
+        cpu, mem = _peak(templates, tasks[n]["template"], params)
+        fan = _fan(tasks[n], params)
         return cpu * fan, mem * fan
 
     best = (Fraction(0), Fraction(0))
@@ -92,8 +107,9 @@ def test_the_default_pipeline_fits_the_readmes_laptop():
     assert "About 8 GB of free memory" in (REPO / "README.md").read_text()
     manifest = render.builder("pipeline").build(render.config([])).to_dict()
     templates = {t["name"]: t for t in manifest["spec"]["templates"]}
-    cpu, mem = _peak(templates, manifest["spec"]["entrypoint"])
-    exit_cpu, exit_mem = _peak(templates, manifest["spec"]["onExit"])
+    params = {p["name"]: p["value"] for p in manifest["spec"]["arguments"]["parameters"]}
+    cpu, mem = _peak(templates, manifest["spec"]["entrypoint"], params)
+    exit_cpu, exit_mem = _peak(templates, manifest["spec"]["onExit"], params)
     cpu, mem = max(cpu, exit_cpu), max(mem, exit_mem)
     svc_cpu, svc_mem = _services()
     gib = Fraction(2**30)
@@ -116,9 +132,9 @@ def test_the_peak_counts_pretrainings_concurrent_pods():
         "ckptflow.workflows.render", reason="workflows (hera) not installed"
     )
     cfg = render.config([])
-    templates = {
-        t["name"]: t for t in render.builder("pipeline").build(cfg).to_dict()["spec"]["templates"]
-    }
+    spec = render.builder("pipeline").build(cfg).to_dict()["spec"]
+    templates = {t["name"]: t for t in spec["templates"]}
+    params = {p["name"]: p["value"] for p in spec["arguments"]["parameters"]}
     p, f = cfg.pretrain, cfg.finetune
     parts = [
         (quantity(r.cpu) * n, quantity(r.memory) * n)
@@ -128,9 +144,9 @@ def test_the_peak_counts_pretrainings_concurrent_pods():
             (p.evaluator_resources, 1),
         )
     ]
-    assert _peak(templates, "pretrain") == tuple(map(sum, zip(*parts, strict=True)))
+    assert _peak(templates, "pretrain", params) == tuple(map(sum, zip(*parts, strict=True)))
     variants = len(f.lrs) * len(f.freeze_blocks)
-    assert _peak(templates, "finetune") == (
+    assert _peak(templates, "finetune", params) == (
         quantity(f.resources.cpu) * variants,
         quantity(f.resources.memory) * variants,
     )

@@ -231,3 +231,15 @@ def test_the_fields_step_run_reads_are_the_contracts_field_names():
     }
     for cls, names in relied_on.items():
         assert names <= {f.name for f in fields(cls)}, (cls.__name__, names)
+
+
+def test_start_run_takes_argo_workflow_parameters_as_its_params():
+    argo = (
+        '[{"name":"ranks","value":"2","description":"rank pods"},{"name":"model","value":"tiny"}]'
+    )
+    assert start_run.config_params(argo) == {"ranks": "2", "model": "tiny"}
+    assert start_run.config_params('{"lr": 0.001}') == {"lr": 0.001}
+    with pytest.raises(ValueError):
+        start_run.config_params("[1, 2]")
+    with pytest.raises(SystemExit):
+        start_run.parse_args(["--config-json", "[1]"])

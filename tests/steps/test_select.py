@@ -168,3 +168,16 @@ def test_the_contract_offers_exactly_the_export_dtypes():
 
     (dtype,) = (s for s in specs(SelectArgs) if s.name == "dtype")
     assert set(dtype.choices) == set(DTYPES)
+
+
+def test_candidates_parent_star_names_each_variant_folder(tmp_path):
+    for name in ("lr0.001-freeze1", "lr0.0003-freeze1"):
+        (tmp_path / "finetune" / name / "ckpt").mkdir(parents=True)
+    (tmp_path / "finetune" / "notes.txt").write_text("not a variant")
+    got = select.candidate_uris(f"{tmp_path}/finetune/*,{tmp_path}/other")
+    assert got == [
+        f"{tmp_path}/finetune/lr0.0003-freeze1",
+        f"{tmp_path}/finetune/lr0.001-freeze1",
+        f"{tmp_path}/other",
+    ]
+    assert select.candidate_uris(f"{tmp_path}/nothing/*") == []

@@ -9,6 +9,7 @@ from ckptflow.workflows.config import (
     ConfigError,
     PipelineConfig,
     Resources,
+    Toleration,
     apply_overrides,
     describe,
     setting_keys,
@@ -37,7 +38,10 @@ def test_overrides_convert_to_the_field_types():
     assert cfg.pretrain.train.async_save is False
     assert cfg.finetune.lrs == (1e-3, 5e-4, 2e-4)
     assert cfg.finetune.freeze_blocks == (0, 2)
-    assert cfg.platform.tolerations == ("gpu=true:NoSchedule", "spot:NoExecute")
+    assert cfg.platform.tolerations == (
+        Toleration(key="gpu", operator="Equal", value="true", effect="NoSchedule"),
+        Toleration(key="spot", operator="Exists", effect="NoExecute"),
+    )
     assert cfg.platform.image == "registry.local/ckptflow:dev"
     assert cfg.pretrain.rank_resources == Resources(cpu="1", memory="1536Mi", gpu=8)
     assert cfg.retention.schedules == ("0 * * * *", "30 3 * * *")
@@ -141,3 +145,99 @@ def test_no_key_is_named_twice():
     keys = setting_keys()
     assert len(keys) == len(set(keys))
     assert "finetune.freeze_blocks" in keys and "finetune.experiment" in keys
+
+
+# (setting, the allowed values or the fix the one line must name)
+BAD_SETTINGS = [
+    ("platform.image_pull_policy=Sometimes", "not one of Always, IfNotPresent, Never"),
+    ("platform.pod_gc=Sometimes", "OnPodSuccess"),
+    ("pretrain.ckpt_every=-5", "at least 1"),
+    ("pretrain.ckpt_every=0", "at least 1"),
+    ("finetune.mode=max2", "not one of min, max"),
+    ("finetune.dtype=fp7", "not one of fp32, bf16"),
+    ("pretrain.model=huge", "not one of tiny, small"),
+    ("pretrain.task=divide", "not one of add"),
+    ("finetune.parallel=tp", "not one of fsdp, ddp"),
+    ("pretrain.ranks=0", "at least 1"),
+    ("finetune.workers=-1", "at least 1"),
+    ("pretrain.retries=-1", "at least 0"),
+    ("pretrain.rdzv_port=70000", "1 to 65535"),
+    ("finetune.lrs=1e-3,0", "above 0"),
+    ("pretrain.lr=nan", "finite"),
+    ("pretrain.dropout=1.5", "at most 1"),
+    ("pretrain.rank_resources.memory=lots", "Kubernetes quantity"),
+    ("pretrain.rank_resources.cpu=1 core", "Kubernetes quantity"),
+    ("pretrain.shm_size=big", "Kubernetes quantity"),
+    ("pretrain.rank_resources.gpu=-1", "at least 0"),
+    ("platform.workflow_deadline_s=-1", "at least 0"),
+    ("retention.concurrency_policy=Sometimes", "Allow, Forbid, Replace"),
+    ("retention.timezone=Mars/Base", "IANA time zone"),
+    ("retention.policy=last=x", "last="),
+    ("retention.schedules=hourly", "cron schedule"),
+    ("name=My_Pipeline", "DNS label"),
+    ("platform.namespace=Team A", "DNS label"),
+    ("finetune.base_step=bestest", "best:METRIC"),
+    ('platform.tolerations=[{"key":"a","operator":"Maybe"}]', "not one of Equal, Exists"),
+    ('platform.tolerations=[{"key":"a","effect":"Never"}]', "NoSchedule"),
+    ('platform.tolerations=[{"key":"a","operator":"Exists","value":"x"}]', "takes no value"),
+    ('platform.tolerations=[{"key":"a","colour":"red"}]', "unknown toleration field"),
+    ('platform.tolerations=[{"key":"a"', "not valid YAML/JSON"),
+    ("platform.tolerations=[1]", "not a toleration"),
+    ('platform.tolerations={"key":"a","tolerationSeconds":"soon"}', "whole number"),
+    ('platform.tolerations={"key":"a","tolerationSeconds":5}', "NoExecute only"),
+    ("platform.image=", "must not be empty"),
+    ("platform.storage_root=", "must not be empty"),
+    ("platform.outputs_dir=out", "absolute path"),
+    ("platform.service_account=Bad_SA", "a Kubernetes name"),
+    ("retention.name=Nightly GC", "a Kubernetes name"),
+    ("platform.argo_ui=localhost:2746", "give a URL"),
+    ("platform.node_selector=[1]", "mapping of labels"),
+    ("platform.node_selector=pool", "label=value"),
+    ('platform.node_selector={"bad key!": "x"}', "label key"),
+]
+
+
+@pytest.mark.parametrize(("assignment", "allowed"), BAD_SETTINGS, ids=[b[0] for b in BAD_SETTINGS])
+def test_a_bad_setting_is_one_line_naming_key_value_and_what_is_allowed(assignment, allowed):
+    key, _, raw = assignment.partition("=")
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(PipelineConfig(), [assignment])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"--set {key}={raw}: "), message
+    assert allowed in message
+
+
+def test_tolerations_and_node_selectors_are_structured_values():
+    cfg = apply_overrides(
+        PipelineConfig(),
+        [
+            'platform.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists"},'
+            '{"key":"spot","value":"yes","effect":"NoExecute","tolerationSeconds":60}]',
+            "platform.node_selector={pool: gpu, zone: a}",
+        ],
+    )
+    assert cfg.platform.tolerations == (
+        Toleration(key="nvidia.com/gpu", operator="Exists"),
+        Toleration(key="spot", value="yes", effect="NoExecute", toleration_seconds=60),
+    )
+    assert cfg.platform.node_selector == (("pool", "gpu"), ("zone", "a"))
+    # --keys shows them as JSON, which --set takes back.
+    shown = dict(line.split(" = ", 1) for line in describe(obj=cfg))
+    again = apply_overrides(
+        PipelineConfig(),
+        [f"platform.{k}={shown[f'platform.{k}']}" for k in ("tolerations", "node_selector")],
+    )
+    assert again.platform == cfg.platform
+
+
+def test_validate_checks_settings_however_they_were_set():
+    from ckptflow.workflows.config import validate
+
+    validate(PipelineConfig())
+    bad = dataclasses.replace(
+        PipelineConfig(),
+        platform=dataclasses.replace(PipelineConfig().platform, image_pull_policy="Sometimes"),
+    )
+    with pytest.raises(ConfigError, match="platform.image_pull_policy=Sometimes: not one of"):
+        validate(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,28 @@ def test_local_manifest_is_runnable_by_the_local_runner(tmp_path, s3):
 def test_run_without_local_points_at_submit(capsys):
     assert main(["pipeline"]) == 2
     assert "--local" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["finetune", "--local"], "finetune needs a base to start from"),
+        (["finetune", "--local", "--set", "finetune.base_root={tmp}/none"], "no such folder"),
+        (["pipeline", "--local", "--set", "pretrain.model=huge"], "not one of tiny"),
+        (["pipeline", "--local", "--set", "platform.pod_gc=Sometimes"], "OnPodSuccess"),
+        (["pipeline", "--local", "-p", "rank=2"], "did you mean ranks?"),
+        (["pipeline", "--local", "--from-template", "-p", "mode=up"], "not one of min, max"),
+        (["finetune", "--local", "-p", "base_root={tmp}/none"], "no such folder"),
+        (["pretrain", "--local", "-p", "metric=x"], "no such workflow parameter"),
+        (["pipeline", "--local", "--name", "Bad_Name"], "--name 'Bad_Name'"),
+    ],
+)
+def test_local_run_refuses_bad_settings_at_once_in_one_line(tmp_path, capsys, argv, phrase):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main([*argv, "--runs-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and err.count("\n") == 1
+    assert not list((tmp_path / "runs").glob("*/workflow.yaml"))  # nothing was started
 
 
 def _small_run(ckpt_storage) -> None:
@@ -97,13 +120,19 @@ def test_summary_reaches_the_in_process_s3_with_the_steps_keys(tmp_path, moto_se
 
 
 @pytest.mark.slow
-def test_whole_pipeline_runs_locally(tmp_path, capsys):
-    rc = main(["pipeline", "--local", "--runs-dir", str(tmp_path), "--name", "local-e2e"])
+def test_whole_pipeline_runs_locally(tmp_path, capsys, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    runs = tmp_path / "runs"
+    rc = main(["pipeline", "--local", "--runs-dir", str(runs), "--name", "local-e2e"])
     out = capsys.readouterr().out
     print(out, file=sys.stderr)
     assert rc == 0, out
     assert "champion:" in out and "MLflow UI:" in out
-    root = tmp_path / "local-e2e"
+    assert list(elsewhere.iterdir()) == []  # everything the run wrote is under runs/
+    assert (runs / "mlruns").is_dir()  # MLflow's artifacts too
+    root = runs / "local-e2e"
     assert (root / "pretrain" / "FINISHED").exists()
     commits = sorted(p.parent.name for p in (root / "pretrain" / "ckpt").glob("step-*/COMMIT"))
     assert commits == [f"step-{s:08d}" for s in range(100, 801, 100)]
@@ -145,3 +174,12 @@ def check_mlflow_links(db: str, workflow: str) -> None:
     assert json.loads(model.tags["mlflow.modelVersions"])[0]["version"] == str(mv.version)
     assert {m.key for m in model.metrics} >= {"val_loss", "exact_match"}
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["report.png"]
+
+
+def test_printed_commands_work_from_any_directory(tmp_path):
+    from ckptflow.workflows.local_summary import mlflow_ui_command
+
+    cmd = mlflow_ui_command(Path("runs") / "mlflow.db")
+    exe, _, _, uri = cmd.split()
+    assert Path(exe).is_absolute() and Path(exe).exists()
+    assert uri == f"sqlite:///{(Path('runs') / 'mlflow.db').resolve()}"

@@ -32,6 +32,12 @@ def tasks(doc: dict, dag: str) -> dict[str, dict]:
     return {t["name"]: t for t in templates(doc)[dag]["dag"]["tasks"]}
 
 
+def arguments(doc: dict) -> dict[str, str]:
+    """The workflow parameters' default values."""
+    spec = doc["spec"].get("workflowSpec", doc["spec"])
+    return {p["name"]: p.get("value") for p in spec["arguments"]["parameters"]}
+
+
 def render(name: str, *overrides: str) -> list[dict]:
     return manifests(name, apply_overrides(PipelineConfig(), overrides))
 
@@ -112,7 +118,8 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     assert rdzv["container"]["readinessProbe"]["tcpSocket"]["port"] == 29400
     assert "env" not in rdzv["container"]  # no credentials where none are needed
     dag = tasks(doc, "pretrain")
-    assert dag["rank"]["withItems"] == [0, 1, 2]
+    assert dag["rank"]["withSequence"] == {"count": "{{workflow.parameters.ranks}}"}
+    assert arguments(doc)["ranks"] == "3"
     assert dag["rank"]["depends"] == "rdzv"
     args = {p["name"]: p["value"] for p in dag["rank"]["arguments"]["parameters"]}
     assert args["rdzv_host"] == "{{tasks.rdzv.ip}}"
@@ -120,7 +127,7 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     cmd = tpl["pretrain-rank"]["container"]["command"]
     assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
     assert cmd[-2:] == ["-m", "ckptflow.steps.pretrain"]
-    assert "--nnodes=3" in cmd and "--nproc-per-node=2" in cmd
+    assert "--nnodes={{workflow.parameters.ranks}}" in cmd and "--nproc-per-node=2" in cmd
     assert "--rdzv-endpoint={{inputs.parameters.rdzv_host}}:29400" in cmd
     assert "--rdzv-id={{workflow.uid}}" in cmd
     assert any(a.startswith("--rdzv-conf=is_host=false") for a in cmd)
@@ -161,6 +168,8 @@ def test_rank_pods_retry_and_are_scheduled_as_configured():
     rank = templates(doc)["pretrain-rank"]
     assert rank["retryStrategy"]["limit"] == 5
     assert rank["retryStrategy"]["retryPolicy"] == "Always"
+    for name in ("evaluate-background", "evaluate-final"):  # they resume where they were
+        assert templates(doc)[name]["retryStrategy"]["retryPolicy"] == "Always"
     assert rank["activeDeadlineSeconds"] == 7200
     assert rank["volumes"] == [
         {"emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}, "name": "dshm"}
@@ -201,8 +210,9 @@ def test_pipeline_is_one_workflow_with_one_parent_run():
     assert start["outputs"]["parameters"][0]["globalName"] == "mlflow_run_id"
     start_args = start["container"]["args"]
     assert start_args[start_args.index("--run-name") + 1] == "{{workflow.name}}"
-    recorded = json.loads(start_args[start_args.index("--config-json") + 1])
-    assert recorded["pretrain"]["ranks"] == 2 and "finetune" in recorded
+    # The parent run records the workflow parameters as this run got them, not a blob.
+    assert start_args[start_args.index("--config-json") + 1] == "{{workflow.parameters.json}}"
+    assert arguments(doc)["ranks"] == "2" and "variants" in arguments(doc)
     # Every later step nests under the parent run.
     for name in ("pretrain", "finetune"):
         args = {p["name"]: p["value"] for p in main[name]["arguments"]["parameters"]}
@@ -224,13 +234,24 @@ def test_only_references_pass_between_tasks():
         "parent_run_id": "{{tasks.start-run.outputs.parameters.run_id}}",
     }
     ft = tasks(doc, "finetune")
-    names = [item["name"] for item in ft["variant"]["withItems"]]
-    assert names == ["lr0.001-freeze0", "lr0.001-freeze2", "lr0.0001-freeze0", "lr0.0001-freeze2"]
+    assert ft["variant"]["withParam"] == "{{workflow.parameters.variants}}"
+    grid = json.loads(arguments(doc)["variants"])
+    assert grid == [
+        {"lr": "0.001", "freeze": "0"},
+        {"lr": "0.001", "freeze": "2"},
+        {"lr": "0.0001", "freeze": "0"},
+        {"lr": "0.0001", "freeze": "2"},
+    ]
+    variant_args = {p["name"]: p["value"] for p in ft["variant"]["arguments"]["parameters"]}
+    assert variant_args["variant_root"] == (
+        "{{inputs.parameters.run_root}}/finetune/lr{{item.lr}}-freeze{{item.freeze}}"
+    )
     assert ft["variant"]["continueOn"] == {"error": True, "failed": True}
     assert ft["select"]["depends"] == "variant.Succeeded || variant.Failed || variant.Errored"
     select = templates(doc)["select"]["container"]["args"]
-    candidates = select[select.index("--candidates") + 1].split(",")
-    assert candidates == [f"{{{{inputs.parameters.run_root}}}}/finetune/{n}" for n in names]
+    # Every variant folder under the run's finetune/ (the grid is a workflow parameter).
+    assert select[select.index("--candidates") + 1] == "{{inputs.parameters.run_root}}/finetune/*"
+    assert select[select.index("--metric") + 1] == "{{workflow.parameters.metric}}"
     variant_cmd = templates(doc)["finetune-variant"]["container"]["command"]
     assert "--standalone" in variant_cmd and "--nproc-per-node=1" in variant_cmd
 
@@ -294,9 +315,126 @@ def test_render_cli_writes_a_file_and_rejects_unknown_keys(tmp_path, capsys):
     out = tmp_path / "pipeline.yaml"
     assert render_main(["pipeline", "-o", str(out), "--set", "pretrain.ranks=3"]) == 0
     doc = yaml.safe_load(out.read_text())
-    assert tasks(doc, "pretrain")["rank"]["withItems"] == [0, 1, 2]
+    assert arguments(doc)["ranks"] == "3"
     assert render_main(["pipeline", "--set", "pretrain.rnks=3"]) == 2
     assert "did you mean pretrain.ranks" in capsys.readouterr().err
     assert render_main(["evaluate"]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     assert kinds == ["WorkflowTemplate", "EventSource", "Sensor"]
+
+
+def test_a_json_toleration_renders_as_a_kubernetes_toleration():
+    doc = render("pipeline", 'platform.tolerations=[{"key":"nvidia.com/gpu","operator":"Exists"}]')[
+        0
+    ]
+    assert doc["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert errors(doc) == []
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["platform.image_pull_policy=Sometimes", "platform.pod_gc=Sometimes", "pretrain.model=huge"],
+)
+def test_render_refuses_a_bad_setting_in_one_line(setting, capsys):
+    assert render_main(["pipeline", "--set", setting]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.count("\n") == 1 and "Traceback" not in out.err
+    assert out.err.startswith(f"ckptflow render: --set {setting}: not one of")
+
+
+def test_per_run_knobs_are_workflow_parameters_with_descriptions_and_enums():
+    from ckptflow.workflows.parameters import PIPELINE
+
+    doc = render("pipeline", "pretrain.max_steps=120", "finetune.metric=exact_match")[0]
+    params = {p["name"]: p for p in doc["spec"]["arguments"]["parameters"]}
+    assert list(params) == [k.name for k in PIPELINE]
+    assert all(p["description"] for p in params.values())
+    assert params["model"]["enum"][0] == "tiny" and params["mode"]["enum"] == ["min", "max"]
+    assert params["pretrain_steps"]["value"] == "120"  # --set renders the default
+    assert params["metric"]["value"] == "exact_match"
+    # Every parameter is read somewhere, and the steps read no rendered copy of a knob.
+    text = to_yaml([doc])
+    for name in params:
+        assert "{{workflow.parameters." + name + "}}" in text, name
+    rank = templates(doc)["pretrain-rank"]["container"]["args"]
+    assert rank[rank.index("--max-steps") + 1] == "{{workflow.parameters.pretrain_steps}}"
+    assert (
+        max(len(a) for t in templates(doc).values() for a in t.get("container", {}).get("args", []))
+        < 200
+    )
+
+
+def test_retries_only_where_a_retry_can_help():
+    doc = render("pipeline")[0]
+    policy = {
+        n: t["retryStrategy"]["retryPolicy"]
+        for n, t in templates(doc).items()
+        if "retryStrategy" in t
+    }
+    assert policy == {
+        "start-run": "OnError",
+        "finish-run": "OnError",
+        "pretrain-rank": "Always",
+        "evaluate-background": "Always",
+        "evaluate-final": "Always",
+        "finetune-variant": "Always",
+        "select": "OnError",  # a failed selection fails again; only a lost pod is retried
+    }
+
+
+def test_template_form_is_a_schema_valid_workflow_template():
+    doc = render_form("pipeline", "template")
+    assert doc["kind"] == "WorkflowTemplate"
+    assert doc["metadata"]["name"] == "ckptflow-pipeline" and "generateName" not in doc["metadata"]
+    assert errors(doc) == []
+    assert doc["spec"] == render("pipeline")[0]["spec"]
+
+
+def test_from_template_runs_the_template_with_its_own_parameter_values():
+    from ckptflow.workflows.runner import resolve_template_ref
+
+    wf = render_form("pipeline", "from-template", ranks="3", metric="exact_match")
+    assert errors(wf) == []
+    assert wf["spec"] == {
+        "workflowTemplateRef": {"name": "ckptflow-pipeline"},
+        "arguments": {
+            "parameters": [
+                {"name": "ranks", "value": "3"},
+                {"name": "metric", "value": "exact_match"},
+            ]
+        },
+    }
+    # Resolved as the controller does, it is the plain Workflow with those values.
+    resolved = resolve_template_ref(wf, [render_form("pipeline", "template")])
+    plain = render_form("pipeline", "workflow", ranks="3", metric="exact_match")
+    assert resolved["spec"] == plain["spec"]
+    assert arguments(plain)["ranks"] == "3" and arguments(plain)["model"] == "tiny"
+
+
+def render_form(name: str, form: str, **values: str) -> dict:
+    return manifests(name, PipelineConfig(), form, values)[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["pipeline", "-p", "rnks=3"], "no such workflow parameter; did you mean ranks?"),
+        (["pipeline", "-p", "ranks=0"], "-p ranks=0: must be at least 1"),
+        (["pipeline", "-p", "model=huge"], "-p model=huge: not one of tiny"),
+        (["pipeline", "-p", "mode=max2"], "-p mode=max2: not one of min, max"),
+        (["pipeline", "-p", "ckpt_every=-5"], "-p ckpt_every=-5: must be at least 1"),
+        (["pipeline", "-p", "variants=[]"], "non-empty JSON list"),
+        (["pipeline", "-p", 'variants=[{"lr":"0","freeze":"1"}]'], "lr must be above 0"),
+        (["pipeline", "-p", "ranks"], "expected NAME=VALUE"),
+        (["retention", "-p", "x=1"], "takes no workflow parameters"),
+        (["retention", "--template"], "has no template form"),
+        (["pipeline", "--template", "--from-template"], "not allowed with"),
+        (["pipline"], "invalid choice"),
+        (["pipeline", "--set"], "expected one argument"),
+    ],
+)
+def test_render_refuses_bad_parameters_in_one_line(argv, phrase, capsys):
+    assert render_main(argv) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and err.count("\n") == 1 and "Traceback" not in err

@@ -44,6 +44,9 @@ def test_ranks_form_a_group_through_the_daemon(tmp_path):
     doc = manifests("pretrain", cfg)[0]
     tpl = {t["name"]: t for t in doc["spec"]["templates"]}
     fill = {"{{inputs.parameters.rdzv_host}}": "127.0.0.1", "{{workflow.uid}}": uuid.uuid4().hex}
+    # the workflow parameters' defaults (ranks: 2), as the runner substitutes them
+    for p in doc["spec"]["arguments"]["parameters"]:
+        fill["{{workflow.parameters." + p["name"] + "}}"] = p["value"]
 
     def argv(container: dict) -> list[str]:
         out = []

@@ -12,6 +12,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from ckptflow.workflows.parameters import FINETUNE
 from ckptflow.workflows.submit import argo_connection
 from ckptflow.workflows.submit import main as submit_main
 from hera.shared import global_config
@@ -115,7 +116,9 @@ def test_submit_posts_the_rendered_workflow_and_waits_for_success(monkeypatch, c
     assert wf["metadata"]["namespace"] == "ml"
     assert errors(wf) == []
     rank = next(t for t in wf["spec"]["templates"] if t["name"] == "pretrain")
-    assert rank["dag"]["tasks"][1]["withItems"] == [0, 1, 2]
+    assert rank["dag"]["tasks"][1]["withSequence"] == {"count": "{{workflow.parameters.ranks}}"}
+    args = {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
+    assert args["ranks"] == "3"
     assert "Workflow ckptflow-abc12 submitted to ml" in out
     assert f"{argo.url}/workflows/ml/ckptflow-abc12" in out
     assert "Running" in out and "Succeeded" in out
@@ -143,7 +146,12 @@ def test_without_wait_it_returns_after_submitting(capsys):
         )
     assert [r["method"] for r in argo.requests] == ["POST"]
     params = argo.requests[0]["body"]["workflow"]["spec"]["arguments"]["parameters"]
-    assert params == [{"name": "base_root", "value": "s3://b/r"}]
+    assert params[0] == {
+        "name": "base_root",
+        "value": "s3://b/r",
+        "description": "the pretraining run root to fine-tune from (its ckpt/ below)",
+    }
+    assert [p["name"] for p in params[1:]] == [k.name for k in FINETUNE]
 
 
 def test_cron_workflow_and_template_are_created_or_updated(monkeypatch, capsys):
@@ -202,3 +210,44 @@ def test_builders_submit_from_python_with_hera_global_config(monkeypatch):
     assert created.metadata.name == "ckptflow-abc12"
     post = argo.requests[0]
     assert post["path"] == "/api/v1/workflows/ckptflow" and post["auth"] == "Bearer py-token"
+
+
+def test_template_is_installed_and_a_run_references_it(capsys):
+    with FakeArgo() as argo:
+        assert submit_main(["pipeline", "--host", argo.url, "--template"]) == 0
+        rc = submit_main(
+            ["pipeline", "--host", argo.url, "--from-template", "-p", "ranks=4", "-p", "mode=max"]
+        )
+        assert rc == 0
+    calls = [(r["method"], r["path"].split("?")[0]) for r in argo.requests]
+    assert calls == [
+        ("GET", "/api/v1/workflow-templates/ckptflow/ckptflow-pipeline"),
+        ("POST", "/api/v1/workflow-templates/ckptflow"),
+        ("POST", "/api/v1/workflows/ckptflow"),
+    ]
+    template = argo.requests[1]["body"]["template"]
+    assert template["kind"] == "WorkflowTemplate" and errors(template) == []
+    wf = argo.requests[2]["body"]["workflow"]
+    assert wf["spec"]["workflowTemplateRef"] == {"name": "ckptflow-pipeline"}
+    assert wf["spec"]["arguments"]["parameters"] == [
+        {"name": "ranks", "value": "4"},
+        {"name": "mode", "value": "max"},
+    ]
+    assert errors(wf) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["pipeline", "-p", "ranks=-1"], "-p ranks=-1: must be at least 1"),
+        (["pipeline", "--from-template", "-p", "metrc=x"], "did you mean metric?"),
+        (["pipeline", "--set", "platform.pod_gc=Sometimes"], "not one of"),
+        (["pipeline", "--poll", "-1"], "--poll"),
+        (["pipeline", "--timeout", "soon"], "--timeout"),
+        (["pipeline", "--host", "argo:2746"], "give a URL"),
+    ],
+)
+def test_submit_refuses_bad_input_in_one_line_before_contacting_the_server(argv, phrase, capsys):
+    assert submit_main(argv) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and err.count("\n") == 1 and "Traceback" not in err

@@ -5,7 +5,12 @@ Standalone: pure Python + PyYAML. It imports nothing else of ckptflow (no builde
 checkpoint core), neither hera nor torch (tests/workflows/test_runner_imports.py).
 """
 
-from ckptflow.workflows.runner.document import SpecError, load_manifest
+from ckptflow.workflows.runner.document import (
+    SpecError,
+    load_documents,
+    load_manifest,
+    resolve_template_ref,
+)
 from ckptflow.workflows.runner.isolation import IsolationError
 from ckptflow.workflows.runner.workflow import REFUSED_EXIT, RunResult, run_workflow, workflow_name
 
@@ -14,7 +19,9 @@ __all__ = [
     "IsolationError",
     "SpecError",
     "RunResult",
+    "load_documents",
     "load_manifest",
+    "resolve_template_ref",
     "run_workflow",
     "workflow_name",
 ]

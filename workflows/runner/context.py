@@ -135,6 +135,8 @@ class Run:
             "workflow.duration": f"{time.time() - self.created:.6f}",
         }
         values.update({f"workflow.parameters.{k}": v for k, v in self.parameters.items()})
+        if "json" not in self.parameters:  # Argo's name for the list, unless a parameter has it
+            values["workflow.parameters.json"] = values["workflow.parameters"]
         values.update(
             {f"workflow.outputs.parameters.{k}": v for k, v in self.global_outputs.items()}
         )

@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 from ckptflow.workflows.runner.substitution import to_str
 
-__all__ = ["SpecError", "arguments_of", "load_manifest", "workflow_spec"]
+__all__ = [
+    "SpecError",
+    "arguments_of",
+    "load_documents",
+    "load_manifest",
+    "resolve_template_ref",
+    "workflow_spec",
+]
 
 KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
 
@@ -84,3 +91,67 @@ def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]
         flags = " ".join(f"-p {m}=VALUE" for m in missing)
         raise SpecError(f"workflow parameters without a value: {', '.join(missing)}; pass {flags}")
     return values
+
+
+def resolve_template_ref(manifest: dict, templates: list[dict]) -> dict:
+    """A Workflow whose spec names a `workflowTemplateRef`, as the controller runs it: the
+    referenced (Cluster)WorkflowTemplate's spec with the Workflow's own fields over it, and the
+    parameters and artifacts of spec.arguments merged by name (the Workflow's win). A manifest
+    without a reference is returned as it is; SpecError when `templates` lacks the one named."""
+    spec = manifest.get("spec") if isinstance(manifest, dict) else None
+    ref = spec.get("workflowTemplateRef") if isinstance(spec, dict) else None
+    if not ref:
+        return manifest
+    if not isinstance(ref, dict) or not ref.get("name"):
+        raise SpecError("spec.workflowTemplateRef: expected a mapping with a name")
+    kind = "ClusterWorkflowTemplate" if ref.get("clusterScope") else "WorkflowTemplate"
+    found = [
+        t
+        for t in templates
+        if isinstance(t, dict)
+        and t.get("kind") == kind
+        and (t.get("metadata") or {}).get("name") == ref["name"]
+    ]
+    if not found:
+        given = ", ".join(str((t.get("metadata") or {}).get("name")) for t in templates) or "none"
+        raise SpecError(
+            f"workflowTemplateRef {ref['name']!r}: no {kind} of that name was given "
+            f"(pass its manifest with --template-file FILE; given: {given})"
+        )
+    base = found[0].get("spec")
+    if not isinstance(base, dict):
+        raise SpecError(f"{kind} {ref['name']!r} has no spec")
+    own = {k: v for k, v in spec.items() if k != "workflowTemplateRef"}
+    merged = {**base, **{k: v for k, v in own.items() if k != "arguments"}}
+    arguments = _merged_arguments(base.get("arguments") or {}, own.get("arguments") or {})
+    if arguments:
+        merged["arguments"] = arguments
+    meta = dict(manifest.get("metadata") or {})
+    tmeta = found[0].get("metadata") or {}
+    for key in ("labels", "annotations"):
+        if tmeta.get(key) or meta.get(key):
+            meta[key] = {**(tmeta.get(key) or {}), **(meta.get(key) or {})}
+    return {**manifest, "metadata": meta, "spec": merged}
+
+
+def _merged_arguments(base: dict, own: dict) -> dict:
+    out = {}
+    for key in ("parameters", "artifacts"):
+        items = {p.get("name"): dict(p) for p in base.get(key) or [] if isinstance(p, dict)}
+        for p in own.get(key) or []:
+            if isinstance(p, dict):
+                items[p.get("name")] = {**items.get(p.get("name"), {}), **p}
+        if items:
+            out[key] = list(items.values())
+    return out
+
+
+def load_documents(path: str) -> list[dict]:
+    """Every document of a YAML file (e.g. the WorkflowTemplates a Workflow may reference)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{path}: no such manifest file")
+    try:
+        return [d for d in yaml.safe_load_all(p.read_text()) if isinstance(d, dict)]
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from exc

@@ -69,7 +69,7 @@ _WHY = {
     "hooks": "lifecycle hooks are not implemented locally",
     "onExit": "only the workflow-level onExit is implemented locally",
     "templateDefaults": "template defaults are not implemented locally",
-    "workflowTemplateRef": "submit the WorkflowTemplate itself instead",
+    "workflowTemplateRef": "give the WorkflowTemplate it names with --template-file FILE",
     "envFrom": "envFrom reads ConfigMaps/Secrets",
     "inline": "inline templates are not implemented locally",
     "expression": "retry expressions are not implemented locally",

@@ -1,0 +1,329 @@
+"""What each `--set` setting may be: parsed from its text, then checked, before any rendering.
+
+A mistake is one `ConfigError` line naming the key, the bad value and what is allowed
+(`--set platform.image_pull_policy=Sometimes: not one of Always, IfNotPresent, Never`), so no
+invalid manifest is rendered with exit 0 and no Hera or Kubernetes traceback reaches a user.
+
+Rules come from three places: the contract's own bounds of a step argument (`choices`,
+`at_least`), the Kubernetes and Argo enums and formats of the platform settings (`ENUMS`,
+quantities, labels, tolerations), and ranges by field name (`AT_LEAST`, `PORTS`).
+Tolerations and node selectors are structured values (YAML or JSON, as in a Pod spec); the short
+forms `key[=value]:Effect,...` and `key=value,...` are read too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "check",
+    "node_selector_from_text",
+    "quantity",
+    "tolerations_from_text",
+]
+
+
+class ConfigError(ValueError):
+    """A user-supplied setting is unknown or malformed; the message names the fix."""
+
+
+ENUMS: dict[str, tuple[str, ...]] = {
+    "platform.image_pull_policy": ("Always", "IfNotPresent", "Never"),
+    "platform.pod_gc": (
+        "",
+        "OnPodCompletion",
+        "OnPodSuccess",
+        "OnWorkflowCompletion",
+        "OnWorkflowSuccess",
+    ),
+    "retention.concurrency_policy": ("Allow", "Forbid", "Replace"),
+}
+# The smallest value of a number, by field name (the contract's own `at_least` comes first).
+AT_LEAST: dict[str, float] = {
+    "ranks": 1,
+    "procs_per_rank": 1,
+    "workers": 1,
+    "gpu": 0,
+    "retries": 0,
+    "max_restarts": 0,
+    "history_limit": 0,
+    "batch_size": 1,
+    "grad_accum": 1,
+    "log_every": 1,
+    "eval_batches": 1,
+    "eval_batch_size": 1,
+    "exact_match_n": 0,
+    "warmup_steps": 0,
+    "seq_len": 0,
+    "seed": 0,
+    "fail_at_step": 0,
+    "grad_clip": 0,
+    "weight_decay": 0,
+    "dropout": 0,
+    "min_lr_ratio": 0,
+    "compression_level": -7,
+    "poll_seconds": 0.01,
+    "timeout_seconds": 0,
+    "claim_ttl_seconds": 0,
+}
+AT_MOST: dict[str, float] = {"dropout": 1, "min_lr_ratio": 1, "compression_level": 22}
+PORTS = ("rdzv_port",)
+QUANTITIES = ("cpu", "memory", "shm_size")  # "" for shm_size: no /dev/shm volume
+_QUANTITY = re.compile(
+    r"[+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?"
+)
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes object name
+# Settings that are Kubernetes object names (a label for those used as generateName prefixes).
+OBJECT_NAMES = (
+    "platform.service_account",
+    "platform.s3_secret",
+    "retention.name",
+    "evaluate.template_name",
+    "evaluate.event_source_name",
+    "evaluate.sensor_name",
+    "evaluate.sensor_service_account",
+)
+REQUIRED = ("platform.image", "platform.storage_root", "platform.experiment")
+URLS = ("platform.argo_ui",)
+_LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_BASE_STEP = re.compile(r"latest|[0-9]{1,18}|best:[A-Za-z0-9_./-]+(:(min|max))?")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _bad(key: str, value: Any, why: str) -> ConfigError:
+    shown = value if isinstance(value, str) else _text(value)
+    return ConfigError(f"--set {key}={shown}: {why}")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _one_of(allowed: tuple) -> str:
+    return "not one of " + ", ".join(repr(a) if a == "" else str(a) for a in allowed)
+
+
+def quantity(text: str) -> bool:
+    """Whether `text` is a Kubernetes quantity ("500m", "2", "1.5Gi", "1e3")."""
+    return bool(_QUANTITY.fullmatch(text))
+
+
+def _label_key(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_NAME.fullmatch(name)) and (
+        not prefix or bool(_LABEL_PREFIX.fullmatch(prefix))
+    )
+
+
+def _structured(key: str, raw: str) -> Any:
+    """A YAML/JSON value, or the `raw` text itself when it is not one (the short form)."""
+    text = raw.strip()
+    if not text.startswith(("[", "{")):
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem", None) or "malformed"
+        raise ConfigError(f"--set {key}={raw}: not valid YAML/JSON ({where})") from None
+
+
+# -- node selector -----------------------------------------------------------------------------
+def node_selector_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`{"pool": "gpu"}` (YAML/JSON) or `pool=gpu,zone=a` as (label, value) pairs."""
+    value = _structured(key, raw)
+    if value is None:
+        pairs = []
+        for entry in (p.strip() for p in raw.split(",") if p.strip()):
+            label, sep, val = entry.partition("=")
+            if not sep:
+                raise _bad(key, raw, f"{entry!r} is not label=value; or give a mapping")
+            pairs.append((label.strip(), val.strip()))
+    elif isinstance(value, dict):
+        pairs = [(str(k), "" if v is None else _scalar(key, raw, v)) for k, v in value.items()]
+    else:
+        raise _bad(key, raw, 'expected a mapping of labels, e.g. {"pool": "gpu"}')
+    for label, val in pairs:
+        if not _label_key(label):
+            raise _bad(key, raw, f"{label!r} is not a Kubernetes label key")
+        if val and not _LABEL_NAME.fullmatch(val):
+            raise _bad(key, raw, f"{val!r} is not a Kubernetes label value")
+    return tuple(pairs)
+
+
+def _scalar(key: str, raw: str, v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float | str):
+        return str(v)
+    raise _bad(key, raw, f"{v!r} is not a string")
+
+
+# -- tolerations -------------------------------------------------------------------------------
+_TOLERATION_FIELDS = {
+    "key": "key",
+    "operator": "operator",
+    "value": "value",
+    "effect": "effect",
+    "tolerationSeconds": "toleration_seconds",
+    "toleration_seconds": "toleration_seconds",
+}
+
+
+def tolerations_from_text(key: str, raw: str, make) -> tuple:
+    """`[{"key": "nvidia.com/gpu", "operator": "Exists"}]` (YAML/JSON, as in a Pod spec) or
+    `key[=value]:Effect,...`, as `make(**fields)` each (config.Toleration), checked."""
+    value = _structured(key, raw)
+    if value is None:
+        entries = [_short_toleration(key, raw, e.strip()) for e in raw.split(",") if e.strip()]
+    elif isinstance(value, list | dict):
+        entries = value if isinstance(value, list) else [value]
+    else:
+        raise _bad(key, raw, "expected a list of tolerations")
+    return tuple(make(**_toleration_fields(key, raw, e)) for e in entries)
+
+
+def _short_toleration(key: str, raw: str, entry: str) -> dict:
+    kv, sep, effect = entry.rpartition(":")
+    if not sep:
+        kv, effect = entry, ""
+    name, eq, val = kv.partition("=")
+    if not name:
+        raise _bad(key, raw, f"{entry!r} is not key[=value]:Effect")
+    out = {"key": name, "operator": "Equal" if eq else "Exists", "effect": effect}
+    return {**out, "value": val} if eq else out
+
+
+def _toleration_fields(key: str, raw: str, entry: Any) -> dict:
+    if not isinstance(entry, dict):
+        raise _bad(key, raw, f"{entry!r} is not a toleration mapping (key, operator, ...)")
+    unknown = sorted(set(entry) - set(_TOLERATION_FIELDS))
+    if unknown:
+        allowed = "key, operator, value, effect, tolerationSeconds"
+        raise _bad(key, raw, f"unknown toleration field {unknown[0]!r}; use {allowed}")
+    out = {_TOLERATION_FIELDS[k]: v for k, v in entry.items()}
+    out.setdefault("operator", "Equal")
+    for name in ("key", "operator", "value", "effect"):
+        v = out.get(name)
+        out[name] = "" if v is None else _scalar(key, raw, v)
+    seconds = out.get("toleration_seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+        raise _bad(key, raw, f"tolerationSeconds {seconds!r} is not a whole number")
+    return out
+
+
+def _check_toleration(key: str, shown: str, t) -> None:
+    if t.operator not in TOLERATION_OPERATORS:
+        raise _bad(key, shown, f"operator {t.operator!r} {_one_of(TOLERATION_OPERATORS)}")
+    if t.effect not in TOLERATION_EFFECTS:
+        raise _bad(key, shown, f"effect {t.effect!r} {_one_of(TOLERATION_EFFECTS)}")
+    if t.operator == "Exists" and t.value:
+        raise _bad(key, shown, "operator Exists takes no value")
+    if t.operator == "Equal" and not t.key:
+        raise _bad(key, shown, "operator Equal needs a key")
+    if t.key and not _label_key(t.key):
+        raise _bad(key, shown, f"{t.key!r} is not a Kubernetes taint key")
+    if t.toleration_seconds is not None and t.effect != "NoExecute":
+        raise _bad(key, shown, "tolerationSeconds applies to effect NoExecute only")
+
+
+# -- one value ---------------------------------------------------------------------------------
+def check(key: str, value: Any, meta: dict, shown: str | None = None) -> None:
+    """Raise ConfigError when `value` (already of the field's type) is not allowed for `key`.
+
+    `meta` is the field's metadata (a contract step argument's `choices` and `at_least`);
+    `shown` is the text the user wrote (default: the value)."""
+    shown = _text(value) if shown is None else shown
+    name = key.rsplit(".", 1)[-1]
+    if key in ENUMS and value not in ENUMS[key]:
+        raise _bad(key, shown, _one_of(ENUMS[key]))
+    choices = tuple(meta.get("choices") or ())
+    items = value if isinstance(value, tuple) else (value,)
+    for item in items:
+        if hasattr(item, "operator"):
+            _check_toleration(key, shown, item)
+            continue
+        if isinstance(item, tuple):  # a node selector pair: checked when parsed
+            continue
+        if choices and item not in choices:
+            raise _bad(key, shown, _one_of(choices))
+        _check_number(key, name, item, meta, shown)
+        _check_text(key, name, item, shown)
+
+
+def _check_number(key: str, name: str, value: Any, meta: dict, shown: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(key, shown, "must be a finite number")
+    low = meta.get("at_least")
+    low = AT_LEAST.get(name, 0 if name.endswith("_s") else None) if low is None else low
+    if name == "lrs" or name == "lr":
+        if value <= 0:
+            raise _bad(key, shown, "a learning rate must be above 0, e.g. 1e-3")
+        return
+    if name in PORTS and not 1 <= value <= 65535:
+        raise _bad(key, shown, "a TCP port is 1 to 65535")
+    if low is not None and value < low:
+        raise _bad(key, shown, f"must be at least {low:g}")
+    high = AT_MOST.get(name)
+    if high is not None and value > high:
+        raise _bad(key, shown, f"must be at most {high:g}")
+
+
+def _check_text(key: str, name: str, value: Any, shown: str) -> None:
+    if not isinstance(value, str):
+        return
+    if key in REQUIRED and not value.strip():
+        raise _bad(key, shown, "must not be empty")
+    if key in URLS and not re.fullmatch(r"https?://\S+", value):
+        raise _bad(key, shown, "give a URL such as http://localhost:2746")
+    if key == "platform.outputs_dir" and not value.startswith("/"):
+        raise _bad(key, shown, "give an absolute path inside the container, e.g. /tmp/outputs")
+    if key in OBJECT_NAMES and value and not _DNS_NAME.fullmatch(value):
+        raise _bad(key, shown, "a Kubernetes name: lower-case letters, digits, '-' and '.'")
+    if name in QUANTITIES:
+        if value == "" and name == "shm_size":
+            return
+        if not quantity(value):
+            raise _bad(key, shown, "not a Kubernetes quantity, e.g. 500m, 2, 1536Mi, 4Gi")
+    elif key in ("name", "platform.namespace") and not _DNS_LABEL.fullmatch(value):
+        raise _bad(key, shown, "use lower-case letters, digits and '-' (a DNS label)")
+    elif name == "base_step" and not _BASE_STEP.fullmatch(value):
+        raise _bad(key, shown, "use latest, a step number, or best:METRIC[:min|max]")
+    elif key == "retention.timezone":
+        _check_timezone(key, value, shown)
+    elif key == "retention.policy":
+        _check_policy(key, value, shown)
+    elif key == "retention.schedules" and len(value.split()) not in (5, 6):
+        raise _bad(key, shown, f"{value!r} is not a cron schedule such as '17 * * * *'")
+    elif name == "metric" and not value:
+        raise _bad(key, shown, "name an eval.json metric, e.g. val_loss or exact_match")
+
+
+def _check_timezone(key: str, value: str, shown: str) -> None:
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(value)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise _bad(key, shown, "not an IANA time zone, e.g. UTC or Europe/Berlin") from None
+
+
+def _check_policy(key: str, value: str, shown: str) -> None:
+    from ckptflow.core.gc import parse_policy
+    from ckptflow.core.policy_syntax import PolicyError
+
+    try:
+        parse_policy(value)
+    except PolicyError as exc:
+        raise _bad(key, shown, str(exc)) from None

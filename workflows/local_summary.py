@@ -1,0 +1,136 @@
+"""What `ckptflow run pipeline --local` prints at the end: what the run produced (checkpoints,
+metrics, the champion, read back with the format core) and the commands to look at it, each
+runnable from any directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ckptflow.workflows.config import PipelineConfig
+
+from ckptflow.core import runroot
+from ckptflow.core.layout import step_dir
+
+__all__ = ["mlflow_ui_command", "summary"]
+
+
+def _outputs(result, display: str) -> list[dict[str, str]]:
+    """Output parameters of every node shown as `display` (fanned-out tasks give several)."""
+    out = []
+    for node in result.nodes.values():
+        if node.get("displayName", "").split("(")[0] == display and node.get("type") == "Pod":
+            params = (node.get("outputs") or {}).get("parameters") or []
+            if params:
+                out.append({p["name"]: p.get("value", "") for p in params})
+    return out
+
+
+def _storage_options(cfg: PipelineConfig, env: dict[str, str]):
+    """How the summary reaches the run's storage: the steps' S3 endpoint and keys (`env`)."""
+    from ckptflow.core.storage import StorageOptions  # the format core: fsspec, no torch
+
+    if not cfg.platform.s3_endpoint:
+        return StorageOptions()
+    keys = (env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY"))
+    return StorageOptions(cfg.platform.s3_endpoint, credentials=keys if all(keys) else None)
+
+
+def _checkpoints(root: str, options, problems: list[str]) -> list[tuple[int, dict]]:
+    """(step, eval metrics) of each committed checkpoint under `<root>/ckpt`, read with the
+    format core; unreadable eval records go to `problems`. A fine-tune's base, evaluated on
+    the fine-tune's task, comes first as step "base"."""
+    from ckptflow.core import rootreader
+    from ckptflow.core.storage import Storage
+
+    ckpt = runroot.ckpt_root(Storage(root, options=options))
+    steps = rootreader.committed_steps(ckpt)
+    evals = runroot.read_evals(ckpt, steps, problems)
+    base = next((dict(r.base_metrics) for r in evals.values() if r.base_metrics), None)
+    rows = [("base", base)] if base else []
+    return rows + [(s, dict(evals[s].metrics) if s in evals else {}) for s in steps]
+
+
+def _fmt(metrics: dict) -> str:
+    return "  ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
+    )
+
+
+def _variants(cfg: PipelineConfig, values: dict[str, str] | None) -> list[dict]:
+    """The variants this run fanned out: `-p variants` when given, else the configuration's."""
+    from ckptflow.workflows.parameters import variant_items
+
+    if values and "variants" in values:
+        return [{k: str(v) for k, v in item.items()} for item in json.loads(values["variants"])]
+    return variant_items(cfg)
+
+
+def _script(name: str) -> str:
+    """How to run this environment's `name` command from any directory: its script beside the
+    interpreter (absolute), else `python -m`."""
+    exe = Path(sys.executable).parent / name
+    module = "ckptflow.cli" if name == "ckptflow" else name
+    return str(exe) if exe.exists() else f"{sys.executable} -m {module}"
+
+
+def mlflow_ui_command(db: Path) -> str:
+    """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
+    return f"{_script('mlflow')} ui --backend-store-uri sqlite:///{db.resolve()}"
+
+
+def summary(
+    cfg: PipelineConfig,
+    name: str,
+    result,
+    runs_dir: Path,
+    env: dict[str, str],
+    mlflow_db: Path | None = None,
+    values: dict[str, str] | None = None,
+) -> str:
+    """What the run produced, and how to look at it (`env`: the steps' S3 settings;
+    `mlflow_db`: the tracking store, default `runs_dir/mlflow.db`)."""
+    s3_endpoint = cfg.platform.s3_endpoint
+    run_root = f"{cfg.platform.storage_root.rstrip('/')}/{name}"
+    from ckptflow.workflows.finetune_dag import variant_name, variant_root
+
+    roots = [("pretrain", f"{run_root}/pretrain")]
+    if "finetune" in {n.get("displayName") for n in result.nodes.values()}:
+        roots += [
+            (f"finetune {n}", variant_root(run_root, n))
+            for n in (variant_name(v["lr"], v["freeze"]) for v in _variants(cfg, values))
+        ]
+    lines = [f"\nproduced under {run_root}:"]
+    for label, root in roots:
+        problems: list[str] = []
+        try:
+            ckpts = _checkpoints(root, _storage_options(cfg, env), problems)
+        except Exception as exc:  # a summary must not hide the run's own result
+            lines.append(f"  {label}: cannot list checkpoints ({exc})")
+            continue
+        chosen = {o.get("chosen") for o in _outputs(result, "select")}
+        n = sum(1 for step, _ in ckpts if step != "base")
+        lines.append(f"  {label}: {n} committed checkpoints  ({root}/{runroot.CKPT})")
+        for step, m in ckpts:
+            here = f"{root}/{runroot.CKPT}/{step_dir(step)}" if step != "base" else ""
+            mark = "  <- selected" if here in chosen else ""
+            shown = "base (before)" if step == "base" else f"step {step:>6}"
+            lines.append(f"    {shown}  {_fmt(m)}{mark}")
+        lines += [f"    unreadable evaluation: {p}" for p in problems]
+    for chosen in _outputs(result, "select"):
+        lines.append(
+            f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
+            f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
+        )
+        lines.append(f"  exported: {chosen.get('export_uri', '?')}")
+        lines.append(f"  run report: {run_root}/report.png")
+    db = mlflow_db or runs_dir / "mlflow.db"
+    lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
+    if s3_endpoint:
+        lines.append("(the in-process S3 server, and the objects above, end with this command)")
+    else:
+        lines.append(
+            f"checkpoints:  {_script('ckptflow')} ckpt ls {run_root}/pretrain/{runroot.CKPT}"
+        )
+    return "\n".join(lines)

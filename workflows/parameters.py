@@ -1,0 +1,178 @@
+"""The per-run knobs of a workflow as Argo workflow parameters (`spec.arguments.parameters`).
+
+What a person changes from one run to the next (steps, checkpoint interval and policy, ranks,
+learning rates, variants, model, task, selection metric) is a workflow parameter with a
+description and, where it has one, an enum, so `argo submit -p ranks=4`, the Argo UI's
+resubmit form, `ckptflow submit ... -p` and `ckptflow run ... -p` change it without
+re-rendering. Its default is the configuration's value (`--set pretrain.ranks=4` renders 4).
+The templates read each one as `{{workflow.parameters.NAME}}`; the ranks fan out with
+`withSequence` and the fine-tune variants with `withParam` over the `variants` JSON list.
+
+`check_values` checks `-p` values by the same rules as `--set` (ckptflow.workflows.checks).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ckptflow.workflows.config import (
+    ConfigError,
+    PipelineConfig,
+    apply_overrides,
+    settings,
+    shown_value,
+    value_at,
+)
+from hera.workflows import Parameter
+
+__all__ = [
+    "FINETUNE",
+    "PIPELINE",
+    "PRETRAIN",
+    "Knob",
+    "arguments",
+    "check_values",
+    "ref",
+    "variant_items",
+]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One workflow parameter: its name, the `--set` key giving its default, what it means."""
+
+    name: str  # the Argo parameter name
+    key: str  # the setting whose value is its default ("" for those computed, e.g. variants)
+    description: str  # one line, shown by the Argo UI's submit form
+
+
+PRETRAIN = (
+    Knob("model", "pretrain.model", "named model size"),
+    Knob("pretrain_task", "pretrain.task", "corpus task the base model is pretrained on"),
+    Knob("ranks", "pretrain.ranks", "pretraining rank pods (torchrun nodes)"),
+    Knob("pretrain_steps", "pretrain.max_steps", "pretraining optimizer steps in total"),
+    Knob("pretrain_lr", "pretrain.lr", "pretraining peak learning rate"),
+    Knob("ckpt_every", "pretrain.ckpt_every", "pretraining: save a checkpoint every K steps"),
+    Knob("full_every", "pretrain.full_every", "every F-th save is full, the others are deltas"),
+)
+FINETUNE = (
+    Knob("finetune_task", "finetune.task", "task the variants are fine-tuned and ranked on"),
+    Knob("finetune_steps", "finetune.max_steps", "fine-tuning optimizer steps per variant"),
+    Knob("finetune_ckpt_every", "finetune.ckpt_every", "fine-tuning: save every K steps"),
+    Knob("base_step", "finetune.base_step", "base checkpoint: latest | best:METRIC | a step"),
+    Knob(
+        "variants",
+        "",
+        'fine-tune grid, a JSON list of {"lr": "1e-3", "freeze": "1"} (lr: peak learning rate, '
+        "freeze: leading blocks kept frozen)",
+    ),
+    Knob("metric", "finetune.metric", "eval.json metric that selects the champion"),
+    Knob("mode", "finetune.mode", "whether a lower (min) or higher (max) metric is better"),
+)
+PIPELINE = PRETRAIN + FINETUNE
+BASE_ROOT = "base_root"  # the fine-tune workflow's base (no default: given at submission)
+
+
+def ref(name: str) -> str:
+    """The Argo expression of workflow parameter `name`."""
+    return "{{workflow.parameters." + name + "}}"
+
+
+def variant_items(cfg: PipelineConfig) -> list[dict[str, str]]:
+    """The default `variants`: the grid finetune.lrs x finetune.freeze_blocks (as strings)."""
+    from ckptflow.workflows.finetune_dag import variants  # the grid's one definition
+
+    return [{"lr": v["lr"], "freeze": v["freeze"]} for v in variants(cfg.finetune)]
+
+
+def default_values(cfg: PipelineConfig, knobs: Sequence[Knob]) -> dict[str, str]:
+    """Each knob's value from the configuration."""
+    keys = settings(type(cfg))
+    out = {}
+    for k in knobs:
+        if k.name == "variants":
+            out[k.name] = json.dumps(variant_items(cfg), separators=(",", ":"))
+        else:
+            out[k.name] = shown_value(value_at(cfg, keys[k.key].path))
+    return out
+
+
+def _enum(cfg: PipelineConfig, knob: Knob) -> list[str] | None:
+    if not knob.key:
+        return None
+    choices = settings(type(cfg))[knob.key].meta.get("choices") or ()
+    return list(choices) or None
+
+
+def arguments(cfg: PipelineConfig, knobs: Sequence[Knob]) -> list[Parameter]:
+    """`spec.arguments.parameters` of a workflow reading `knobs`, defaults from `cfg`."""
+    values = default_values(cfg, knobs)
+    return [
+        Parameter(name=k.name, value=values[k.name], description=k.description, enum=_enum(cfg, k))
+        for k in knobs
+    ]
+
+
+def parse_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """`-p NAME=VALUE` texts as a mapping (a later one wins)."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"-p {pair!r}: expected NAME=VALUE, e.g. -p ranks=4")
+        out[name.strip()] = value
+    return out
+
+
+def check_values(
+    cfg: PipelineConfig, knobs: Sequence[Knob], values: Mapping[str, str], extra=()
+) -> None:
+    """Raise ConfigError (one line) for an unknown parameter or a value `--set` would refuse."""
+    known = {k.name: k for k in knobs}
+    for name, value in values.items():
+        if name in extra:
+            continue
+        knob = known.get(name)
+        if knob is None:
+            names = [*known, *extra]
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(
+                f"-p {name}={value}: no such workflow parameter; {hint}known: {', '.join(names)}"
+            )
+        try:
+            if knob.name == "variants":
+                _check_variants(value)
+            else:
+                apply_overrides(cfg, [f"{knob.key}={value}"])
+        except ConfigError as exc:
+            why = str(exc).split(": ", 1)[-1]
+            raise ConfigError(f"-p {name}={value}: {why}") from None
+
+
+def _check_variants(text: str) -> None:
+    example = '[{"lr": "1e-3", "freeze": "1"}]'
+    try:
+        items = json.loads(text)
+    except ValueError:
+        items = None
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"x: expected a non-empty JSON list such as {example}")
+    seen = set()
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"lr", "freeze"}:
+            raise ConfigError(f"x: each variant is an object with lr and freeze, e.g. {example}")
+        try:
+            lr, freeze = float(item["lr"]), int(str(item["freeze"]))
+        except ValueError:
+            raise ConfigError(
+                f"x: lr is a number and freeze a whole number, e.g. {example}"
+            ) from None
+        if not lr > 0 or freeze < 0:
+            raise ConfigError("x: lr must be above 0 and freeze at least 0")
+        if (str(item["lr"]), str(item["freeze"])) in seen:
+            raise ConfigError(f"x: variant {item} is listed twice")
+        seen.add((str(item["lr"]), str(item["freeze"])))
