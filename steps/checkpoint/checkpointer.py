@@ -105,6 +105,7 @@ class Checkpointer:
         self._base: dict = {}
         self._base_step: int | None = None
         self._saves_since_full = 0
+        self._never_delta: set = set()  # parts whose first delta did not pay (see SaveJob)
         self.last_save: SaveStats | None = None
         self.last_load: LoadInfo | None = None
 
@@ -197,6 +198,7 @@ class Checkpointer:
             prior=self._prior,
             fallbacks=self._parent_stores(),
             cuts=self._cuts,
+            never_delta=self._never_delta,
         )
         if delta:
             job.kind, job.base, job.base_step = "delta", self._base, self._base_step

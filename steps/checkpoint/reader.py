@@ -106,10 +106,11 @@ class ObjectFetcher:
             raise CorruptCheckpoint(f"{url}: cannot decode ({exc})", [url]) from exc
 
     def raw_part(self, part: dict, out: np.ndarray | None = None) -> np.ndarray:
-        """A part's raw bytes, decoded into `out` when given (deltas XORed with their base)."""
+        """A part's raw bytes, decoded into `out` when given (deltas applied to their base)."""
         raw = self._decode(part, out)
         if part.get("base") is not None:
-            np.bitwise_xor(raw, self._decode(part["base"]), out=raw)
+            # (the manifest validator checked the kind, width and sizes)
+            codec.undelta(part.get("delta", "xor"), raw, self._decode(part["base"]), part["width"])
         return raw
 
 
