@@ -281,6 +281,7 @@ class Checkpointer:
                 reader.stats.bytes_read,
                 reader.stats.bytes_received,
                 time.perf_counter() - t0,
+                reader.stats.chunks_held_peak,
             )
             if fell_back:
                 log.warning(
@@ -297,7 +298,7 @@ class Checkpointer:
         m = self.manifest(step)
         compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         exchange = (
-            coop.Exchange(self._pg, self.rank, self.world_size)
+            coop.Exchange(self._pg, self.rank, self.world_size, self.threads, self._nccl_group())
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
@@ -329,6 +330,16 @@ class Checkpointer:
             self._prior = {}
         self._prior = {**self._inherited, **self._prior}
         return reader
+
+    def _nccl_group(self):
+        """The training's NCCL group when it spans the same ranks as ours: a cooperative load
+        exchanges GPU tensors over it (untested without GPUs); None on CPU-only runs."""
+        try:
+            if dist.get_backend() != "nccl" or dist.get_world_size() != self.world_size:
+                return None
+        except (RuntimeError, ValueError):
+            return None
+        return dist.group.WORLD
 
     # -- parent roots (fine-tuning) ------------------------------------------------------------
     def inherit(self, parent: Checkpointer, step: int) -> None:
