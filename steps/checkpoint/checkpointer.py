@@ -167,6 +167,13 @@ class Checkpointer:
         self.last_save = stats
         return self._inflight
 
+    def prepare(self, state_dict: dict) -> None:
+        """Get ready for async saves of `state_dict` (or one of its shapes): its host snapshot
+        buffers are allocated and pre-faulted (pinned with CUDA) in the background now, so the
+        first `save(block=False)` stalls only for its copy, as later ones do. Call it once the
+        state is complete (after the first optimizer step); saves reuse the buffers."""
+        self._stager.prepare(state_dict)
+
     def _wait_inflight(self) -> float:
         if self._inflight is None:
             return 0.0
