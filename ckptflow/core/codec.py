@@ -199,8 +199,10 @@ def delta(kind: str, raw: np.ndarray, base: np.ndarray, width: int) -> np.ndarra
     if kind == "xor":
         return xor(raw, base)
     it = _INTS[width]
-    d = raw.view(it) - base.view(it)  # wraps: every difference is representable
-    np.bitwise_xor(np.left_shift(d, 1), np.right_shift(d, 8 * width - 1), out=d)
+    d = np.subtract(raw.view(it), base.view(it))  # wraps: every difference is representable
+    sign = np.right_shift(d, 8 * width - 1)
+    np.left_shift(d, 1, out=d)
+    np.bitwise_xor(d, sign, out=d)
     return d.view(np.uint8)
 
 
