@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         for r in range(a.repeats):
             for m in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
                 rows[m].append(run_child(m, state, work))
-            print(f"repeat {r + 1}/{a.repeats} done", flush=True)
+            print(f"repeat {r + 1}: " + json.dumps({m: rows[m][-1] for m in METHODS}), flush=True)
     print(f"\nasync save stall, {a.gib:g} GiB fp32 state, medians of {a.repeats} (seconds)")
     print(f"{'method':20} {'first':>7} {'steady':>7} {'1st total':>9} {'prepare':>8}")
     for m in METHODS:

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             order = [("plain", 1), ("coop2", 2)][:: 1 if r % 2 == 0 else -1]
             for name, world in order:
                 rows[name].append(run(base, world))
-            print(f"repeat {r + 1}/{a.repeats} done", flush=True)
+            print(f"repeat {r + 1}: " + json.dumps({m: rows[m][-1] for m in rows}), flush=True)
     print(f"\nload of a {a.gib:g} GiB fp32 state, warm cache, medians of {a.repeats}")
     print(f"{'method':8} {'load s':>7} {'read/stored':>11} {'peak/state':>10} {'extra/state':>11}")
     for name, rs in rows.items():
