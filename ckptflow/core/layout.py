@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import re
 
-FORMAT_VERSION = 2  # 2: item keys escape `%` and `@` in FQNs (see manifest.item_key)
-READ_VERSIONS = (1, 2)  # manifest versions this ckptflow reads
+# 2: item keys escape `%` and `@` in FQNs (see manifest.item_key); 3: a delta part names its
+# kind, "xor" or "sub" (see codec.DELTA_KINDS; versions 1-2 deltas are all XOR)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)  # manifest versions this ckptflow reads
+DELTA_KIND_VERSION = 3  # the first version whose delta parts may name a kind
 MAX_STEP = 1 << 62  # the largest step a manifest may carry (writers refuse larger ones)
 ROOT_MARKER = "ckptflow-root.json"
 ROOT_FORMAT = "ckptflow-checkpoint-root"

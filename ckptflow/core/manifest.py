@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ckptflow.core import jsonfile, layout
+from ckptflow.core import codec, jsonfile, layout
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024
@@ -108,7 +108,7 @@ def _planes(v, where: str, width: int) -> int:
     return total
 
 
-def _part(p, where: str, objects: dict) -> int:
+def _part(p, where: str, objects: dict, version: int) -> int:
     if not isinstance(p, dict):
         _fail(where, "expected an object")
     for ref in (p, p.get("base")):
@@ -133,7 +133,25 @@ def _part(p, where: str, objects: dict) -> int:
     if p.get("base") is not None and p["base"]["raw_size"] != p["raw_size"]:
         _fail(where, "delta and base sizes differ")
     _str(p.get("raw_hash"), f"{where}.raw_hash", 64)
+    _delta_kind(p, where, version)
     return p["raw_size"]
+
+
+def _delta_kind(p: dict, where: str, version: int) -> None:
+    """A delta part's kind: absent means XOR (all versions 1-2 wrote); a named kind needs
+    version 3, and "sub" whole elements of a width it is defined for (the reader views the
+    bytes as integers of that width)."""
+    if "delta" not in p:
+        return
+    kind = p["delta"]
+    if p.get("base") is None:
+        _fail(f"{where}.delta", "a full part has no delta kind")
+    if version < layout.DELTA_KIND_VERSION:
+        _fail(f"{where}.delta", f"delta kinds need format version {layout.DELTA_KIND_VERSION}")
+    if kind not in codec.DELTA_KINDS:
+        _fail(f"{where}.delta", f"unknown delta kind {kind!r:.40}")
+    if kind == "sub" and not codec.sub_ok(p["width"], p["raw_size"]):
+        _fail(f"{where}.delta", "a sub delta needs whole elements 1, 2, 4 or 8 bytes wide")
 
 
 def validate(m) -> dict:
@@ -234,7 +252,9 @@ def _validate_entries(m: dict) -> None:
         if not isinstance(it, dict) or not isinstance(it.get("parts"), list) or not it["parts"]:
             _fail(f"items.{key:.80}", "expected an object with parts")
         fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
-        raw = sum(_part(p, f"items.{key:.80}.parts", m["objects"]) for p in it["parts"])
+        parts = it["parts"]
+        where = f"items.{key:.80}.parts"
+        raw = sum(_part(p, where, m["objects"], m["format_version"]) for p in parts)
         if it.get("offset") is None:
             if fqn not in values or key != item_key(fqn, None, m["format_version"]):
                 _fail(f"items.{key:.80}", "value item without a values entry")

@@ -110,6 +110,7 @@ class Checkpointer:
         self._base: dict = {}
         self._base_step: int | None = None
         self._saves_since_full = 0
+        self._never_delta: set = set()  # parts whose first delta did not pay (see SaveJob)
         self.last_save: SaveStats | None = None
         self.last_load: LoadInfo | None = None
 
@@ -172,6 +173,13 @@ class Checkpointer:
         self.last_save = stats
         return self._inflight
 
+    def prepare(self, state_dict: dict) -> None:
+        """Get ready for async saves of `state_dict` (or one of its shapes): its host snapshot
+        buffers are allocated and pre-faulted (pinned with CUDA) in the background now, so the
+        first `save(block=False)` stalls only for its copy, as later ones do. Call it once the
+        state is complete (after the first optimizer step); saves reuse the buffers."""
+        self._stager.prepare(state_dict)
+
     def _wait_inflight(self) -> float:
         if self._inflight is None:
             return 0.0
@@ -203,6 +211,7 @@ class Checkpointer:
             prior=self._prior,
             fallbacks=self._parent_stores(),
             cuts=self._cuts,
+            never_delta=self._never_delta,
         )
         if delta:
             job.kind, job.base, job.base_step = "delta", self._base, self._base_step
@@ -288,6 +297,7 @@ class Checkpointer:
                 reader.stats.bytes_read,
                 reader.stats.bytes_received,
                 time.perf_counter() - t0,
+                reader.stats.chunks_held_peak,
             )
             if fell_back:
                 log.warning(
@@ -310,7 +320,7 @@ class Checkpointer:
                 raise self._slimmed_error(step, m, exc) from None
             raise
         exchange = (
-            coop.Exchange(self._pg, self.rank, self.world_size)
+            coop.Exchange(self._pg, self.rank, self.world_size, self.threads, self._nccl_group())
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
@@ -355,6 +365,16 @@ class Checkpointer:
             f"steps with their full state: {full or 'none'}; load one of those, or load only "
             f"the weights from step {step}\n{exc}"
         )
+
+    def _nccl_group(self):
+        """The training's NCCL group when it spans the same ranks as ours: a cooperative load
+        exchanges GPU tensors over it (untested without GPUs); None on CPU-only runs."""
+        try:
+            if dist.get_backend() != "nccl" or dist.get_world_size() != self.world_size:
+                return None
+        except (RuntimeError, ValueError):
+            return None
+        return dist.group.WORLD
 
     # -- parent roots (fine-tuning) ------------------------------------------------------------
     def inherit(self, parent: Checkpointer, step: int) -> None:

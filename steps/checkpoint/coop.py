@@ -1,13 +1,24 @@
-"""Cooperative load: each stored chunk that several ranks need is read from storage once.
+"""Cooperative load: each stored part that several ranks need is read from storage once.
 
-Every rank announces the chunks it needs; each chunk needed by more than one rank gets one
-owner (balancing bytes across ranks); owners read, verify and decode their chunks, then the
-raw bytes are broadcast over the process group. With M ranks loading a replicated model, each
-rank reads about 1/M of the checkpoint from storage.
+Every rank announces the chunks it needs; each part (at most `part_bytes`, 64 MiB by default)
+of a chunk needed by more than one rank gets one owner (balancing bytes across ranks). Owners
+read, verify and decode their parts in the Checkpointer's threads, straight into the
+destination tensor where a chunk fills one exactly, while the main thread broadcasts the parts
+already decoded, in one order every rank agrees on: reads overlap the exchange, and receivers
+get the bytes straight into their destination. A chunk that must be resharded (it fills only
+part of a tensor, or needs a dtype cast) goes through a temporary buffer, scattered and freed
+as soon as its last part is in; at most `threads` parts are decoded ahead of the broadcast,
+so at most a few temporary buffers are held at once (never every decoded chunk until the end).
+With M ranks loading a replicated model, each rank reads about 1/M of the checkpoint.
+
+Tensors on GPU whose every needer fills them directly are exchanged over the training's own
+process group (NCCL) when one is given; everything else goes over the Checkpointer's gloo group.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,10 +31,6 @@ from ckptflow.core.errors import CorruptCheckpoint
 
 def _key(rec: dict) -> str:
     return mf.item_key(rec["fqn"], rec["offset"])
-
-
-def _raw_size(rec: dict) -> int:
-    return sum(p["raw_size"] for p in rec["parts"])
 
 
 def assign_owners(needs: list[list[str]], sizes: dict[str, int]) -> dict[str, int]:
@@ -42,49 +49,110 @@ def assign_owners(needs: list[list[str]], sizes: dict[str, int]) -> dict[str, in
     return owners
 
 
+def _interleave(units: list, owners: dict) -> list:
+    """Units in an order that alternates owners (each owner's in its own order), so every
+    owner's reads are needed early and run while the others' parts are broadcast."""
+    per: dict[int, deque] = {}
+    for u in units:
+        per.setdefault(owners[u], deque()).append(u)
+    out, queues = [], [per[r] for r in sorted(per)]
+    while queues:
+        out += [q.popleft() for q in queues]
+        queues = [q for q in queues if q]
+    return out
+
+
+class _Dests:
+    """Where each needed chunk's bytes go: its destination tensor's own bytes (direct), or a
+    temporary buffer scattered into the destinations when its last part is in. Counts the
+    temporary buffers held at once (ReadStats.chunks_held_peak)."""
+
+    def __init__(self, records: dict, items: dict, direct, scatter, stats, gpu_ok: bool):
+        self.records, self.items, self._scatter, self.stats = records, items, scatter, stats
+        self.by_key = {_key(rec): idx for idx, rec in records.items()}
+        self.direct = {}  # idx -> (uint8 view of the destination, commit)
+        for idx, rec in records.items():
+            found = direct(rec, items[idx])
+            # A GPU destination is filled directly only over a GPU-capable group (NCCL).
+            if found is not None and (gpu_ok or not found[0].is_cuda):
+                self.direct[idx] = found
+        self._temp: dict = {}
+        self._left = {idx: len(rec["parts"]) for idx, rec in records.items()}
+        self._lock = threading.Lock()
+        self._held = 0
+
+    def on_gpu(self, key: str) -> bool:
+        found = self.direct.get(self.by_key[key])
+        return found is not None and found[0].is_cuda
+
+    def view(self, key: str) -> torch.Tensor:
+        """The chunk's bytes as a flat uint8 tensor (created on first use when temporary)."""
+        idx = self.by_key[key]
+        if idx in self.direct:
+            return self.direct[idx][0]
+        with self._lock:
+            buf = self._temp.get(idx)
+            if buf is None:
+                size = sum(p["raw_size"] for p in self.records[idx]["parts"])
+                buf = self._temp[idx] = torch.empty(size, dtype=torch.uint8)
+                self._held += 1
+                self.stats.chunks_held_peak = max(self.stats.chunks_held_peak, self._held)
+        return buf
+
+    def part_done(self, key: str) -> None:
+        """One more part of the chunk is in place: scatter and free the chunk after its last."""
+        idx = self.by_key[key]
+        with self._lock:
+            self._left[idx] -= 1
+            if self._left[idx]:
+                return
+            buf = self._temp.pop(idx, None)
+        if idx in self.direct:
+            self.direct[idx][1]()
+            return
+        self._scatter(self.records[idx], buf.numpy(), self.items[idx])
+        with self._lock:
+            self._held -= 1
+
+
 class Exchange:
     """The `exchange` hook of CkptStorageReader for a process group of `world` ranks."""
 
-    def __init__(self, group, rank: int, world: int, threads: int = 4):
+    def __init__(self, group, rank: int, world: int, threads: int = 4, device_group=None):
         self.group, self.rank, self.world, self.threads = group, rank, world, threads
+        self.device_group = device_group  # the training's NCCL group, for GPU destinations
 
-    def __call__(self, records: dict, read_item, stats) -> dict:
-        mine = {_key(rec): idx for idx, rec in records.items()}
-        needs: list = [None] * self.world
-        dist.all_gather_object(needs, sorted(mine), group=self.group)
+    def __call__(self, records: dict, items: dict, read_part, direct, scatter, stats) -> None:
+        """Fill every needed chunk: read the parts this rank owns, broadcast the shared ones.
+
+        `read_part(part, out)` decodes a part into a uint8 array; `direct(rec, items)` gives
+        the uint8 view of the destination a chunk fills exactly (and its commit), or None;
+        `scatter(rec, raw, items)` copies a whole chunk's bytes into its destinations."""
+        dests = _Dests(records, items, direct, scatter, stats, self.device_group is not None)
         by_key = {_key(rec): rec for rec in records.values()}
-        sizes = dict.fromkeys({k for ks in needs for k in ks}, 0)
-        sizes.update({k: _raw_size(r) for k, r in by_key.items()})
-        sizes_all: list = [None] * self.world
-        dist.all_gather_object(sizes_all, {k: sizes[k] for k in mine}, group=self.group)
-        for s in sizes_all:
-            sizes.update(s)
+        mine = {
+            k: ([p["raw_size"] for p in rec["parts"]], dests.on_gpu(k)) for k, rec in by_key.items()
+        }
+        announced: list = [None] * self.world
+        dist.all_gather_object(announced, mine, group=self.group)
+        sizes, gpu, needs = {}, {}, [[] for _ in range(self.world)]
+        for rank, chunks in enumerate(announced):
+            for k, (part_sizes, on_gpu) in chunks.items():
+                for i, n in enumerate(part_sizes):
+                    sizes[(k, i)] = n
+                    gpu[(k, i)] = gpu.get((k, i), True) and on_gpu
+                    needs[rank].append((k, i))
         owners = assign_owners(needs, sizes)
-        raws, error = self._read_owned(owners, by_key, read_item)
+        count: dict = {}
+        for n in needs:
+            for u in n:
+                count[u] = count.get(u, 0) + 1
+        shared = _interleave(sorted(u for u in owners if count[u] > 1), owners)
+        own = [u for u in shared if owners[u] == self.rank]
+        own += sorted(u for u in owners if count[u] == 1 and owners[u] == self.rank)
+        run = _Run(self, dests, by_key, read_part, stats)
+        error = run.go(own, shared, owners, sizes, gpu, set(by_key))
         self._agree_or_raise(error)
-        shared = sorted(k for k in owners if sum(k in n for n in needs) > 1)
-        for k in shared:
-            buf = raws.get(k)
-            if buf is None:
-                buf = np.empty(sizes[k], dtype=np.uint8)
-            t = torch.from_numpy(buf)
-            dist.broadcast(t, group_src=owners[k], group=self.group)
-            if owners[k] != self.rank and k in mine:
-                raws[k] = buf
-                stats.bytes_received += sizes[k]
-        return {mine[k]: raws[k] for k in mine}
-
-    def _read_owned(self, owners: dict, by_key: dict, read_item):
-        todo = [k for k, o in owners.items() if o == self.rank]
-        try:
-            with ThreadPoolExecutor(
-                max_workers=self.threads, thread_name_prefix="ckpt-coop"
-            ) as pool:
-                return dict(
-                    zip(todo, pool.map(lambda k: read_item(by_key[k]), todo), strict=True)
-                ), None
-        except Exception as exc:  # reported to every rank below, so no rank waits forever
-            return {}, exc
 
     def _agree_or_raise(self, error: Exception | None) -> None:
         errors: list = [None] * self.world
@@ -94,3 +162,101 @@ class Exchange:
         bad = [(r, e) for r, e in enumerate(errors) if e]
         if bad:
             raise CorruptCheckpoint(f"rank {bad[0][0]} could not read its share: {bad[0][1]}")
+
+
+class _Run:
+    """One cooperative load on this rank: the owned parts are read in a thread pool at most
+    `threads` parts ahead of the broadcast loop on the calling thread.
+
+    A failed read stops further reads, but this rank still takes part in every broadcast
+    (sending whatever its buffer holds), so no rank waits forever; every rank then raises."""
+
+    def __init__(self, ex: Exchange, dests: _Dests, by_key: dict, read_part, stats):
+        self.ex, self.dests, self.by_key, self.read_part, self.stats = (
+            ex,
+            dests,
+            by_key,
+            read_part,
+            stats,
+        )
+        self.error: Exception | None = None
+        self.offsets = {}  # (key, part index) -> byte offset in the chunk
+        for k, rec in by_key.items():
+            pos = 0
+            for i, p in enumerate(rec["parts"]):
+                self.offsets[(k, i)] = pos
+                pos += p["raw_size"]
+        self._scratch: dict = {}
+
+    def _slice(self, u) -> torch.Tensor:
+        k, i = u
+        off = self.offsets[u]
+        return self.dests.view(k)[off : off + self.by_key[k]["parts"][i]["raw_size"]]
+
+    def _read(self, u) -> None:
+        """Decode an owned part into place (a GPU destination through host memory)."""
+        if self.error is not None:
+            return
+        part = self.by_key[u[0]]["parts"][u[1]]
+        try:
+            dst = self._slice(u)
+            if dst.is_cuda:
+                host = np.empty(part["raw_size"], dtype=np.uint8)
+                self.read_part(part, host)
+                dst.copy_(torch.from_numpy(host))
+            else:
+                self.read_part(part, dst.numpy())
+        except Exception as exc:  # reported to every rank at the end
+            self.error = self.error or exc
+
+    def _done(self, key: str) -> None:
+        try:
+            self.dests.part_done(key)
+        except Exception as exc:  # e.g. a value the safe decoding refuses
+            self.error = self.error or exc
+
+    def _buffer(self, u, owner: bool, size: int, on_dev: bool, needed: bool):
+        """(the tensor to broadcast, a copy to run after it or None) for one shared part."""
+        if not needed:  # this rank takes part in the broadcast only: a reused scratch buffer
+            dev = "cuda" if on_dev else "cpu"
+            buf = self._scratch.get(dev)
+            if buf is None or buf.numel() < size:
+                buf = self._scratch[dev] = torch.empty(size, dtype=torch.uint8, device=dev)
+            return buf[:size], None
+        view = self._slice(u)
+        if view.is_cuda and not on_dev:  # a GPU destination exchanged over gloo
+            host = view.cpu() if owner else torch.empty(size, dtype=torch.uint8)
+            return host, (None if owner else lambda: view.copy_(host))
+        return view, None
+
+    def go(self, own: list, shared: list, owners: dict, sizes: dict, gpu: dict, mine) -> None:
+        ex, window = self.ex, max(1, self.ex.threads)
+        work, inflight = deque(own), deque()
+        with ThreadPoolExecutor(max_workers=ex.threads, thread_name_prefix="ckpt-coop") as pool:
+
+            def top_up():
+                while work and len(inflight) < window:
+                    u = work.popleft()
+                    inflight.append((u, pool.submit(self._read, u)))
+
+            for u in shared:
+                top_up()
+                owner = owners[u] == ex.rank
+                if owner:  # owned shared parts were queued in this same order
+                    inflight.popleft()[1].result()
+                on_dev = gpu[u] and ex.device_group is not None
+                buf, after = self._buffer(u, owner, sizes[u], on_dev, u[0] in mine)
+                if sizes[u]:
+                    group = ex.device_group if on_dev else ex.group
+                    dist.broadcast(buf, group_src=owners[u], group=group)
+                if after is not None:
+                    after()
+                if u[0] in mine:
+                    self.stats.bytes_received += 0 if owner else sizes[u]
+                    self._done(u[0])
+            while work or inflight:  # parts only this rank needs
+                top_up()
+                u, fut = inflight.popleft()
+                fut.result()
+                self._done(u[0])
+        return self.error

@@ -50,6 +50,7 @@ class ReadStats:
     bytes_read: int = 0
     bytes_received: int = 0
     objects_read: int = 0
+    chunks_held_peak: int = 0  # cooperative load: temporary chunk buffers held at once
 
 
 class ObjectFetcher:
@@ -106,10 +107,11 @@ class ObjectFetcher:
             raise CorruptCheckpoint(f"{url}: cannot decode ({exc})", [url]) from exc
 
     def raw_part(self, part: dict, out: np.ndarray | None = None) -> np.ndarray:
-        """A part's raw bytes, decoded into `out` when given (deltas XORed with their base)."""
+        """A part's raw bytes, decoded into `out` when given (deltas applied to their base)."""
         raw = self._decode(part, out)
         if part.get("base") is not None:
-            np.bitwise_xor(raw, self._decode(part["base"]), out=raw)
+            # (the manifest validator checked the kind, width and sizes)
+            codec.undelta(part.get("delta", "xor"), raw, self._decode(part["base"]), part["width"])
         return raw
 
 
@@ -174,10 +176,15 @@ class CkptStorageReader(StorageReader):
         for ri in plan.items:
             by_storage.setdefault(ri.storage_index, []).append(ri)
         records = {idx: self.storage_data[idx] for idx in by_storage}
-        if self.exchange is not None:
-            raws = self.exchange(records, self._raw_item, self.stats)
-            for idx, items in by_storage.items():
-                self._scatter(records[idx], raws.pop(idx), items, planner)
+        if self.exchange is not None:  # reads its share, exchanges and fills (see coop.py)
+            self.exchange(
+                records,
+                by_storage,
+                self.fetcher.raw_part,
+                lambda rec, items: self._direct(rec, items, planner),
+                lambda rec, raw, items: self._scatter(rec, raw, items, planner),
+                self.stats,
+            )
         else:
             # Each worker reads, verifies, decodes and copies its chunk into place, so copies
             # overlap with other chunks' decoding and no decoded chunk waits in memory.
@@ -192,6 +199,21 @@ class CkptStorageReader(StorageReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _direct(self, rec: dict, items, planner: LoadPlanner):
+        """(the destination's bytes as a flat uint8 tensor, its commit) when a stored chunk
+        fills exactly one whole, contiguous destination of its dtype, else None (resharding
+        or a cast: its bytes are then scattered)."""
+        if len(items) != 1 or items[0].type == LoadItemType.BYTE_IO:
+            return None
+        ri = items[0]
+        if any(ri.storage_offsets) or list(ri.lengths) != list(rec["sizes"]):
+            return None
+        dst = planner.resolve_tensor(ri).detach()
+        dtype = dcp_metadata.DTYPES[self.manifest["tensors"][rec["fqn"]]["dtype"]]
+        if dst.dtype != dtype or not dst.is_contiguous() or list(dst.shape) != list(ri.lengths):
+            return None
+        return dst.reshape(-1).view(torch.uint8), lambda: planner.commit_tensor(ri, dst)
 
     def _scatter(self, rec: dict, raw: np.ndarray, items, planner: LoadPlanner) -> None:
         for ri in items:

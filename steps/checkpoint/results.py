@@ -58,3 +58,4 @@ class LoadInfo:
     bytes_read: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
+    chunks_held_peak: int = 0  # cooperative load: temporary chunk buffers held at once

@@ -75,6 +75,9 @@ class SaveJob:
     base_step: int | None = None
     base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
     capture_base: dict | None = None  # filled on full saves when deltas will follow
+    # (item key, part index) of parts whose delta did not pay: stored full from then on,
+    # without delta work (shared across saves by the Checkpointer; AdamW's exp_avg is one)
+    never_delta: set = field(default_factory=set)
     prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
     trust: ObjectTrust = TRUST  # which existing objects may be referenced unwritten
     fallbacks: list = field(default_factory=list)  # parent roots' stores (see rootreader)
@@ -221,10 +224,19 @@ class CkptStorageWriter(StorageWriter):
             with self._lock:
                 job.reused_bytes += len(raw)
         else:
+            if (item_key, index) in job.never_delta:
+                base = None  # its deltas do not pay: stored full, no delta work
             if base is not None and not self._sound(base.record):
                 base = None  # a delta against a damaged base object would be damaged too
             rec = self._encode_and_write(raw, raw_hash, offset, width, base)
-        if job.capture_base is not None and rec.get("base") is None:
+            if base is not None and rec["base"] is None:
+                with self._lock:
+                    job.never_delta.add((item_key, index))
+        if (
+            job.capture_base is not None
+            and rec.get("base") is None
+            and (item_key, index) not in job.never_delta  # no delta will need it
+        ):
             self._capture(item_key, index, raw, rec)
         with self._lock:
             job.part_records.append(rec)
@@ -249,8 +261,10 @@ class CkptStorageWriter(StorageWriter):
 
     def _encode_and_write(self, raw, raw_hash, offset, width, base: BasePart | None) -> dict:
         job = self.job
-        delta = base is not None and len(base.raw) == len(raw)
-        payload = codec.xor(raw, base.raw) if delta else raw
+        kind = None
+        if base is not None and len(base.raw) == len(raw):
+            kind = codec.choose_delta(raw, base.raw, width, job.level, job.compress)
+        payload = codec.delta(kind, raw, base.raw, width) if kind else raw
         enc = codec.encode(payload, width, job.level, job.compress)
         key = enc.digest()
         self._write_object(key, enc)
@@ -265,11 +279,12 @@ class CkptStorageWriter(StorageWriter):
             "base": None,
             "reused": False,
         }
-        if delta:
+        if kind:
             b = base.record
             rec["base"] = {
                 k: b[k] for k in ("object", "stored_size", "raw_size", "width", "planes")
             }
+            rec["delta"] = kind  # format version 3 (older readers knew only XOR)
         return rec
 
     def _write_object(self, key: str, enc: codec.Encoded) -> None:

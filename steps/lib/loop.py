@@ -126,6 +126,7 @@ class CheckpointedLoop:
         self.skip = {s for s in self.ck.committed_steps() if s > start_step}
 
         progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main, initial=start_step)
+        self.start_step = start_step
         try:
             for step in range(start_step, self.spec.max_steps):
                 self._one_step(step, progress)
@@ -148,6 +149,12 @@ class CheckpointedLoop:
         dt = time.perf_counter() - t0
         m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
         done, self.last_metrics = step + 1, m
+        if self.spec.async_save and step == self.start_step:
+            # The state is complete after one optimizer step: the snapshot buffers are
+            # allocated in the background now, not in the first async save's stall.
+            self.ck.prepare(
+                train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
+            )
         if self.lineage and done % self.spec.log_every == 0:
             self.lineage.log_metrics(m, done)
         progress.update(done, m)

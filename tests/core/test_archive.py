@@ -21,8 +21,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 def state(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {"w": torch.randn(64, 64, generator=g), "frozen": torch.ones(16, 16), "step": seed}
+    """Weights a small step apart from one seed to the next (so deltas pay: a tensor whose
+    delta does not is stored full), a frozen tensor, and the step."""
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    w += 1e-4 * torch.randn(64, 64, generator=torch.Generator().manual_seed(seed))
+    return {"w": w, "frozen": torch.ones(16, 16), "step": seed}
 
 
 def save_steps(root: str, steps, full_every: int = 3) -> dict[int, dict]:
@@ -82,7 +85,16 @@ def test_a_delta_archived_alone_is_self_contained_and_its_hot_base_stays(tmp_pat
     assert report.steps == [2]  # step 1 is the base of step 3, which stays hot
     rows = rows_of(root)
     assert (rows[1].tier, rows[2].tier, rows[3].tier) == ("hot", "archive", "hot")
-    base_objects = set(rootreader.read_manifest(Storage(root), 1)["objects"])
+    m2 = Checkpointer(root).manifest(2)  # (read from the archive)
+    base_objects = {
+        p["base"]["object"]
+        for it in m2["items"].values()
+        for p in it["parts"]
+        if p["base"] is not None
+    }
+    assert base_objects, "step 2 is a delta of step 1"
+    assert base_objects <= set(rootreader.read_manifest(Storage(root), 1)["objects"])
+    assert set(m2["objects"]) <= set(listing.list_objects(Storage(arch)))  # self-contained
     assert base_objects <= set(listing.list_objects(Storage(arch)))  # copied with the delta
     assert base_objects <= set(listing.list_objects(Storage(root)))  # and kept hot
     for step in (1, 2, 3):

@@ -208,3 +208,51 @@ def coop_load_worker(rank, world, root, out_path, cooperative):
     )
     if rank == 0:
         torch.save(info, out_path)
+
+
+def coop_reshard_worker(rank, world, root, out_path, threads):
+    """Load whole saved tensors as row shards (DTensors over a CPU mesh) cooperatively: every
+    stored chunk is needed by both ranks, each for other rows (temporary buffers); report
+    what each rank got and how many buffers it held at once."""
+    from ckptflow.steps.checkpoint import Checkpointer
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    ref = torch.load(f"{root}.ref.pt")
+    sd = {k: distribute_tensor(torch.zeros_like(v), mesh, [Shard(0)]) for k, v in ref.items()}
+    sd["whole"] = torch.zeros(32, 8)  # replicated: filled directly
+    sd["step"] = None
+    ck = Checkpointer(root, threads=threads)
+    ck.load(sd)
+    got = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in sd.items()}
+    info = [None] * world
+    dist.all_gather_object(
+        info,
+        {
+            "ok": all(torch.equal(got[k], ref[k].chunk(world)[rank]) for k in ref),
+            "whole": float(got["whole"].sum()),
+            "step": sd["step"],
+            "held": ck.last_load.chunks_held_peak,
+            "read": ck.last_load.bytes_read,
+        },
+    )
+    if rank == 0:
+        torch.save(info, out_path)
+
+
+def coop_fallback_worker(rank, world, root, out_path):
+    """A cooperative load of the newest step, one of whose objects is corrupt: every rank
+    falls back to the step before (none waits forever for a part its owner could not read)."""
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
+    sd["step"] = None
+    ck = Checkpointer(root)
+    step = ck.load(sd)
+    info = [None] * world
+    dist.all_gather_object(
+        info, {"step": step, "value": sd["step"], "fell": ck.last_load.fell_back_from}
+    )
+    if rank == 0:
+        torch.save(info, out_path)

@@ -233,3 +233,72 @@ def test_a_fine_tune_never_references_a_rotted_parent_object(tmp_path):
     ft.save(1, state)
     ft.verify(1)
     assert ft.storage.exists(layout.object_path(key)), "a sound copy is stored in the child"
+
+
+def test_dense_small_updates_store_the_integer_difference(tmp_path):
+    """Small dense updates: the zigzag-coded difference beats XOR (format version 3)."""
+    ck = Checkpointer(str(tmp_path / "r"), full_every=5)
+    g = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(256, 256, generator=g) * 0.02}
+    ck.save(1, state)
+    state["w"].add_(torch.randn(256, 256, generator=g) * 1e-4)
+    ck.save(2, state)
+    m = ck.manifest(2)
+    part = m["items"]["w@0,0"]["parts"][0]
+    assert m["format_version"] == 3 and part["base"] is not None and part["delta"] == "sub"
+    t = {"w": torch.zeros(256, 256)}
+    Checkpointer(str(tmp_path / "r")).load(t, step=2)
+    assert torch.equal(t["w"], state["w"])
+
+
+def test_a_tensor_whose_delta_never_pays_is_stored_full_without_delta_work(tmp_path, monkeypatch):
+    """Like AdamW's exp_avg: found at the first delta, then stored full with no delta tried."""
+    from ckptflow.core import codec
+
+    sizes = []
+    real = codec.choose_delta
+    monkeypatch.setattr(
+        codec, "choose_delta", lambda raw, *a, **kw: sizes.append(len(raw)) or real(raw, *a, **kw)
+    )
+    ck = Checkpointer(str(tmp_path / "r"), full_every=3)
+    g = torch.Generator().manual_seed(1)
+    state = {"w": torch.randn(128, 128, generator=g) * 0.02, "m": torch.randn(64, 64, generator=g)}
+    kinds = {}
+    for step in range(1, 7):  # full 1, deltas 2-3, full 4, deltas 5-6
+        state["w"].add_(torch.randn(128, 128, generator=g) * 1e-4)
+        state["m"] = torch.randn(64, 64, generator=g)  # new values each step: no delta pays
+        ck.save(step, state)
+        man = ck.manifest(step)
+        kinds[step] = [man["items"][k]["parts"][0]["base"] is None for k in ("w@0,0", "m@0,0")]
+        t = {"w": torch.zeros(128, 128), "m": torch.zeros(64, 64)}
+        Checkpointer(str(tmp_path / "r")).load(t, step=step)
+        assert torch.equal(t["w"], state["w"]) and torch.equal(t["m"], state["m"])
+    assert [kinds[s] for s in (2, 3, 5, 6)] == [[False, True]] * 4
+    assert sizes.count(64 * 64 * 4) == 1, "the delta of m was tried once only"
+    assert sizes.count(128 * 128 * 4) == 4
+
+
+def _v2_states():
+    """The states tests/fixtures/ckpt_v2_delta was saved from (by ckptflow at format 2)."""
+    g = torch.Generator().manual_seed(2)
+    s1 = {"w": torch.randn(64, 32, generator=g) * 0.02, "ids": torch.arange(16), "lr": 0.1}
+    s2 = {"w": s1["w"] + torch.randn(64, 32, generator=g) * 1e-4, "ids": s1["ids"] + 1}
+    return s1, {**s2, "lr": 0.05}
+
+
+def test_a_version_2_delta_checkpoint_still_loads(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    fixture = Path(__file__).parents[1] / "fixtures" / "ckpt_v2_delta" / "root"
+    root = shutil.copytree(fixture, tmp_path / "r")
+    ck = Checkpointer(str(root))
+    m = ck.manifest(2)
+    assert m["format_version"] == 2 and m["kind"] == "delta"
+    assert all("delta" not in p for it in m["items"].values() for p in it["parts"])
+    for step, want in zip((1, 2), _v2_states(), strict=True):
+        t = {"w": torch.zeros(64, 32), "ids": torch.zeros(16, dtype=torch.int64), "lr": None}
+        ck.load(t, step=step)
+        assert torch.equal(t["w"], want["w"]) and torch.equal(t["ids"], want["ids"])
+        assert t["lr"] == want["lr"]
+    ck.verify(2)
