@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from ckptflow.steps.checkpoint import dcp_metadata
 
+from ckptflow.core import jsonfile
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.manifest import MAX_BYTES, MAX_CHUNKS, MAX_DIMS
 from ckptflow.core.storage import Storage
@@ -85,6 +86,20 @@ def check_file_name(name, where: str) -> str:
     if not isinstance(name, str) or not FILE_RE.match(name) or ".." in name:
         fail(where, f"{name!r:.80} is not a plain file name inside the checkpoint's folder")
     return name
+
+
+def parse_json(blob: bytes, where: str, **limits):
+    """A foreign JSON file (header, index, config) parsed bounded (ckptflow.core.jsonfile);
+    a bad one is a ForeignFormatError naming it."""
+    try:
+        return jsonfile.loads(blob, what=where, **limits)
+    except jsonfile.BadJsonFile as exc:
+        raise ForeignFormatError(str(exc)) from None
+
+
+def read_json(st: Storage, rel: str, max_bytes: int, **limits):
+    blob = st.read(rel, limit=max_bytes + 1)
+    return parse_json(blob, st.url(rel), max_bytes=max_bytes, **limits)
 
 
 def read_range(st: Storage, rel: str, start: int, end: int) -> bytes:

@@ -24,10 +24,11 @@ from ckptflow.steps.checkpoint.interop.base import (
     check_shape,
     fail,
     file_size,
+    parse_json,
+    read_json,
     read_range,
 )
 
-from ckptflow.core import jsonfile
 from ckptflow.core.storage import Storage
 
 INDEX = "model.safetensors.index.json"
@@ -84,9 +85,7 @@ def open_file(st: Storage, rel: str) -> SafetensorsFile:
     (n,) = struct.unpack("<Q", read_range(st, rel, 0, 8))
     if n > MAX_HEADER or 8 + n > size:
         fail(url, f"header length {n} exceeds the file ({size} bytes) or {MAX_HEADER} bytes")
-    header = jsonfile.loads(
-        read_range(st, rel, 8, 8 + n), what=url, max_bytes=MAX_HEADER, max_depth=4
-    )
+    header = parse_json(read_range(st, rel, 8, 8 + n), url, max_bytes=MAX_HEADER, max_depth=4)
     if not isinstance(header, dict):
         fail(url, "the header is not a JSON object")
     f = SafetensorsFile(st, rel, data_start=8 + n)
@@ -136,7 +135,7 @@ def _no_overlap(f: SafetensorsFile) -> None:
 def read_index(st: Storage) -> dict[str, str]:
     """The weight map of a sharded folder (tensor name -> shard file), checked."""
     url = st.url(INDEX)
-    index = jsonfile.read(st, INDEX, max_bytes=MAX_HEADER, max_depth=8)
+    index = read_json(st, INDEX, MAX_HEADER, max_depth=8)
     if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
         fail(url, "an index must be a JSON object with a weight_map object")
     wmap = index["weight_map"]

@@ -26,11 +26,12 @@ from ckptflow.steps.checkpoint.interop.base import (
     check_shape,
     fail,
     file_size,
+    read_json,
     read_range,
 )
 
 from ckptflow import env
-from ckptflow.core import jsonfile, layout, rootreader
+from ckptflow.core import layout, rootreader
 from ckptflow.core.storage import Storage
 
 MAX_DEPTH = 64  # nesting of a torch.save file's dicts and lists
@@ -280,7 +281,7 @@ class SafetensorsSource(Source):
             self.tensors[name] = self.files[rel_].tensors[name]
         folder = st if rel is None else st.child(posixpath.dirname(rel)) if "/" in rel else st
         if folder.exists("config.json"):
-            cfg = jsonfile.read(folder, "config.json", max_bytes=1 << 20, max_depth=16)
+            cfg = read_json(folder, "config.json", 1 << 20, max_depth=16)
             self.model_config = cfg if isinstance(cfg, dict) else None
 
     def read_chunk(self, fqn, offsets):
