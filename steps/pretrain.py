@@ -41,6 +41,8 @@ def parse_args(argv=None) -> PretrainArgs:
 def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
     start = state.resume(ck, *objs, dinfo, lineage)
+    if cfg.init_from and not ck.committed_steps():  # a fresh run, started from elsewhere
+        start = state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
     run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
@@ -52,6 +54,8 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
         "model_config": mcfg.to_dict(),
         "task": cfg.task,
     }
+    if cfg.init_from:
+        meta["init_from"] = {"uri": cfg.init_from, "state": cfg.init_state}
     loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
     last = loop.run(start)
     ck.close()
