@@ -177,3 +177,25 @@ def test_export_metadata_and_config_of_a_ckptflow_model(tmp_path):
     assert json.loads(meta["model_config"]) == cfg and meta["source_step"] == "2"
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == "ckptflow-gpt" and config["d_model"] == 13
+
+
+@pytest.mark.s3
+def test_import_from_and_export_to_s3(tmp_path, s3_bucket):
+    import boto3
+
+    ref = model_tensors()
+    hf_sharded(tmp_path / "hf", ref, per_shard=2)
+    s3 = boto3.client("s3")
+    for f in (tmp_path / "hf").iterdir():
+        s3.put_object(Bucket=s3_bucket, Key=f"in/hf/{f.name}", Body=f.read_bytes())
+    root = f"s3://{s3_bucket}/runs/r1/ckpt"
+    rep = import_checkpoint(f"s3://{s3_bucket}/in/hf", root, step=1)
+    assert rep.kind == "hf" and rep.tensors == len(ref)
+    out = export_checkpoint(root, f"s3://{s3_bucket}/out/hf", fmt="hf", shard_bytes=400)
+    from safetensors.torch import load
+
+    got = {}
+    for f in out.files:
+        body = s3.get_object(Bucket=s3_bucket, Key=f"out/hf/{f['name']}")["Body"].read()
+        got.update(load(body))
+    _equal(got, ref)

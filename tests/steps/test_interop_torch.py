@@ -63,3 +63,13 @@ def test_torch_save_to_ckptflow_to_torch_save_is_bitwise(tmp_path):
         assert torch.equal(back["model"][k], v), k
     assert back["extra"] == state["extra"]
     assert back["optim"]["param_groups"][0]["lr"] == state["optim"]["param_groups"][0]["lr"]
+
+
+class Sub(torch.Tensor):
+    """A tensor subclass (a DTensor is one): the file must hold plain tensors."""
+
+
+def test_a_tensor_subclass_in_a_torch_file_is_refused(tmp_path):
+    torch.save({"w": torch.ones(2).as_subclass(Sub)}, tmp_path / "sub.pt")
+    with pytest.raises(ForeignFormatError, match="save plain tensors|weights-only"):
+        import_checkpoint(str(tmp_path / "sub.pt"), str(tmp_path / "ckpt"))

@@ -29,12 +29,13 @@ from ckptflow.steps.checkpoint.interop.base import (
     read_json,
     read_range,
 )
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
 from ckptflow import env
 from ckptflow.core import layout, rootreader
 from ckptflow.core.storage import Storage
 
-MAX_DEPTH = 64  # nesting of a torch.save file's dicts and lists
+MAX_DEPTH = 64  # path length of a DCP planner-data entry
 TORCH_SAVE_OVERHEAD = 1 << 20  # a torch.save'd chunk: its bytes plus a small zip and pickle
 
 
@@ -199,30 +200,20 @@ class DcpSource(Source):
         return self._load(blob, where)
 
 
-def _flatten(
-    obj, prefix: str, out: dict, where: str, depth: int = 0, path: tuple = (), paths=None
-) -> None:
-    """A nested torch.save object as fqn -> leaf, the way DCP names a state dict's entries
-    (dicts and lists holding tensors are walked; other leaves are values)."""
-    if depth > MAX_DEPTH or len(out) > MAX_TENSORS:
-        fail(where, f"nested deeper than {MAX_DEPTH} levels or more than {MAX_TENSORS} entries")
-    walk = None
-    if isinstance(obj, dict) and obj:
-        walk = obj.items()
-    elif isinstance(obj, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in obj):
-        walk = enumerate(obj)
-    if walk is None or (prefix == "" and not isinstance(obj, dict)):
-        if prefix in out:
-            fail(where, f"two entries are both named {prefix!r:.200}")
-        out[prefix] = obj
-        if paths is not None and depth:
-            paths[prefix] = path
-        return
-    for k, v in walk:
-        if not isinstance(k, (str, int)) or isinstance(k, bool):
-            fail(where, f"key {k!r:.60} under {prefix!r:.100} is neither a string nor an integer")
-        key = f"{prefix}.{k}" if prefix else str(k)
-        _flatten(v, key, out, where, depth + 1, (*path, str(k)), paths)
+def _flatten(obj, where: str) -> tuple[dict, dict]:
+    """A torch.save'd state dict as (fqn -> leaf, fqn -> path), named exactly as DCP names
+    the entries of a state dict it loads into (its own flatten_state_dict)."""
+    if not isinstance(obj, dict):
+        fail(where, f"holds a {type(obj).__name__}, not a state dict (a dict of tensors)")
+    try:
+        flat, paths = flatten_state_dict(obj)
+    except RecursionError:
+        fail(where, "nested too deeply")
+    except ValueError as exc:  # two entries with one name ("a.b" and a -> b)
+        fail(where, str(exc)[:200])
+    if len(flat) > MAX_TENSORS:
+        fail(where, f"{len(flat)} entries: more than {MAX_TENSORS}")
+    return flat, {k: tuple(v) for k, v in paths.items()}
 
 
 class TorchSource(Source):
@@ -247,10 +238,17 @@ class TorchSource(Source):
                 f"not a weights-only torch.save file ({type(exc).__name__}: {str(exc)[:200]}); "
                 "save a state dict (model.state_dict()), not a pickled module",
             )
-        flat: dict = {}
-        _flatten(obj, "", flat, self.uri, paths=self.paths)
+        flat, self.paths = _flatten(obj, self.uri)
         self._flat = flat
         for k, v in flat.items():
+            if isinstance(v, torch.nn.Parameter):
+                v = flat[k] = v.detach()
+            if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor:
+                fail(
+                    self.uri,
+                    f"{k!r:.200} is a {type(v).__name__}: save plain tensors (a DTensor's "
+                    "full_tensor(), or get_state_dict with full_state_dict=True)",
+                )
             if isinstance(v, torch.Tensor):
                 dtype = check_dtype(v.dtype, f"{self.uri}: {k!r:.200}")
                 self.tensors[k] = TensorInfo(dtype, check_shape(list(v.shape), self.uri, dtype))
