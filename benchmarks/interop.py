@@ -98,10 +98,25 @@ def ck_load(root: str, state: dict) -> tuple[dict, float]:
     return target, secs
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
 def _export_child(q, root, to, fmt, shard):
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # The peak-RSS counter survives fork + exec (it would report the parent's peak): reset it
+    # (Linux: "5" > clear_refs), then read the export's own high-water mark.
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        base = _status_kib("VmRSS")
+    except OSError:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rep, secs = timed(export_checkpoint, root, to, fmt=fmt, shard_bytes=shard)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        peak = _status_kib("VmHWM")
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     q.put(
         {
             "seconds": secs,

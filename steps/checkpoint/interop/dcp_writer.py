@@ -63,11 +63,9 @@ def write(src, dest: Storage, names: dict[str, str], shards: list, dtype, info) 
             storage[idx] = _StorageInfo(rel, pos, len(blob))
             parts.append(blob)
             pos += len(blob)
-        blob = b"".join(parts)
+        dest.write(rel, parts)  # a list of buffers: never joined into a second copy
+        files.append(_file(rel, parts, len(shard)))
         del parts
-        dest.write(rel, blob)
-        files.append(_file(rel, blob, len(shard)))
-        del blob
     meta = Metadata(
         state_dict_metadata=sdm,
         planner_data={n: _path(src, names, n) for n in sdm},

@@ -124,18 +124,17 @@ def _read_shard(src: Source, names: dict[str, str], shard: list[str], dtype: str
     return out
 
 
-def _file(name: str, blob: bytes, tensors: int) -> dict:
-    return {
-        "name": name,
-        "bytes": len(blob),
-        "sha256": hashlib.sha256(blob).hexdigest(),
-        "tensors": tensors,
-    }
+def _file(name: str, blob, tensors: int) -> dict:
+    """A written file's record; `blob` is its bytes or its list of buffers."""
+    bufs = blob if isinstance(blob, list) else [blob]
+    digest = hashlib.sha256()
+    for buf in bufs:
+        digest.update(buf)
+    size = sum(memoryview(b).nbytes for b in bufs)
+    return {"name": name, "bytes": size, "sha256": digest.hexdigest(), "tensors": tensors}
 
 
 def _write_hf(src, dest, names, shards, dtype, info) -> list[dict]:
-    from safetensors.torch import save as st_save
-
     meta = {
         "format": "pt",
         **{k: v if isinstance(v, str) else json.dumps(v) for k, v in (info or {}).items()},
@@ -148,12 +147,12 @@ def _write_hf(src, dest, names, shards, dtype, info) -> list[dict]:
     for i, shard in enumerate(shards, 1):
         rel = sft.SINGLE if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         tensors = _read_shard(src, names, shard, dtype)
-        blob = st_save(tensors, metadata=meta)
-        dest.write(rel, blob)
-        files.append(_file(rel, blob, len(tensors)))
+        bufs = sft.encode(tensors, meta)  # the tensors' own memory: no second copy
+        dest.write(rel, bufs)
+        files.append(_file(rel, bufs, len(tensors)))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         wmap.update(dict.fromkeys(tensors, rel))
-        del tensors, blob  # one shard at a time
+        del tensors, bufs  # one shard at a time
     index = {"metadata": {"total_size": total}, "weight_map": wmap}
     dest.write(sft.INDEX, json.dumps(index, indent=1, sort_keys=True).encode())
     config = _config(src, dtype, info)

@@ -10,6 +10,7 @@ dtype; each is refused, naming the file, before any tensor is allocated or read.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass, field
 
@@ -163,3 +164,24 @@ def open_folder(st: Storage) -> tuple[dict[str, SafetensorsFile], dict[str, str]
         if extra:
             fail(f.url, f"tensors not in {INDEX}: {', '.join(extra[:10])}")
     return files, wmap
+
+
+def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
+    """A safetensors file as a list of buffers (the header, then each tensor's own bytes), so a
+    shard is written without a second copy of it in memory. Tensors follow each other in name
+    order from offset 0; the header is padded with spaces to 8 bytes, as safetensors does."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    bufs, pos = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        header[name] = {
+            "dtype": NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [pos, pos + len(raw)],
+        }
+        bufs.append(memoryview(raw) if len(raw) else b"")
+        pos += len(raw)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    return [struct.pack("<Q", len(blob)) + blob, *bufs]
