@@ -9,8 +9,12 @@
     ckptflow ckpt repair ROOT [--yes]
     ckptflow ckpt slim ROOT --older-than 7d [--keep PREFIX ...] [--yes] [--json]
     ckptflow ckpt stats ROOT [--json]
+    ckptflow ckpt import SRC --to ROOT [--step N]
+    ckptflow ckpt export ROOT [--step N] --format hf|dcp|torch --to URI [--dtype bf16|fp32]
+                         [--model-only] [--shard-size 5GB]
 
-ROOT is a local path or s3://bucket/prefix. gc and archive are dry runs unless --yes. Exit codes:
+ROOT is a local path or s3://bucket/prefix. SRC is a DCP folder, a torch.save file, Hugging
+Face safetensors (a file or a folder) or a ckptflow root. gc and archive are dry runs unless --yes. Exit codes:
 0 success, 1 a verification found bad data, 2 a usage error (the message names the fix).
 """
 
@@ -91,7 +95,56 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("root")
     r.add_argument("--yes", action="store_true", help="really write it (default: dry run)")
     ckpt_ops_cli.add_parsers(sub, _duration)
+    _interop_parsers(sub)
     return p
+
+
+_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE.update({"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40})
+
+
+def _size(text: str) -> int:
+    """argparse type: a size such as 5GB, 500MiB or 1048576 (bytes)."""
+    num = text.strip().rstrip("BbIiKkMmGgTt")
+    unit = text.strip()[len(num) :].lower()
+    try:
+        value = int(float(num) * _SIZE[unit])
+    except (KeyError, ValueError):
+        value = 0
+    if not 1 <= value <= 1 << 50:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: give e.g. 5GB, 500MiB or 1048576")
+    return value
+
+
+def _interop_parsers(sub) -> None:
+    i = sub.add_parser("import", help="bring a DCP, torch.save or safetensors checkpoint in")
+    i.add_argument(
+        "src", help="DCP folder, torch.save file, safetensors file/folder, ckptflow root"
+    )
+    i.add_argument("--to", required=True, help="the ckptflow root to write the step into")
+    i.add_argument("--step", type=cli_args.step, help="step number (default: the source's, or 0)")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
+    e = sub.add_parser("export", help="write a step as Hugging Face, DCP or torch.save files")
+    e.add_argument("root")
+    e.add_argument("--step", type=cli_args.step, help="the step (default: the newest valid)")
+    e.add_argument("--format", required=True, choices=("hf", "dcp", "torch"))
+    e.add_argument("--to", required=True, help="the folder to write (local path or URI)")
+    e.add_argument("--dtype", choices=("bf16", "fp32"), help="convert floating tensors")
+    e.add_argument("--model-only", action="store_true", help="the model's weights only")
+    e.add_argument("--shard-size", type=_size, default=5 * 10**9, help="per file (hf, dcp): 5GB")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def cmd_import(args) -> int:
+    from ckptflow import interop_cli  # torch is imported there, for these two commands only
+
+    return interop_cli.cmd_import(args)
+
+
+def cmd_export(args) -> int:
+    from ckptflow import interop_cli
+
+    return interop_cli.cmd_export(args)
 
 
 def _open(uri: str):
@@ -279,7 +332,16 @@ def cmd_repair(args) -> int:
     return 0
 
 
-_VALUE_OPTIONS = {"--grace", "--older-than", "--step", "--policy", "--to", "--reason", "--keep"}
+_VALUE_OPTIONS = {
+    "--grace",
+    "--older-than",
+    "--step",
+    "--policy",
+    "--to",
+    "--reason",
+    "--keep",
+    "--shard-size",
+}
 
 COMMANDS = {
     "ls": cmd_ls,
@@ -290,6 +352,8 @@ COMMANDS = {
     "archive": cmd_archive,
     "repair": cmd_repair,
     **ckpt_ops_cli.COMMANDS,
+    "import": cmd_import,
+    "export": cmd_export,
 }
 
 
@@ -310,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         if not _unreachable(exc):
             raise
         print(
-            f"ckptflow ckpt {args.cmd}: error: cannot reach the storage of {args.root} ({exc}); "
+            f"ckptflow ckpt {args.cmd}: error: cannot reach the storage of "
+            f"{getattr(args, 'root', None) or args.src} ({exc}); "
             "check the URI, AWS_ENDPOINT_URL and the network",
             file=sys.stderr,
         )

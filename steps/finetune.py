@@ -127,6 +127,8 @@ def start_point(cfg, ck, base_ck, base, objs: TrainObjects, dinfo, lineage, eval
         base_metrics = dict(prev.get("base", {}).get("metrics_on_task") or {})
         return state.resume(ck, *objs, dinfo, lineage), base_metrics
     load_base(objs.model, base_ck, base)
+    if cfg.init_from:  # weights (or state) from elsewhere, over the base's
+        state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
     base_metrics = evaluate()
     if lineage:
         lineage.log_metrics({f"base_{k}": v for k, v in base_metrics.items()}, 0)
@@ -146,6 +148,7 @@ def metadata(cfg: FinetuneArgs, mcfg, trainable, base: BaseRef, base_metrics: di
         "task": cfg.task,
         "trainable": trainable,
         "base": {**base.as_dict(), "metrics_on_task": base_metrics},
+        **({"init_from": {"uri": cfg.init_from, "state": cfg.init_state}} if cfg.init_from else {}),
     }
 
 

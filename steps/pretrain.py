@@ -43,6 +43,8 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
     """Resume, train to --max-steps with checkpoints, wait for the last save; the last step
     and the saves committed (for the step's save outputs)."""
     start = state.resume(ck, *objs, dinfo, lineage)
+    if cfg.init_from and not ck.committed_steps():  # a fresh run, started from elsewhere
+        start = state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
     run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
@@ -54,6 +56,8 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
         "model_config": mcfg.to_dict(),
         "task": cfg.task,
     }
+    if cfg.init_from:
+        meta["init_from"] = {"uri": cfg.init_from, "state": cfg.init_state}
     loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
     last = loop.run(start)
     ck.close()

@@ -20,9 +20,10 @@ import logging
 import posixpath
 from dataclasses import dataclass
 
+from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import eval_results, plumbing, registry, run_report
 from ckptflow.steps.lib import lineage as lin
-from ckptflow.steps.lib.export import export_weights, load_model_weights
+from ckptflow.steps.lib.export import export_step
 
 from ckptflow import env
 from ckptflow.contract import SelectArgs, parse
@@ -156,10 +157,16 @@ def tracking_root(cfg: SelectArgs) -> str:
 
 
 def export(cfg: SelectArgs, winner: Candidate, chosen_uri: str):
-    """The winner's weights (exported to safetensors with --export-uri): (its manifest's
-    metadata, its manifest hash, the Exported or None)."""
-    tensors, meta = load_model_weights(winner.ckpt_root, winner.step)
+    """The winner's weights (exported to safetensors with --export-uri, streamed shard by
+    shard): (its manifest's metadata, its manifest hash, the Exported or None)."""
     winner_root = env.open_storage(winner.ckpt_root)
+    with Checkpointer(winner_root.uri, storage=winner_root) as ck:
+        meta = ck.manifest(winner.step)["metadata"]
+    if "model_config" not in meta:
+        raise ValueError(
+            f"step {winner.step} under {winner.ckpt_root} has no model_config: not a model "
+            "checkpoint"
+        )
     digest = rootreader.read_commit(winner_root, winner.step)["manifest_xxh3"]
     if not cfg.export_uri:
         return meta, digest, None
@@ -170,8 +177,8 @@ def export(cfg: SelectArgs, winner: Candidate, chosen_uri: str):
         "metric": cfg.metric,
         "metric_value": repr(winner.value),
     }
-    exported = export_weights(
-        tensors, meta["model_config"], export_dir(cfg, winner), dtype=cfg.dtype, info=info
+    exported = export_step(
+        winner.ckpt_root, winner.step, export_dir(cfg, winner), dtype=cfg.dtype, info=info
     )
     log.info(
         "exported %d tensors (%s, %d bytes) to %s",

@@ -25,6 +25,7 @@ SAVE_OUTPUTS = ("save_seconds", "stall_seconds", "ckpt_bytes", "saves")
 # ckptflow.steps.lib.data.TASKS, written out torch-free; tests/contract keeps them equal).
 MODELS = ("tiny", "small", "medium", "base", "large")
 TASKS = ("add", "sub", "mul", "rev", "sort")
+INIT_STATES = ("weights", "full")  # what --init-from fills
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,16 @@ class LoopArgs:
     mlflow_parent_run_id: str = arg("", PARENT_DOC)
     output_dir: str = arg("", "where Argo output parameters are written (ckpt_root, last_step)")
     fail_at_step: int = arg(0, "testing: exit without cleanup right after this step (0: never)")
+    init_from: str = arg(
+        "",
+        "a fresh run starts from this checkpoint: a ckptflow root or step, a DCP folder, a "
+        'torch.save file or safetensors ("": none; a resume ignores it)',
+    )
+    init_state: str = arg(
+        "weights",
+        "what --init-from fills: weights (the model) | full (also optimizer, scheduler, data, step)",
+        choices=INIT_STATES,
+    )
 
     @property
     def ckpt_root(self) -> str:

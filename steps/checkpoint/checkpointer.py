@@ -113,6 +113,7 @@ class Checkpointer:
         self._never_delta: set = set()  # parts whose first delta did not pay (see SaveJob)
         self.last_save: SaveStats | None = None
         self.last_load: LoadInfo | None = None
+        self.last_init = None  # what load(source=...) filled in (interop.InitReport)
 
     # -- catalog -------------------------------------------------------------------------------
     def committed_steps(self) -> list[int]:
@@ -268,12 +269,23 @@ class Checkpointer:
             self._saves_since_full += 1
 
     # -- load ----------------------------------------------------------------------------------
-    def load(self, state_dict: dict, step: int | None = None, *, cast: bool = False) -> int:
+    def load(
+        self, state_dict: dict, step: int | None = None, *, cast: bool = False, source=None
+    ) -> int:
         """Fill `state_dict` in place from `step` (None: newest valid, falling back past corrupt
-        ones). Tensors must have the saved dtypes unless `cast`: then they are converted."""
+        ones). Tensors must have the saved dtypes unless `cast`: then they are converted.
+
+        `source`: load from that URI instead of this root (a ckptflow root or step, a DCP
+        folder, a torch.save file, Hugging Face safetensors): keys it lacks keep their values,
+        and `last_init` reports what was loaded and what was left fresh (interop.init)."""
         if step is not None:
             compat.check_step(step)
         self._wait_inflight()
+        if source is not None:
+            from ckptflow.steps.checkpoint.interop.init import load_from
+
+            self.last_init = load_from(self, state_dict, source, step=step, cast=cast)
+            return self.last_init.step
         t0 = time.perf_counter()
         candidates = [step] if step is not None else list(reversed(self.committed_steps()))
         if not candidates:

@@ -2,7 +2,10 @@
 
 The export folder holds `model.safetensors` (fp32 or bf16 tensors named as in the model's
 state dict, the model config and the source checkpoint in the file's own metadata) and
-`config.json` beside it (the same config, for tools that look there):
+`config.json` beside it (the same config, for tools that look there). `export_step` streams a
+committed step through the engine's Hugging Face exporter (interop.exporter): a model larger
+than the shard limit becomes `model-0000K-of-0000N.safetensors` files, and
+`model.safetensors.index.json` maps every tensor to its file:
 
     from safetensors import safe_open
     with safe_open("model.safetensors", "pt") as f:
@@ -18,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.interop.exporter import DEFAULT_SHARD_BYTES, export_checkpoint
+from ckptflow.steps.checkpoint.interop.safetensors_io import INDEX
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from safetensors.torch import save as st_save
 
@@ -32,9 +37,9 @@ class Exported:
     """Where an export went and what it holds."""
 
     uri: str  # the export folder
-    weights_uri: str  # its model.safetensors
-    sha256: str  # of model.safetensors
-    bytes: int  # size of model.safetensors
+    weights_uri: str  # its model.safetensors (sharded: model.safetensors.index.json)
+    sha256: str  # of model.safetensors (sharded: of the shards' sha256s, in order)
+    bytes: int  # size of model.safetensors (sharded: of all shards)
     dtype: str  # fp32 | bf16
     tensors: int  # number of tensors
 
@@ -56,6 +61,46 @@ def load_model_weights(ckpt_uri: str, step: int) -> tuple[dict[str, torch.Tensor
     ck.load(state, step=step)
     ck.close()
     return {k: v.detach().contiguous() for k, v in state["model"].items()}, meta
+
+
+def export_step(
+    ckpt_uri: str,
+    step: int,
+    dest_uri: str,
+    *,
+    dtype: str = "fp32",
+    info: dict | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Exported:
+    """The model weights of a committed step exported under `dest_uri`, one shard in memory at
+    a time (every byte verified as it is read; fine-tune roots read borrowed objects too)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    rep = export_checkpoint(
+        ckpt_uri,
+        dest_uri,
+        step=step,
+        fmt="hf",
+        dtype=dtype,
+        model_only=True,
+        info=info,
+        shard_bytes=shard_bytes,
+    )
+    one = len(rep.files) == 1
+    digest = (  # several shards: the digest of their digests, in file order
+        rep.files[0]["sha256"]
+        if one
+        else hashlib.sha256("".join(f["sha256"] for f in rep.files).encode()).hexdigest()
+    )
+    dest = env.open_storage(dest_uri)
+    return Exported(
+        uri=rep.uri,
+        weights_uri=dest.url(WEIGHTS if one else INDEX),
+        sha256=digest,
+        bytes=sum(f["bytes"] for f in rep.files),
+        dtype=dtype,
+        tensors=rep.tensors,
+    )
 
 
 def export_weights(

@@ -12,7 +12,9 @@ from ckptflow.steps.lib.data import ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.rng import rng_state, set_rng_state
 from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -74,4 +76,37 @@ def resume(ck, model, optimizer, scheduler, loader, dinfo: DistInfo, lineage=Non
         if fell:
             tags["ckptflow.resume_fell_back_from"] = ",".join(map(str, fell))
         lineage.set_tags(tags)
+    return step
+
+
+def init_from(ck, objs, uri: str, what: str, dinfo: DistInfo, lineage=None) -> int:
+    """Fill a fresh run from `uri` (`Checkpointer.load(source=...)`): the model's weights, or
+    (`what="full"`) the whole training state; keys the source lacks keep their fresh values.
+    Floating tensors are converted to the model's dtypes (a bf16 export into an fp32 run).
+    Logs and tags what was loaded and what was initialised fresh; the step to start from."""
+    model, optimizer, scheduler, loader = objs
+    if what == "full":
+        state = train_state(model, optimizer, scheduler, loader, 0)
+        ck.load(state, source=uri, cast=True)
+        step = apply_train_state(state, model, optimizer, scheduler, loader)
+    else:
+        state = {"model": get_model_state_dict(model)}
+        ck.load(state, source=uri, cast=True)
+        set_model_state_dict(model, state["model"])
+        step = 0
+    rep = ck.last_init
+    if dinfo.is_main:
+        for line in rep.lines():
+            log.info("%s", line)
+    if lineage is not None:
+        lineage.set_tags(
+            {
+                "ckptflow.init_from": rep.source,
+                "ckptflow.init_from_kind": rep.kind,
+                "ckptflow.init_state": what,
+                "ckptflow.init_loaded": len(rep.loaded),
+                "ckptflow.init_fresh": ",".join(rep.fresh)[:4000],
+                "ckptflow.init_unused": ",".join(rep.unused)[:4000],
+            }
+        )
     return step

@@ -76,3 +76,28 @@ def test_export_to_s3(s3_bucket, model):
     assert all(torch.equal(got[k], t) for k, t in sd.items())
     cfg = json.loads(s3.get_object(Bucket=s3_bucket, Key=f"run/export/v1/{CONFIG}")["Body"].read())
     assert cfg["d_model"] == model.cfg.d_model
+
+
+def test_export_step_streams_shards_with_an_index(tmp_path, model):
+    from ckptflow.steps.checkpoint import Checkpointer
+    from ckptflow.steps.lib.export import export_step
+
+    sd = model.state_dict()
+    with Checkpointer(str(tmp_path / "ckpt")) as ck:
+        ck.save(6, {"model": sd, "step": 6}, metadata={"model_config": model.cfg.to_dict()})
+    ex = export_step(
+        str(tmp_path / "ckpt"), 6, str(tmp_path / "exp"), dtype="bf16", shard_bytes=64 << 10
+    )
+    index = json.loads(Path(tmp_path / "exp" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and ex.weights_uri.endswith("model.safetensors.index.json")
+    assert ex.tensors == len(sd) and ex.bytes == sum(
+        (tmp_path / "exp" / f).stat().st_size for f in files
+    )
+    got = {}
+    for f in files:
+        with safe_open(str(tmp_path / "exp" / f), framework="pt") as h:
+            assert json.loads(h.metadata()["model_config"]) == model.cfg.to_dict()
+            got.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118 - safe_open is no dict
+    assert set(got) == set(sd)
+    assert all(torch.equal(got[k], t.to(torch.bfloat16)) for k, t in sd.items())

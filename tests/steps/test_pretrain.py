@@ -302,3 +302,27 @@ def test_bad_arguments_name_the_fix(capsys):
     with pytest.raises(SystemExit):
         pretrain.main(["--run-root", "/tmp/x", "--max-steps", "0"])
     assert "--max-steps" in capsys.readouterr().err
+
+
+def test_init_from_safetensors_starts_a_fresh_run_from_those_weights(tmp_path, runs):
+    """--init-from: a fresh run's model starts from weights saved elsewhere (lr 0: the saved
+    checkpoint holds exactly them); the manifest and the run say where they came from."""
+    from ckptflow.steps.lib.model import config_for
+    from safetensors.torch import save_file
+
+    torch.manual_seed(123)
+    src = {k: v.clone() for k, v in GPT(config_for("tiny", seq_len=32)).state_dict().items()}
+    path = str(tmp_path / "w.safetensors")
+    save_file(src, path)
+    run = str(tmp_path / "run")
+    blank_db(str(Path(runs["out"]).parent), run)  # the module's template DB: no migration
+    argv = ["--run-root", run, "--model", "tiny", "--seq-len", "32", "--max-steps", "2"]
+    argv += ["--ckpt-every", "2", "--lr", "0", "--batch-size", "4", "--init-from", path]
+    assert launch(1, argv) == [0]
+    ck = Checkpointer(f"{run}/ckpt")
+    assert ck.committed_steps() == [2]
+    assert ck.manifest(2)["metadata"]["init_from"] == {"uri": path, "state": "weights"}
+    state = {"model": {k: torch.zeros_like(v) for k, v in src.items()}}
+    ck.load(state, step=2)
+    for k, v in src.items():
+        assert torch.equal(state["model"][k], v), k
