@@ -16,7 +16,7 @@ import logging
 from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.lib import distributed, rng, state
+from ckptflow.steps.lib import distributed, preflight, rng, state
 from ckptflow.steps.lib.data import VOCAB, Corpus
 from ckptflow.steps.lib.loop import (
     CheckpointedLoop,
@@ -39,9 +39,11 @@ def parse_args(argv=None) -> PretrainArgs:
 
 
 def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
-    """Resume, train to --max-steps with checkpoints, wait for the last save; the last step."""
-    start = state.resume(ck, *objs, dinfo, lineage)
+    """Preflight, resume, train to --max-steps with checkpoints, wait for the last save; the
+    last step."""
     run_storage = env.open_storage(cfg.run_root)
+    names = preflight.run(dinfo, run_storage, preflight.PreflightSpec.from_config(cfg), lineage)
+    start = state.resume(ck, *objs, dinfo, lineage)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
         runroot.clear_finished(run_storage)
@@ -52,7 +54,9 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> int:
         "model_config": mcfg.to_dict(),
         "task": cfg.task,
     }
-    loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
+    loop = CheckpointedLoop(
+        spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta, names=names
+    )
     last = loop.run(start)
     ck.close()
     return last

@@ -21,8 +21,11 @@ from ckptflow.steps.lib.base_checkpoint import base_tags
 from ckptflow.steps.lib.data import Corpus, ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.optim import make_optimizer, make_scheduler, train_step
-from ckptflow.steps.lib.plumbing import Abandon, Progress, StepRun
+from ckptflow.steps.lib.plumbing import Abandon, Progress, StepError, StepRun
+from ckptflow.steps.lib.preempt import FLAG, Preempted
+from ckptflow.steps.lib.preflight import leave_pod
 from ckptflow.steps.lib.state import rng_entry, train_state
+from ckptflow.steps.lib.straggler import StragglerFound, StragglerMonitor, StragglerSpec
 
 from ckptflow import env
 from ckptflow.core import runroot
@@ -32,6 +35,7 @@ log = logging.getLogger("ckptflow.training")
 
 
 KILLED_EXIT = 75  # exit code of a simulated kill (--fail-at-step)
+STRAGGLER_EXIT = 5  # a persistent straggler failed the run (--straggler-fail)
 
 
 class SimulatedKill(Abandon):
@@ -53,6 +57,7 @@ class LoopSpec:
     grad_clip: float = 1.0
     tokens_per_step: int = 0
     fail_at_step: int | None = None
+    straggler: StragglerSpec = StragglerSpec(every=0)
 
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> LoopSpec:
@@ -65,6 +70,7 @@ class LoopSpec:
             grad_clip=cfg.grad_clip,
             tokens_per_step=cfg.batch_size * seq_len,
             fail_at_step=cfg.fail_at_step or None,
+            straggler=StragglerSpec.from_config(cfg),
         )
 
 
@@ -99,6 +105,11 @@ class CheckpointedLoop:
     Each save first creates a PENDING LoggedModel (rank 0) whose id goes into the checkpoint's
     metadata; once the save is committed the model is finalised with its manifest hash and
     sizes, and the save metrics are logged at that step.
+
+    At each step boundary the ranks agree whether one of them was preempted (`preemption`,
+    a collective; see preempt.py): if so every rank saves that step, waits for the commit and
+    raises `Preempted`. Per-rank step times go to the straggler monitor (`names`: every rank's
+    "pod P on node N", from preflight); a straggler that fails the run is saved for likewise.
     """
 
     def __init__(
@@ -110,6 +121,8 @@ class CheckpointedLoop:
         dinfo: DistInfo,
         lineage=None,
         metadata: dict | None = None,
+        preemption=None,
+        names: list[str] | None = None,
     ):
         self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
         self.ck, self.dinfo = ck, dinfo
@@ -118,6 +131,9 @@ class CheckpointedLoop:
         self.pending: list[tuple] = []
         self.skip: set[int] = set()
         self.last_metrics: dict = {}
+        self.preemption = FLAG if preemption is None else preemption
+        where = names or [f"rank {r}" for r in range(dinfo.world_size)]
+        self.stragglers = StragglerMonitor(spec.straggler, dinfo, where, self.lineage)
 
     def run(self, start_step: int) -> int:
         # Steps above the resume point are committed only when resume fell back past them as
@@ -126,29 +142,68 @@ class CheckpointedLoop:
 
         progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main)
         for step in range(start_step, self.spec.max_steps):
-            t0 = time.perf_counter()
-            m = train_step(
-                self.model,
-                self.optimizer,
-                self.scheduler,
-                self.loader.next_step(),
-                self.dinfo.device,
-                self.spec.grad_clip,
-            )
-            dt = time.perf_counter() - t0
-            m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
-            done, self.last_metrics = step + 1, m
-            if self.lineage and done % self.spec.log_every == 0:
-                self.lineage.log_metrics(m, done)
-            progress.update(done, m)
+            done = step + 1
+            self._train_one(done)
+            progress.update(done, self.last_metrics)
             if self.spec.fail_at_step == done:
                 self._die(done)
-            if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
+            saved = done % self.spec.ckpt_every == 0 or done == self.spec.max_steps
+            if saved:
                 self.save(done)
+            self._boundary(done, saved)
             self._reap(block=False)
         self._reap(block=True)
         progress.close()
         return self.spec.max_steps
+
+    def _train_one(self, done: int) -> None:
+        """One optimizer step; its metrics (wall and collective-free times) and MLflow log."""
+        t0 = time.perf_counter()
+        batch = self.loader.next_step()
+        fetch_s = time.perf_counter() - t0
+        m = train_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            self.dinfo.device,
+            self.spec.grad_clip,
+        )
+        dt = time.perf_counter() - t0
+        local_s = fetch_s + m.pop("optim_s", 0.0)
+        m.update(
+            step_time_s=dt,
+            local_step_s=local_s,
+            tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9),
+        )
+        self.last_metrics = m
+        if self.lineage and done % self.spec.log_every == 0:
+            self.lineage.log_metrics(m, done)
+
+    def _boundary(self, done: int, saved: bool) -> None:
+        """What every rank does between two steps, collectively: agree on a preemption (then
+        save and leave), compare step times (a failing straggler: save and leave too)."""
+        if done == self.spec.max_steps:
+            return  # the last step is saved anyway; the run ends normally
+        if self.preemption.agree(self.dinfo.device):
+            self._leave(done, saved, "preempted (SIGTERM)")
+            raise Preempted(done)
+        m = self.last_metrics
+        try:
+            self.stragglers.add(done, m["local_step_s"], m["step_time_s"])
+        except StragglerFound as exc:
+            self._leave(done, saved, "a persistent straggler fails the run")
+            if exc.rank == self.dinfo.rank:
+                leave_pod()  # its retry is kept off this node
+            raise StepError(str(exc), STRAGGLER_EXIT) from None
+
+    def _leave(self, done: int, saved: bool, why: str) -> None:
+        """Commit step `done` (unless just saved) and every save in flight, before leaving."""
+        log.warning("%s at step %d: saving it before exiting", why, done)
+        if not saved:
+            self.save(done)
+        self._reap(block=True)
+        log.warning("step %d committed; exiting for a retry that resumes there", done)
 
     def _die(self, step: int) -> None:
         log.warning("--fail-at-step %d: exiting without cleanup, as if killed", step)
