@@ -135,3 +135,34 @@ def test_workflow_template_rejects_bad_arguments(tmp_path, bad):
     with pytest.raises(SpecError, match="mood|who"):
         run_fixture("workflow-template", tmp_path, arguments=bad)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_downward_api_gives_pod_and_node_names(tmp_path):
+    import socket
+    import sys
+
+    env = [
+        {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}
+        for n, p in (("POD", "metadata.name"), ("NODE", "spec.nodeName"))
+    ]
+    script = "import os; print(os.environ['POD'], os.environ['NODE'])"
+    manifest = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "downward"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {
+                    "name": "main",
+                    "container": {"command": [sys.executable, "-c", script], "env": env},
+                }
+            ],
+        },
+    }
+    result = run_workflow(
+        manifest, workdir=str(tmp_path / "run"), name="downward", stream=io.StringIO()
+    )
+    assert result.phase == "Succeeded", result.table
+    pod, node = by_name(result, "downward")["outputs"]["result"].split()
+    assert pod == by_name(result, "downward")["id"] and node == socket.gethostname()
