@@ -94,6 +94,7 @@ class PlanInputs:
     full_every: int = 1  # every Nth save is full, the others deltas (needs delta_ratio)
     price_gb_month: float = 0.02  # storage price per decimal GB and month
     interval_s: float | None = None  # force this interval for the footprint (default: Daly's)
+    grace_s: float | None = None  # terminationGracePeriodSeconds: a preemption save's time
 
     def __post_init__(self) -> None:
         positive = {"params": self.params, "gpus": self.gpus, "write_gib_s": self.write_gib_s}
@@ -103,7 +104,7 @@ class PlanInputs:
             "gpus_per_host": self.gpus_per_host,
         }
         positive |= {"full_every": self.full_every}
-        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio"):
+        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio", "grace_s"):
             if getattr(self, key) is not None:
                 positive[key] = getattr(self, key)
         for key, value in positive.items():
@@ -167,6 +168,8 @@ class PlanResult:
     cost_month_peak: float  # storage cost of one month at the peak footprint
     cost_month_average: float  # storage cost of one month at the average footprint
     cost_run: float  # average footprint x price x expected run duration in months
+    preempt_save_s: float = 0.0  # a preemption save until committed: snapshot (async) + write
+    warnings: list[str] = field(default_factory=list)  # what the plan cannot promise
     inputs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -222,6 +225,7 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
     interval = i.interval_s or chosen.interval_s
     fp = simulate_footprint(size, delta, i.full_every, interval, chosen.stall_s, i.run_s, i.policy)
     wall = chosen.expected_wall_s
+    preempt_s = write_s + (snapshot_s if chosen.mode == "async" else 0.0)
     return PlanResult(
         hosts=hosts,
         bytes_per_param=bpp,
@@ -239,8 +243,23 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         cost_month_peak=fp.peak_bytes / GB * i.price_gb_month,
         cost_month_average=fp.average_bytes / GB * i.price_gb_month,
         cost_run=fp.average_bytes / GB * i.price_gb_month * (wall / MONTH_S),
+        preempt_save_s=preempt_s,
+        warnings=grace_warnings(preempt_s, i.grace_s),
         inputs=asdict(i),
     )
+
+
+def grace_warnings(preempt_save_s: float, grace_s: float | None) -> list[str]:
+    """A warning when a preemption save (SIGTERM: every rank saves the step it reached) does not
+    commit within the pod's grace period: Kubernetes SIGKILLs the pod and the work since the
+    last periodic checkpoint is lost."""
+    if grace_s is None or preempt_save_s <= grace_s:
+        return []
+    return [
+        f"a preemption save takes about {preempt_save_s:.0f} s per host but pods get "
+        f"{grace_s:.0f} s between SIGTERM and SIGKILL: raise terminationGracePeriodSeconds "
+        f"(pretrain.grace_s) to at least {math.ceil(preempt_save_s * 1.2)} s, or write faster"
+    ]
 
 
 def simulate_footprint(
