@@ -25,7 +25,12 @@ from ckptflow.steps.lib.plumbing import Abandon, Progress, StepError, StepRun
 from ckptflow.steps.lib.preempt import FLAG, Preempted
 from ckptflow.steps.lib.preflight import leave_pod
 from ckptflow.steps.lib.state import rng_entry, train_state
-from ckptflow.steps.lib.straggler import StragglerFound, StragglerMonitor, StragglerSpec
+from ckptflow.steps.lib.straggler import (
+    StragglerFound,
+    StragglerMonitor,
+    StragglerSpec,
+    busy_clock,
+)
 
 from ckptflow import env
 from ckptflow.core import runroot
@@ -157,8 +162,8 @@ class CheckpointedLoop:
         return self.spec.max_steps
 
     def _train_one(self, done: int) -> None:
-        """One optimizer step; its metrics (wall and collective-free times) and MLflow log."""
-        t0 = time.perf_counter()
+        """One optimizer step; its metrics (wall and busy times, see straggler.py) and MLflow log."""
+        t0, busy0 = time.perf_counter(), busy_clock()
         batch = self.loader.next_step()
         fetch_s = time.perf_counter() - t0
         m = train_step(
@@ -169,11 +174,12 @@ class CheckpointedLoop:
             self.dinfo.device,
             self.spec.grad_clip,
         )
-        dt = time.perf_counter() - t0
+        dt, busy1 = time.perf_counter() - t0, busy_clock()
         local_s = fetch_s + m.pop("optim_s", 0.0)
+        busy = busy1 - busy0 if busy0 is not None and busy1 is not None else local_s
         m.update(
             step_time_s=dt,
-            local_step_s=local_s,
+            busy_step_s=busy,
             tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9),
         )
         self.last_metrics = m
@@ -190,7 +196,7 @@ class CheckpointedLoop:
             raise Preempted(done)
         m = self.last_metrics
         try:
-            self.stragglers.add(done, m["local_step_s"], m["step_time_s"])
+            self.stragglers.add(done, m["busy_step_s"], m["step_time_s"])
         except StragglerFound as exc:
             self._leave(done, saved, "a persistent straggler fails the run")
             if exc.rank == self.dinfo.rank:

@@ -56,8 +56,8 @@ class PreflightSpec:
 
     factor: float  # slower than this times the peers' median fails; 0 disables preflight
     store_mib: int = 4  # MiB written and read back per rank
-    matmul_n: int = 384  # side of the square matmul
-    matmul_reps: int = 8
+    matmul_n: int = 256  # side of the square matmul
+    compute_s: float = 0.4  # how long the matmuls run (several CPU-quota periods)
     allreduce_mib: int = 4
     allreduce_reps: int = 4
     latency_reps: int = 20
@@ -87,28 +87,47 @@ def _best(fn, reps: int) -> float:
     return max(best, 1e-9)
 
 
-def measure_compute(device: torch.device, n: int, reps: int) -> float:
-    """GFLOP/s of the best of `reps` n x n float32 matmuls (one warm-up first)."""
+def _barrier() -> None:
+    """Ranks measure at the same moment: a node's load shared by all ranks (a neighbour's
+    job) then slows them alike, and what singles one out is its own slowness."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def measure_compute(device: torch.device, n: int, seconds: float) -> float:
+    """GFLOP/s of n x n float32 matmuls run back to back for `seconds` (one warm-up first).
+    Sustained, not the best single one: a CPU quota (a throttled node) lets a short burst
+    run at full speed and then stops it for the rest of its period (100 ms by default)."""
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
     (a @ b).sum().item()
-
-    def one() -> None:
+    _barrier()
+    done, start = 0, time.perf_counter()
+    while (took := time.perf_counter() - start) < seconds:
         a @ b
         _sync(device)
+        done += 1
+    return 2.0 * n**3 * done / max(took, 1e-9) / 1e9
 
-    return 2.0 * n**3 / _best(one, reps) / 1e9
+
+def _total(fn, reps: int) -> float:
+    """Seconds for `reps` calls of `fn` (sustained, as the compute figure), ranks together."""
+    _barrier()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return max((time.perf_counter() - start) / reps, 1e-9)
 
 
 def measure_store(storage, rank: int, mib: int, reps: int = 3) -> tuple[float, float]:
-    """(write, read) MiB/s, the best of `reps`, of one `mib` MiB object under preflight/ in
-    `storage`; deleted after."""
+    """(write, read) MiB/s over `reps` writes and reads of one `mib` MiB object under
+    preflight/ in `storage`; deleted after."""
     rel = f"{PROBE_DIR}/rank-{rank:05d}.probe"
     data = os.urandom(mib * 2**20)
     back: list[bytes] = []
     try:
-        wrote = _best(lambda: storage.write(rel, data), reps)
-        read = _best(lambda: back.append(storage.read(rel, limit=len(data) + 1)), reps)
+        wrote = _total(lambda: storage.write(rel, data), reps)
+        read = _total(lambda: back.append(storage.read(rel, limit=len(data) + 1)), reps)
     finally:
         storage.delete([rel])
     if any(b != data for b in back):
@@ -136,7 +155,7 @@ def measure_collective(device: torch.device, mib: int, reps: int, lat_reps: int)
 
 def measure(dinfo, storage, spec: PreflightSpec) -> dict[str, float]:
     """This rank's figures (FIGURES)."""
-    flops = measure_compute(dinfo.device, spec.matmul_n, spec.matmul_reps)
+    flops = measure_compute(dinfo.device, spec.matmul_n, spec.compute_s)
     write, read = measure_store(storage, dinfo.rank, spec.store_mib)
     bandwidth, latency = measure_collective(
         dinfo.device, spec.allreduce_mib, spec.allreduce_reps, spec.latency_reps
@@ -214,9 +233,10 @@ def run(dinfo, storage, spec: PreflightSpec, lineage=None, *, measure=measure) -
     and judge; every rank's "pod P on node N".
 
     Raises PreflightFailed on every rank when one rank is too slow."""
-    names = identities()
     if spec.factor <= 0:
-        return names
+        return identities()
+    log.info("preflight: measuring compute, storage and collectives")
+    names = identities()
     start = time.perf_counter()
     figures = gather(measure(dinfo, storage, spec), dinfo.device)
     slow = slow_ranks(figures, HIGHER, spec.factor)

@@ -2,9 +2,14 @@
 
 In synchronous training every rank waits for the slowest at each collective, so the wall time
 of a step is the same on all ranks and cannot say which one is slow. Ranks are compared on
-the part of each step that involves no collective: fetching the batch and the optimizer update
-(`local_s`), the same work on every rank. Every `every` steps each rank's mean over the window
-(and its mean wall step time, for the log) is all_gathered; a rank more than `factor` times
+their *busy* time per step instead (`busy_clock`): the time the training thread ran on a CPU
+or was ready to run but was not given one (throttled by its CPU quota, or crowded out), read
+from Linux's schedstat. Waiting for a peer in a collective blocks the thread and counts in
+neither, so a rank's busy time is its own work. Where schedstat is missing the collective-free
+part of the step is used (the batch fetch and the optimizer update). On GPU the thread waits
+for kernels, so busy time follows wall time: a GPU straggler needs CUDA-event timing of the
+compute, not done here. Every `every` steps each rank's mean over the window (and its mean
+wall step time, for the log) is all_gathered; a rank more than `factor` times
 its peers' median in `windows` consecutive comparisons is a persistent straggler
 (`outliers.StragglerTracker`): a warning naming its rank, pod and node, an MLflow tag
 `straggler` (rank 0), and, when `fail`, `StragglerFound` on every rank (the loop saves first).
@@ -13,6 +18,7 @@ its peers' median in `windows` consecutive comparisons is a persistent straggler
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +26,18 @@ import torch.distributed as dist
 from ckptflow.steps.lib.outliers import StragglerTracker
 
 log = logging.getLogger("ckptflow.straggler")
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def busy_clock() -> float | None:
+    """Seconds this thread has run plus waited runnable for a CPU (schedstat's first two
+    fields, in ns); None where the kernel does not report them."""
+    try:
+        with open(SCHEDSTAT) as f:
+            ran, waited = f.read().split()[:2]
+        return (int(ran) + int(waited)) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -61,16 +79,16 @@ class StragglerMonitor:
         self.wall: list[float] = []
         self.reported: dict[int, float] = {}  # rank -> ratio when it was reported
 
-    def add(self, step: int, local_s: float, wall_s: float) -> None:
+    def add(self, step: int, busy_s: float, wall_s: float) -> None:
         if not self.enabled:
             return
-        self.local.append(local_s)
+        self.local.append(busy_s)
         self.wall.append(wall_s)
         if step % self.spec.every == 0:
             self.compare(step, *self.exchange())
 
     def exchange(self) -> tuple[list[float], list[float]]:
-        """Every rank's mean local and wall step time over the window (an all_gather)."""
+        """Every rank's mean busy and wall step time over the window (an all_gather)."""
         n = max(1, len(self.local))
         mine = torch.tensor([sum(self.local) / n, sum(self.wall) / n], dtype=torch.float64)
         self.local, self.wall = [], []
@@ -87,8 +105,9 @@ class StragglerMonitor:
             line = (
                 f"straggler: rank {rank} ({self.names[rank]}) has been {ratios[rank]:.1f}x "
                 f"slower than its peers' median for {self.spec.windows} comparisons of "
-                f"{self.spec.every} steps (step {step}; local step time "
-                f"{1e3 * local[rank]:.2f} ms, wall {1e3 * wall[rank]:.2f} ms)"
+                f"{self.spec.every} steps (step {step}; busy {1e3 * local[rank]:.2f} ms a step "
+                f"against {1e3 * statistics.median(local[:rank] + local[rank + 1 :]):.2f} ms, "
+                f"wall {1e3 * wall[rank]:.2f} ms)"
             )
             self.reported[rank] = ratios[rank]
             if self.dinfo.is_main or rank == self.dinfo.rank:
