@@ -1,15 +1,17 @@
 """Preflight: before training, each rank measures what this job needs of its node, and a rank
 much slower than its peers fails before it slows every step of the run.
 
-Measured on every rank (about a second in all by default): compute (a short matmul, GFLOP/s),
+Measured on every rank, all ranks at once (about a second by default): compute (GFLOP/s of
+matmuls run for 0.4 s),
 write and read bandwidth to the checkpoint store (`--preflight-store-mib` MiB under
 `<run-root>/preflight/`, deleted afterwards), collective bandwidth (an all_reduce) and latency
 (one-element all_reduces) with its peers. The figures are gathered on every rank, logged by
 rank 0 as one table row per rank (with its pod and node) and recorded in MLflow (metrics
-`preflight_<figure>` at step r for rank r, and the table as `preflight.json`).
+`preflight_<figure>` at step r for rank r, and the table as the run's `preflight` tag).
 
 A rank more than `--preflight-factor` times slower than its peers' median on any figure
-(`outliers.slow_ranks`) fails preflight: it logs which figure, its pod and its node, and makes
+(`outliers.slow_ranks`), in a first measurement and again in a second one (a busy moment of a
+shared node is not a slow node), fails preflight: it logs which figure, its pod and its node, and makes
 its pod fail at once (it stops its torchrun agent, so no in-place restart reruns it on the same
 node) with PREFLIGHT_EXIT; the rank template's `retryStrategy.affinity.nodeAntiAffinity` keeps
 its retry off that node. The other ranks exit too (PREFLIGHT_PEER_EXIT), and their agents
@@ -190,9 +192,7 @@ def identities() -> list[str]:
 
 def table(figures: dict[str, list[float]], names: list[str]) -> str:
     """One row per rank: its figures, then its pod and node."""
-    head = ["rank", *(name for name, _ in FIGURES), "where"]
-    lines = ["  ".join(f"{h:>17}" if i else f"{h:>4}" for i, h in enumerate(head[:-1]))]
-    lines[0] += "  where"
+    lines = ["rank  " + "  ".join(f"{name:>17}" for name, _ in FIGURES) + "  where"]
     for rank, where in enumerate(names):
         cells = [f"{figures[name][rank]:>17.1f}" for name, _ in FIGURES]
         lines.append(f"{rank:>4}  " + "  ".join(cells) + f"  {where}")
