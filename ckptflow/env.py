@@ -110,3 +110,23 @@ def limit_mlflow_http_retries(max_retries: int = 0, timeout_s: int = 10) -> None
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+
+
+# -- added for preflight and stragglers (issue 18) -----------------------------------------------
+# The rank templates set these from the downward API (metadata.name, spec.nodeName).
+POD_NAME_VARIABLE = "CKPTFLOW_POD_NAME"
+NODE_NAME_VARIABLE = "CKPTFLOW_NODE_NAME"
+
+
+def pod_identity() -> tuple[str, str]:
+    """(pod name, node name) of this process, to name a slow rank: the downward API's when
+    the template sets them, else the hostname and "" (a plain local process)."""
+    import socket
+
+    pod = os.environ.get(POD_NAME_VARIABLE) or socket.gethostname()
+    return pod, os.environ.get(NODE_NAME_VARIABLE, "")
+
+
+def torchelastic_agent_pid() -> int | None:
+    """The pid of the torchrun agent that started this worker, None outside torchrun."""
+    return os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--full-every", type=int, default=1, help="every Nth save is full (needs --delta-ratio)")
     a("--price-gb-month", type=float, default=0.02, help="storage price per GB-month (0.02)")
     a("--interval", help="simulate this interval instead of the recommended one, e.g. 30m")
+    a("--grace", help="pods' terminationGracePeriodSeconds, e.g. 120s: warn if a save is longer")
     a("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -103,6 +104,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         full_every=args.full_every,
         price_gb_month=args.price_gb_month,
         interval_s=parse_duration(args.interval) if args.interval else None,
+        grace_s=parse_duration(args.grace) if args.grace else None,
     )
 
 
@@ -169,6 +171,9 @@ def render(r: PlanResult) -> str:
         rows.append(("  keep-best reserve", fmt_bytes(fp.best_reserve_bytes)))
     if r.recovery is not None:
         rows += recovery_rows(r.recovery)
+    grace = inp.get("grace_s")
+    fits = "" if grace is None else (" (too long!)" if r.warnings else " (fits the grace period)")
+    rows.append(("preemption save", fmt_seconds(r.preempt_save_s) + fits))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -227,6 +232,7 @@ _VALUE_OPTIONS = {
     "--full-every",
     "--price-gb-month",
     "--interval",
+    "--grace",
 }
 
 
@@ -245,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str))
     else:
         print(render(result))
+    for warning in result.warnings:
+        print(f"ckptflow plan: warning: {warning}", file=sys.stderr)
     if result.recovery is not None and not result.recovery.feasible:
         for why in result.recovery.problems:
             print(f"ckptflow plan: {why}", file=sys.stderr)

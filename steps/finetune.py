@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.lib import distributed, eval_results, evaluation, rng, state
+from ckptflow.steps.lib import distributed, eval_results, evaluation, preflight, rng, state
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.base_checkpoint import BaseRef, base_tags, pin_base, resolve_base
 from ckptflow.steps.lib.data import Corpus
@@ -178,6 +178,8 @@ def train(cfg: FinetuneArgs, dinfo: distributed.DistInfo, lineage):
         n_exact=cfg.exact_match_n,
         device=dinfo.device,
     )
+    spec = preflight.PreflightSpec.from_config(cfg)
+    names = preflight.run(dinfo, env.open_storage(cfg.run_root), spec, lineage)
     start, base_metrics = start_point(cfg, ck, base_ck, base, objs, dinfo, lineage, evaluate)
     if dinfo.is_main:
         log.info(
@@ -205,6 +207,7 @@ def train(cfg: FinetuneArgs, dinfo: distributed.DistInfo, lineage):
         evaluate=evaluate,
         write_eval=record,
         base=base,
+        names=names,
     )
     last = loop.run(start)
     ck.close()

@@ -16,7 +16,7 @@ import logging
 from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
-from ckptflow.steps.lib import distributed, rng, state
+from ckptflow.steps.lib import distributed, preflight, rng, state
 from ckptflow.steps.lib.data import VOCAB, Corpus
 from ckptflow.steps.lib.loop import (
     CheckpointedLoop,
@@ -40,12 +40,13 @@ def parse_args(argv=None) -> PretrainArgs:
 
 
 def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list]:
-    """Resume, train to --max-steps with checkpoints, wait for the last save; the last step
-    and the saves committed (for the step's save outputs)."""
+    """Preflight, resume, train to --max-steps with checkpoints, wait for the last save; the
+    last step and the saves committed (for the step's save outputs)."""
+    run_storage = env.open_storage(cfg.run_root)
+    names = preflight.run(dinfo, run_storage, preflight.PreflightSpec.from_config(cfg), lineage)
     start = state.resume(ck, *objs, dinfo, lineage)
     if cfg.init_from and not ck.committed_steps():  # a fresh run, started from elsewhere
         start = state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
-    run_storage = env.open_storage(cfg.run_root)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
         runroot.clear_finished(run_storage)
@@ -58,7 +59,9 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
     }
     if cfg.init_from:
         meta["init_from"] = {"uri": cfg.init_from, "state": cfg.init_state}
-    loop = CheckpointedLoop(spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta)
+    loop = CheckpointedLoop(
+        spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta, names=names
+    )
     last = loop.run(start)
     ck.close()
     return last, loop.saved

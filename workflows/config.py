@@ -128,6 +128,7 @@ class PretrainConfig:
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
     rank_deadline_s: int = 24 * 3600  # activeDeadlineSeconds of one rank pod
+    grace_s: int = 120  # terminationGracePeriodSeconds of a rank pod: its preemption save
     # Defaults fit the README's laptop cluster (tests/deploy/test_resources.py sums them).
     rank_resources: Resources = Resources(cpu="1", memory="1536Mi")  # per rank pod
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir (dataloader and NCCL buffers)
@@ -157,6 +158,7 @@ class FinetuneConfig:
     retries: int = 2  # pod retries per variant
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
     deadline_s: int = 12 * 3600  # activeDeadlineSeconds of one variant pod
+    grace_s: int = 120  # terminationGracePeriodSeconds of a variant pod: its preemption save
     resources: Resources = Resources(cpu="1", memory="1536Mi")  # per variant pod (in parallel)
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir
 

@@ -87,6 +87,7 @@ def variant_template(cfg: PipelineConfig) -> Container:
         backoff_s=c.retry_backoff_s,
         deadline_s=c.deadline_s,
         shm_size=c.shm_size,
+        grace_s=c.grace_s,
     )
 
 

@@ -110,6 +110,7 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         backoff_s=c.retry_backoff_s,
         deadline_s=c.rank_deadline_s,
         shm_size=c.shm_size,
+        grace_s=c.grace_s,
     )
     following = replace(c.evaluator, until_finished=True)  # it exits once the run is FINISHED
     kinds = {"background": True, "final": False}

@@ -8,6 +8,7 @@ inline source.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from ckptflow.workflows.config import PlatformConfig, Resources
@@ -23,7 +24,17 @@ from hera.workflows import (
 from hera.workflows import (
     Resources as HeraResources,
 )
-from hera.workflows.models import Backoff, PodGC, Toleration, TTLStrategy, ValueFrom
+from hera.workflows.models import (
+    Backoff,
+    PodGC,
+    RetryAffinity,
+    RetryNodeAntiAffinity,
+    Toleration,
+    TTLStrategy,
+    ValueFrom,
+)
+
+from ckptflow import env as wiring
 
 # The Argo variables each step sees, so MLflow tags and logs can name the workflow.
 ARGO_ENV = {
@@ -97,17 +108,53 @@ def outputs(
     ]
 
 
-def retry(limit: int, backoff_s: int, *, transient_only: bool = False) -> RetryStrategy | None:
-    """Retry with doubling backoff: on any failure, pod loss included (policy Always: training
-    and evaluation resume where they were), or with `transient_only` only when the pod errored
-    (policy OnError: deleted, evicted, its node lost), never when the step itself failed."""
+def retry(
+    limit: int, backoff_s: int, *, transient_only: bool = False, avoid_node: bool = False
+) -> RetryStrategy | None:
+    """Retry with doubling backoff: on any failure, pod loss and preemption included (policy
+    Always: training and evaluation resume where they were), or with `transient_only` only when
+    the pod errored (policy OnError: deleted, evicted, its node lost), never when the step
+    itself failed; `avoid_node` keeps a retry off the nodes where this task failed (a rank that
+    failed preflight there)."""
     if limit <= 0:
         return None
     return RetryStrategy(
         limit=limit,
         retry_policy="OnError" if transient_only else "Always",
         backoff=Backoff(duration=f"{backoff_s}s", factor=2),
+        affinity=RetryAffinity(node_anti_affinity=RetryNodeAntiAffinity()) if avoid_node else None,
     )
+
+
+def rank_env(grace_s: int | None) -> list:
+    """Env of a torchrun rank: its pod's IP, name and node (downward API), and how long the
+    agent waits for its workers after a SIGTERM (the pod's grace period: a preemption save)."""
+    out = [
+        # torchrun's c10d rendezvous publishes the agent's address for the workers' store:
+        # its hostname (socket.getfqdn()) unless given one, and a pod's hostname does not
+        # resolve from other pods. The pod's IP from the downward API does (--local-addr).
+        FieldEnv(name="PET_LOCAL_ADDR", field_path="status.podIP"),
+        # A retried rank joins a new rendezvous round, but an agent that kept its rank
+        # reuses the store address it cached in round one and never publishes the new
+        # round's MASTER_ADDR: the newcomer times out waiting for it (issue 15). Without
+        # the shared store every round publishes its own (dynamic_rendezvous.py).
+        Env(name="TORCH_DISABLE_SHARE_RDZV_TCP_STORE", value="1"),
+        # preflight and straggler reports name the pod and node of a slow rank
+        FieldEnv(name=wiring.POD_NAME_VARIABLE, field_path="metadata.name"),
+        FieldEnv(name=wiring.NODE_NAME_VARIABLE, field_path="spec.nodeName"),
+    ]
+    if grace_s:
+        # the agent's default (30 s) would SIGKILL a worker still saving after a preemption
+        out.append(Env(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(grace_s)))
+    return out
+
+
+def grace_patch(grace_s: int | None) -> str | None:
+    """The podSpecPatch setting terminationGracePeriodSeconds (Argo templates have no field
+    of their own for it): how long Kubernetes waits between SIGTERM and SIGKILL."""
+    if not grace_s:
+        return None
+    return json.dumps({"terminationGracePeriodSeconds": int(grace_s)})
 
 
 def step(
@@ -128,6 +175,7 @@ def step(
     daemon: bool = False,
     with_env: bool = True,
     metrics: list | None = None,
+    grace_s: int | None = None,
 ) -> Container:
     """A container template running `python -m ckptflow.steps.<module> ARGS --output-dir DIR`.
 
@@ -135,22 +183,16 @@ def step(
 
     `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`.
     `with_env=False` leaves out credentials and MLflow (least privilege for helpers such as
-    the rendezvous store). Must be called inside a hera Workflow context, which collects it.
+    the rendezvous store). A launcher's template also gets `rank_env`, `grace_s` as its
+    terminationGracePeriodSeconds, and retries kept off the nodes where it failed. Must be
+    called inside a hera Workflow context, which collects it.
     """
     target = module if "." in module else f"ckptflow.steps.{module}"
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
     env = step_env(platform) if with_env else None
     if launcher:
-        # torchrun's c10d rendezvous publishes the agent's address for the workers' store:
-        # its hostname (socket.getfqdn()) unless given one, and a pod's hostname does not
-        # resolve from other pods. The pod's IP from the downward API does (--local-addr).
-        env = [*(env or []), FieldEnv(name="PET_LOCAL_ADDR", field_path="status.podIP")]
-        # A retried rank joins a new rendezvous round, but an agent that kept its rank
-        # reuses the store address it cached in round one and never publishes the new
-        # round's MASTER_ADDR: the newcomer times out waiting for it (issue 15). Without
-        # the shared store every round publishes its own (dynamic_rendezvous.py).
-        env.append(Env(name="TORCH_DISABLE_SHARE_RDZV_TCP_STORE", value="1"))
+        env = [*(env or []), *rank_env(grace_s)]
     volumes = []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
@@ -169,11 +211,14 @@ def step(
         resources=hera_resources(resources or platform.step_resources),
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),
-        retry_strategy=retry(retries, backoff_s, transient_only=transient_only),
+        retry_strategy=retry(
+            retries, backoff_s, transient_only=transient_only, avoid_node=bool(launcher)
+        ),
         active_deadline_seconds=deadline_s,
         volumes=volumes or None,
         daemon=daemon or None,
         metrics=metrics or None,
+        pod_spec_patch=grace_patch(grace_s),
     )
 
 

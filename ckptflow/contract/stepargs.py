@@ -82,6 +82,22 @@ class LoopArgs:
         "what --init-from fills: weights (the model) | full (also optimizer, scheduler, data, step)",
         choices=INIT_STATES,
     )
+    preflight_factor: float = arg(
+        3.0, "fail preflight for a rank this many times slower than its peers (0: no preflight)"
+    )
+    preflight_store_mib: int = arg(
+        4, "MiB each rank writes to and reads from the store in preflight", at_least=1
+    )
+    straggler_every: int = arg(
+        10, "compare per-rank step times every N steps (0: never)", at_least=0
+    )
+    straggler_factor: float = arg(
+        2.0, "a rank this many times slower than its peers' median is a straggler", at_least=1.0
+    )
+    straggler_windows: int = arg(
+        3, "consecutive slow comparisons that make a straggler persistent", at_least=1
+    )
+    straggler_fail: bool = arg(False, "a persistent straggler fails the run (after a save)")
 
     @property
     def ckpt_root(self) -> str:

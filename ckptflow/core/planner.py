@@ -101,6 +101,7 @@ class PlanInputs:
     warmup_s: float | None = None  # restart part: loaded state to full speed
     rpo_s: float | None = None  # target: worst-case work lost per failure
     rto_s: float | None = None  # target: failure to training again
+    grace_s: float | None = None  # terminationGracePeriodSeconds: a preemption save's time
 
     def __post_init__(self) -> None:
         positive = {"params": self.params, "gpus": self.gpus, "write_gib_s": self.write_gib_s}
@@ -110,7 +111,15 @@ class PlanInputs:
             "gpus_per_host": self.gpus_per_host,
         }
         positive |= {"full_every": self.full_every}
-        for key in ("snapshot_gib_s", "read_gib_s", "interval_s", "delta_ratio", "rpo_s", "rto_s"):
+        for key in (
+            "snapshot_gib_s",
+            "read_gib_s",
+            "interval_s",
+            "delta_ratio",
+            "rpo_s",
+            "rto_s",
+            "grace_s",
+        ):
             if getattr(self, key) is not None:
                 positive[key] = getattr(self, key)
         for key, value in positive.items():
@@ -180,6 +189,8 @@ class PlanResult:
     cost_month_average: float  # storage cost of one month at the average footprint
     cost_run: float  # average footprint x price x expected run duration in months
     recovery: rec.Recovery | None = None  # RPO/RTO at the footprint's interval, and targets
+    preempt_save_s: float = 0.0  # a preemption save until committed: snapshot (async) + write
+    warnings: list[str] = field(default_factory=list)  # what the plan cannot promise
     inputs: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -256,6 +267,7 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         rpo_target_s=i.rpo_s,
         rto_target_s=i.rto_s,
     )
+    preempt_s = write_s + (snapshot_s if chosen.mode == "async" else 0.0)
     return PlanResult(
         hosts=hosts,
         bytes_per_param=bpp,
@@ -274,6 +286,8 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         cost_month_average=fp.average_bytes / GB * i.price_gb_month,
         cost_run=fp.average_bytes / GB * i.price_gb_month * (wall / MONTH_S),
         recovery=recovery,
+        preempt_save_s=preempt_s,
+        warnings=grace_warnings(preempt_s, i.grace_s),
         inputs=asdict(i),
     )
 
@@ -302,6 +316,19 @@ def _slim(catalog: dict, sizes: dict, slimmed: set, now: float, age: float, rati
         sizes[step] *= ratio
         slimmed.add(step)
     return freed
+
+
+def grace_warnings(preempt_save_s: float, grace_s: float | None) -> list[str]:
+    """A warning when a preemption save (SIGTERM: every rank saves the step it reached) does not
+    commit within the pod's grace period: Kubernetes SIGKILLs the pod and the work since the
+    last periodic checkpoint is lost."""
+    if grace_s is None or preempt_save_s <= grace_s:
+        return []
+    return [
+        f"a preemption save takes about {preempt_save_s:.0f} s per host but pods get "
+        f"{grace_s:.0f} s between SIGTERM and SIGKILL: raise terminationGracePeriodSeconds "
+        f"(pretrain.grace_s) to at least {math.ceil(preempt_save_s * 1.2)} s, or write faster"
+    ]
 
 
 def simulate_footprint(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ckptflow.steps.lib import preempt
 from ckptflow.steps.lib.lineage import run_label
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow.steps.lib.plumbing import StepRun, step_run
@@ -61,7 +62,10 @@ def shutdown_distributed() -> None:
 @contextlib.contextmanager
 def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
     """`plumbing.step_run` for a step that runs on every rank of a job: joins the process group
-    first and leaves it last; rank 0 alone records the MLflow run and writes the outputs."""
+    first and leaves it last; rank 0 alone records the MLflow run and writes the outputs.
+
+    SIGTERM is caught from the start (a preemption: the training loop saves and leaves)."""
+    preempt.FLAG.install()
     dinfo = init_distributed()
     try:
         # named after its run root (`finetune-lr0.001-freeze1`): the variants differ by name
@@ -70,6 +74,7 @@ def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
             yield dinfo, run
     finally:
         shutdown_distributed()
+        preempt.FLAG.uninstall()
 
 
 def build_model(cfg: ModelConfig, dinfo: DistInfo, seed: int, *, shard: bool = True) -> GPT:

@@ -21,8 +21,16 @@ from ckptflow.steps.lib.base_checkpoint import base_tags
 from ckptflow.steps.lib.data import Corpus, ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.optim import make_optimizer, make_scheduler, train_step
-from ckptflow.steps.lib.plumbing import Abandon, Progress, StepRun
+from ckptflow.steps.lib.plumbing import Abandon, Progress, StepError, StepRun
+from ckptflow.steps.lib.preempt import FLAG, Preempted
+from ckptflow.steps.lib.preflight import leave_pod
 from ckptflow.steps.lib.state import rng_entry, train_state
+from ckptflow.steps.lib.straggler import (
+    StragglerFound,
+    StragglerMonitor,
+    StragglerSpec,
+    busy_clock,
+)
 
 from ckptflow import env
 from ckptflow.core import runroot
@@ -32,6 +40,7 @@ log = logging.getLogger("ckptflow.training")
 
 
 KILLED_EXIT = 75  # exit code of a simulated kill (--fail-at-step)
+STRAGGLER_EXIT = 5  # a persistent straggler failed the run (--straggler-fail)
 
 
 class SimulatedKill(Abandon):
@@ -53,6 +62,7 @@ class LoopSpec:
     grad_clip: float = 1.0
     tokens_per_step: int = 0
     fail_at_step: int | None = None
+    straggler: StragglerSpec = StragglerSpec(every=0)
 
     @classmethod
     def from_config(cls, cfg, seq_len: int) -> LoopSpec:
@@ -65,6 +75,7 @@ class LoopSpec:
             grad_clip=cfg.grad_clip,
             tokens_per_step=cfg.batch_size * seq_len,
             fail_at_step=cfg.fail_at_step or None,
+            straggler=StragglerSpec.from_config(cfg),
         )
 
 
@@ -99,6 +110,11 @@ class CheckpointedLoop:
     Each save first creates a PENDING LoggedModel (rank 0) whose id goes into the checkpoint's
     metadata; once the save is committed the model is finalised with its manifest hash and
     sizes, and the save metrics are logged at that step.
+
+    At each step boundary the ranks agree whether one of them was preempted (`preemption`,
+    a collective; see preempt.py): if so every rank saves that step, waits for the commit and
+    raises `Preempted`. Per-rank step times go to the straggler monitor (`names`: every rank's
+    "pod P on node N", from preflight); a straggler that fails the run is saved for likewise.
     """
 
     def __init__(
@@ -110,6 +126,8 @@ class CheckpointedLoop:
         dinfo: DistInfo,
         lineage=None,
         metadata: dict | None = None,
+        preemption=None,
+        names: list[str] | None = None,
     ):
         self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
         self.ck, self.dinfo = ck, dinfo
@@ -119,6 +137,9 @@ class CheckpointedLoop:
         self.skip: set[int] = set()
         self.last_metrics: dict = {}
         self.saved: list[tuple] = []  # (stats, stored bytes) of each committed save
+        self.preemption = FLAG if preemption is None else preemption
+        where = names or [f"rank {r}" for r in range(dinfo.world_size)]
+        self.stragglers = StragglerMonitor(spec.straggler, dinfo, where, self.lineage)
 
     def run(self, start_step: int) -> int:
         # Steps above the resume point are committed only when resume fell back past them as
@@ -129,27 +150,47 @@ class CheckpointedLoop:
         self.start_step = start_step
         try:
             for step in range(start_step, self.spec.max_steps):
-                self._one_step(step, progress)
+                self._one_step(step + 1, progress)
             self._reap(block=True)
         finally:
             progress.close()  # the terminal's logging goes back to plain lines
         return self.spec.max_steps
 
-    def _one_step(self, step: int, progress: Progress) -> None:
-        """Train step `step` -> `step + 1`; log, show, save and reap what is due."""
-        t0 = time.perf_counter()
+    def _one_step(self, done: int, progress: Progress) -> None:
+        """Train to step `done`; show, save, agree at the boundary and reap what is due."""
+        self._train_one(done)
+        progress.update(done, self.last_metrics)
+        if self.spec.fail_at_step == done:
+            self._die(done)
+        saved = done % self.spec.ckpt_every == 0 or done == self.spec.max_steps
+        if saved:
+            self.save(done)
+        self._boundary(done, saved)
+        self._reap(block=False)
+
+    def _train_one(self, done: int) -> None:
+        """One optimizer step; its metrics (wall and busy times, see straggler.py) and MLflow log."""
+        t0, busy0 = time.perf_counter(), busy_clock()
+        batch = self.loader.next_step()
+        fetch_s = time.perf_counter() - t0
         m = train_step(
             self.model,
             self.optimizer,
             self.scheduler,
-            self.loader.next_step(),
+            batch,
             self.dinfo.device,
             self.spec.grad_clip,
         )
-        dt = time.perf_counter() - t0
-        m.update(step_time_s=dt, tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9))
-        done, self.last_metrics = step + 1, m
-        if self.spec.async_save and step == self.start_step:
+        dt, busy1 = time.perf_counter() - t0, busy_clock()
+        local_s = fetch_s + m.pop("optim_s", 0.0)
+        busy = busy1 - busy0 if busy0 is not None and busy1 is not None else local_s
+        m.update(
+            step_time_s=dt,
+            busy_step_s=busy,
+            tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9),
+        )
+        self.last_metrics = m
+        if self.spec.async_save and done == self.start_step + 1:
             # The state is complete after one optimizer step: the snapshot buffers are
             # allocated in the background now, not in the first async save's stall.
             self.ck.prepare(
@@ -157,12 +198,31 @@ class CheckpointedLoop:
             )
         if self.lineage and done % self.spec.log_every == 0:
             self.lineage.log_metrics(m, done)
-        progress.update(done, m)
-        if self.spec.fail_at_step == done:
-            self._die(done)
-        if done % self.spec.ckpt_every == 0 or done == self.spec.max_steps:
+
+    def _boundary(self, done: int, saved: bool) -> None:
+        """What every rank does between two steps, collectively: agree on a preemption (then
+        save and leave), compare step times (a failing straggler: save and leave too)."""
+        if done == self.spec.max_steps:
+            return  # the last step is saved anyway; the run ends normally
+        if self.preemption.agree(self.dinfo.device):
+            self._leave(done, saved, "preempted (SIGTERM)")
+            raise Preempted(done)
+        m = self.last_metrics
+        try:
+            self.stragglers.add(done, m["busy_step_s"], m["step_time_s"])
+        except StragglerFound as exc:
+            self._leave(done, saved, "a persistent straggler fails the run")
+            if exc.rank == self.dinfo.rank:
+                leave_pod()  # its retry is kept off this node
+            raise StepError(str(exc), STRAGGLER_EXIT) from None
+
+    def _leave(self, done: int, saved: bool, why: str) -> None:
+        """Commit step `done` (unless just saved) and every save in flight, before leaving."""
+        log.warning("%s at step %d: saving it before exiting", why, done)
+        if not saved:
             self.save(done)
-        self._reap(block=False)
+        self._reap(block=True)
+        log.warning("step %d committed; exiting for a retry that resumes there", done)
 
     def _die(self, step: int) -> None:
         log.warning("--fail-at-step %d: exiting without cleanup, as if killed", step)

@@ -5,6 +5,7 @@ with gradient accumulation.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def train_step(model, optimizer, scheduler, micro_batches, device, grad_clip: float = 1.0) -> dict:
     """One optimizer step over this rank's micro-batches; gradients sync on the last one only.
 
-    Returns the job-wide mean loss, the gradient norm and the learning rate used.
+    Returns the job-wide mean loss, the gradient norm, the learning rate used and the time of
+    the optimizer update (`optim_s`: no collective in it, so ranks can be compared on it).
     """
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -60,11 +62,15 @@ def train_step(model, optimizer, scheduler, micro_batches, device, grad_clip: fl
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else None
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
+    start = time.perf_counter()
+    optimizer.step()  # no collective: each rank updates its own shard
     scheduler.step()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # else only the kernel launches are timed
+    optim_s = time.perf_counter() - start
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total, op=dist.ReduceOp.AVG)  # for the log only
-    out = {"train_loss": float(total), "lr": float(lr)}
+    out = {"train_loss": float(total), "lr": float(lr), "optim_s": optim_s}
     if norm is not None:
         out["grad_norm"] = float(_local(norm))
     return out

@@ -32,9 +32,11 @@ class StepError(Exception):
 
 
 class Abandon(Exception):
-    """Leave at once, as a kill would: the MLflow run is left as it is, no outputs written."""
+    """Leave at once, as a kill would: no outputs written; the MLflow run is left as it is,
+    or ended with `end_status` when set (a preemption leaves in order)."""
 
     exit_code = 1
+    end_status: str | None = None
 
 
 # What a user can cause: our own StepError, a checkpoint that is missing or damaged, and a bad
@@ -109,8 +111,9 @@ def step_run(
     `main` (rank 0 of a job) is anything recorded or written. A user error (USER_ERRORS) is
     logged as one line on `step_log` and ends the run FAILED with exit code 2 (StepError: its
     own), outputs not written; any other exception ends it FAILED and propagates; `Abandon`
-    leaves everything as it is. `attach` ends an existing run instead of starting one;
-    `keep_open` leaves a successful run open (the pipeline's parent run).
+    leaves everything as it is (a preemption's ends the run with its `end_status`). `attach`
+    ends an existing run instead of starting one; `keep_open` leaves a successful run open
+    (the pipeline's parent run).
     """
     setup_logging(rank)
     lineage = None
@@ -122,7 +125,10 @@ def step_run(
     try:
         yield run
     except Abandon as exc:
-        run.exit_code = exc.exit_code  # as a kill would: nothing closed, nothing written
+        run.exit_code = exc.exit_code  # as a kill would: nothing written
+        if exc.end_status:
+            run.status = exc.end_status
+            _end(run, keep_open)
         return
     except USER_ERRORS as exc:
         step_log.error("%s", exc)

@@ -363,3 +363,26 @@ def test_brief_run_slim_after_7_days_saves_the_optimizer_of_weekly_checkpoints()
     # no delta) keep 2 of 14 B/param: 8 x 4.2 TB x 12/14 = 28.8 TB less
     assert slim.final_kept == base.final_kept
     assert base.final_bytes - slim.final_bytes == pytest.approx(28.8e12)
+
+
+def test_a_preemption_save_that_outlasts_the_grace_period_is_warned_about():
+    # async: the snapshot (33.6e9 / 40 GiB/s = 0.782 s) then the write (33.6e9 / 4 GiB/s =
+    # 7.823 s) per host must commit between SIGTERM and SIGKILL
+    r = plan(brief_run(grace_s=120))
+    assert r.preempt_save_s == pytest.approx(33.6e9 / GIB / 40 + 33.6e9 / GIB / 4)
+    assert r.warnings == []
+    slow = plan(brief_run(grace_s=30, write_gib_s=0.5))  # 62.6 s of write + 0.8 s snapshot
+    assert slow.preempt_save_s == pytest.approx(33.6e9 / GIB / 40 + 33.6e9 / GIB / 0.5)
+    (warning,) = slow.warnings
+    assert "about 63 s per host" in warning and "30 s between SIGTERM and SIGKILL" in warning
+    assert "at least 77 s" in warning  # 63.4 x 1.2, rounded up
+    assert plan(brief_run()).warnings == []  # no grace period given: nothing to check
+
+
+def test_cli_grace_warning(capsys):
+    assert plan_cli.main([*BRIEF_ARGV, "--grace=30s", "--write-gib-s=0.5"]) == 0
+    out, err = capsys.readouterr()
+    assert "preemption save" in out and "(too long!)" in out
+    assert "warning: a preemption save takes about 63 s" in err
+    assert plan_cli.main([*BRIEF_ARGV, "--grace=2m"]) == 0
+    assert "(fits the grace period)" in capsys.readouterr().out

@@ -148,3 +148,34 @@ def test_live_view_reads_training_progress_from_a_task_log(tmp_path):
     )
     assert task_progress(str(log)) == "step 150/800, checkpoint 100"
     assert task_progress(str(tmp_path / "missing.log")) == "" and task_progress(None) == ""
+
+
+def test_the_downward_api_gives_pod_and_node_names(tmp_path):
+    import socket
+    import sys
+
+    env = [
+        {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}
+        for n, p in (("POD", "metadata.name"), ("NODE", "spec.nodeName"))
+    ]
+    script = "import os; print(os.environ['POD'], os.environ['NODE'])"
+    manifest = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "downward"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {
+                    "name": "main",
+                    "container": {"command": [sys.executable, "-c", script], "env": env},
+                }
+            ],
+        },
+    }
+    result = run_workflow(
+        manifest, workdir=str(tmp_path / "run"), name="downward", stream=io.StringIO()
+    )
+    assert result.phase == "Succeeded", result.table
+    pod, node = by_name(result, "downward")["outputs"]["result"].split()
+    assert pod == by_name(result, "downward")["id"] and node == socket.gethostname()

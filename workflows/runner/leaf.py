@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,17 @@ def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[
         elif "fieldRef" not in vf and name in run.env:
             env[name] = run.env[name]
     labels, annotations = isolation.pod_metadata(run, body, node.name)
-    env.update(downward_env(node.id, run.namespace, ip, labels, annotations, container.get("env")))
+    env.update(
+        downward_env(
+            node.id,
+            run.namespace,
+            ip,
+            labels,
+            annotations,
+            container.get("env"),
+            node_name=socket.gethostname(),  # every pod runs on this machine
+        )
+    )
     return env
 
 

@@ -53,7 +53,7 @@ _PROBE_OK = {"tcpSocket", "httpGet", "exec", "initialDelaySeconds", "periodSecon
 _PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
 _RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity"}
 _POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
-_FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace")
+_FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace", "spec.nodeName")
 _FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
 
 _WHY = {

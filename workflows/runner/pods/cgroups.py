@@ -129,6 +129,16 @@ class PodCgroups:
     def kill_all(self, timeout: float = 5.0) -> bool:
         return kill_all(self.dirs, timeout)
 
+    def set_cpu_limit(self, cpus: float, period_us: int = CPU_PERIOD_US) -> None:
+        """Change the pod's CFS quota while it runs (a throttled node, for tests): `cpus` per
+        `period_us`; a short period spreads the throttling evenly over the pod's work. Needs
+        a pod started with a CPU limit (it has a cpu cgroup)."""
+        if self.cpu is None:
+            raise OSError("the pod has no cpu cgroup: start it with a CPU limit")
+        _write(os.path.join(self.cpu, "cpu.cfs_quota_us"), "-1")  # a period below the quota
+        _write(os.path.join(self.cpu, "cpu.cfs_period_us"), str(period_us))
+        _write(os.path.join(self.cpu, "cpu.cfs_quota_us"), str(max(1000, int(cpus * period_us))))
+
     def remove(self) -> None:
         """Kill what is left and remove the cgroups."""
         self.kill_all()
