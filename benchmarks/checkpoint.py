@@ -1,19 +1,24 @@
-"""Checkpoint benchmark: ckptflow against torch.save, safetensors and DCP, in one run.
+"""Checkpoint benchmark: ckptflow against DCP (and torch.save, safetensors), interleaved repeats.
 
-    .venv/bin/python benchmarks/checkpoint.py --size-gib 1 --out-dir benchmarks/results --write-docs
-    .venv/bin/python benchmarks/checkpoint.py --quick            # 64 MiB state, a smoke run
+    .venv/bin/python benchmarks/checkpoint.py --size-gib 1 --repeats 5 --write-docs
+    .venv/bin/python benchmarks/checkpoint.py --quick            # 64 MiB, 2 repeats: a smoke run
 
 Every method saves and loads the same LLM-shaped state (GPT-like fp32 weights plus AdamW
-exp_avg/exp_avg_sq made by real AdamW steps; and the same state cast to bf16) on local disk (a
-scratch folder on the same disk) and on an in-process S3 server (moto). Each save and each load
-runs in its own process (benchmarks/checkpoint_methods.py), so its peak RSS is its own. Local
-loads are cold: the page cache is dropped before every load (root only; the output says whether
-that worked). Every load touches every byte (an xxh3 of every tensor, timed for every method
-alike) and is checked bitwise against the saved state. The raw sequential write/read bandwidth
-of the same disk (dd-like, 8 MiB blocks, fsync) is measured in the same run as the ceiling.
+exp_avg/exp_avg_sq made by real AdamW steps; and the same state cast to bf16). Each save and
+each load runs in its own process (benchmarks/checkpoint_methods.py), so its peak RSS and CPU
+time are its own. A run makes `--repeats` rounds; each round runs every method once, in an order
+rotated from round to round (interleaved), so slow phases of a shared machine hit every method
+alike. Reported: medians over rounds, and paired ratios (ckptflow / DCP within the same round,
+then the median of those), which are what stays meaningful when the machine's speed drifts.
+
+Loads are timed warm (every file read once just before) and cold (page cache dropped: root
+only; the output says whether that worked); each touches every byte (an xxh3 of every tensor)
+and is checked bitwise. CPU-seconds are every thread of the process (user + system) in the
+timed region. Extra peak RSS of a load: its peak above the RSS just before it (the destination
+tensors are allocated and touched before), per GiB of state.
 
 Writes results.json and results.md to --out-dir (and docs/benchmarks.md with --write-docs) and
-prints the targets of issue 4 with pass/miss.
+prints the targets of issue 19 with pass/miss.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 import checkpoint_methods as cm  # noqa: E402
+from checkpoint_report import docs, markdown, summarize, targets  # noqa: E402
 
 GIB = float(1 << 30)
 METHODS = [
@@ -45,6 +51,8 @@ METHODS = [
     "safetensors",
     "dcp",
     "dcp-zstd",
+    "dcp-async",
+    "dcp-async-reused",
     "ckptflow-sync",
     "ckptflow-async",
     "ckptflow-nohash",
@@ -52,8 +60,32 @@ METHODS = [
     "ckptflow-frozen95",
     "ckptflow-coop2",
 ]
+# What a run measures unless --only says otherwise: what the targets need.
+DEFAULT = [
+    "raw",
+    "dcp",
+    "dcp-async",
+    "dcp-async-reused",
+    "ckptflow-sync",
+    "ckptflow-async",
+    "ckptflow-incremental",
+    "ckptflow-coop2",
+]
 LOCAL_ONLY = {"ckptflow-nohash"}  # an A/B of CPU cost: the S3 server's noise would hide it
-CKPTFLOW_DIRS = {m for m in METHODS if m.startswith("ckptflow")} | {"dcp", "dcp-zstd"}
+# In a default run (no --only), what the targets do not need is not measured, to keep a run of
+# >= 5 rounds within an hour on 2 cores: these methods only in fp32, these without loads, and
+# bf16 only for ckptflow's stored/raw (a save).
+FP32_ONLY = {
+    "raw",
+    "dcp",
+    "dcp-async",
+    "dcp-async-reused",
+    "ckptflow-async",
+    "ckptflow-incremental",
+    "ckptflow-coop2",
+}
+SAVE_ONLY = {"ckptflow-async", "ckptflow-incremental"}
+LOADS = ("warm", "cold")
 
 
 @dataclass(frozen=True)
@@ -61,11 +93,12 @@ class Config:
     """What to measure and where."""
 
     size_gib: float  # size of the fp32 state (weights + AdamW moments) in GiB
+    repeats: int  # interleaved rounds; medians and paired ratios are over these
     out_dir: str  # results.json / results.md go here
     scratch: str  # local checkpoints are written below this folder (same disk as measured)
     backends: tuple  # "local", "s3"
     dtypes: tuple  # "fp32", "bf16"
-    only: tuple  # methods to run (all when empty)
+    only: tuple  # methods to run (DEFAULT when empty)
     threads: int  # ckptflow writer/reader threads and DCP thread_count
     torch_threads: int  # torch intra-op threads in every child (0: torch's default)
     timeout_s: int  # per child process
@@ -76,12 +109,13 @@ class Config:
 def parse(argv=None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-gib", type=float, default=1.0, help="fp32 state size (GiB)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (>= 5 for a report)")
     p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
     p.add_argument("--scratch", default=None, help="local checkpoint folder (default: out-dir)")
-    p.add_argument("--backends", default="local,s3", help="comma list of local,s3")
+    p.add_argument("--backends", default="local", help="comma list of local,s3")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32,bf16")
     p.add_argument("--only", default="", help=f"comma list of methods: {','.join(METHODS)}")
-    p.add_argument("--quick", action="store_true", help="a 64 MiB state (smoke run)")
+    p.add_argument("--quick", action="store_true", help="a 64 MiB state, 2 rounds (smoke run)")
     p.add_argument("--threads", type=int, default=min(8, max(2, os.cpu_count() or 2)))
     p.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     p.add_argument("--timeout-s", type=int, default=1800)
@@ -94,6 +128,7 @@ def parse(argv=None) -> Config:
         p.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     return Config(
         size_gib=1 / 16 if a.quick else a.size_gib,
+        repeats=2 if a.quick else max(1, a.repeats),
         out_dir=os.path.abspath(a.out_dir),
         scratch=os.path.abspath(a.scratch or a.out_dir),
         backends=tuple(b for b in a.backends.split(",") if b),
@@ -169,7 +204,7 @@ def cleanup(uri: str) -> None:
 
 
 def measure(cfg: Config, method: str, backend: str, dtype: str, base: str, work: str, raw_bytes):
-    """Save then load one method; returns a result row (errors are recorded, not raised)."""
+    """Save, then load warm and cold, one method; a result row (errors recorded, not raised)."""
     ext = {"torch.save": ".pt", "safetensors": ".safetensors", "raw": ".bin"}.get(method, "")
     uri = f"{base}/{method}-{dtype}{ext}"
     spec = {
@@ -185,24 +220,23 @@ def measure(cfg: Config, method: str, backend: str, dtype: str, base: str, work:
         "raw_bytes": raw_bytes,
     }
     row = {"method": method, "backend": backend, "dtype": dtype}
-    t0 = time.perf_counter()
+    save_only = not cfg.only and (method in SAVE_ONLY or dtype == "bf16")
     try:
         saved = run_child(spec, cfg.timeout_s)
         saved["rss_save_peak_gib"] = saved.pop("rss_peak_gib")
         row.update(saved)
-        if not saved.get("no_load"):
+        if not saved.get("no_load") and not save_only:
             spec |= {"phase": "load", "step": saved.get("step")}
             if method == "ckptflow-coop2":
-                row.update(coop_load(cfg, spec, saved))
+                row.update(coop_load(cfg, spec | {"cache": "warm"}, saved))
             else:
-                loaded = run_child(spec, cfg.timeout_s)
-                loaded["rss_load_peak_gib"] = loaded.pop("rss_peak_gib")
-                row.update(loaded)
+                for cache in LOADS if backend == "local" else ("warm",):
+                    got = run_child(spec | {"cache": cache}, cfg.timeout_s)
+                    row.update({f"{k}_{cache}": v for k, v in got.items()})
     except Exception as exc:  # one broken method must not lose the rest of the run
         row["error"] = str(exc)[-600:]
     finally:
         cleanup(uri)
-    row["wall_s"] = time.perf_counter() - t0
     return derive(row)
 
 
@@ -214,29 +248,47 @@ def coop_load(cfg: Config, spec: dict, saved: dict) -> dict:
     ranks = [result(p, cfg.timeout_s) for p in procs]
     stored = saved["manifest"]["stored_bytes"]
     return {
-        "load_s": max(r["load_s"] for r in ranks),
-        "cold": ranks[0]["cold"],
-        "rss_load_peak_gib": max(r["rss_peak_gib"] for r in ranks),
-        "ranks": ranks,
+        "load_s_warm": max(r["load_s"] for r in ranks),
+        "load_cpu_s_warm": sum(r["load_cpu_s"] for r in ranks),
+        "rss_peak_gib_warm": max(r["rss_peak_gib"] for r in ranks),
+        "rss_extra_gib_warm": max(r["rss_extra_gib"] for r in ranks),
         "read_fraction": [r["bytes_read"] / stored for r in ranks],
     }
 
 
 def derive(row: dict) -> dict:
-    """GiB/s and stored/raw from the raw measurements."""
+    """Per-GiB figures and stored/raw from the raw measurements."""
     if "error" in row:
         return row
-    raw = row["raw_bytes"]
+    gib = row["raw_bytes"] / GIB
+    row["gib"] = gib
     if row["method"].startswith("ckptflow"):
         row["stored_bytes"] = row["manifest"]["new_bytes"]  # what the measured save wrote
-    row["save_gibs"] = raw / GIB / row["save_s"]
-    if row.get("load_s"):
-        row["load_gibs"] = raw / GIB / row["load_s"]
-    if row["method"] != "raw":
-        row["stored_raw"] = row["stored_bytes"] / raw
+    if row["method"] not in ("raw", "dcp-async", "dcp-async-reused"):  # those save twice
+        row["stored_raw"] = row["stored_bytes"] / row["raw_bytes"]
     if row["method"] != "raw":
         row.setdefault("stall_s", row["save_s"])  # a synchronous save stalls for all of it
+    for k in ("save_cpu_s", "load_cpu_s_warm", "load_cpu_s_cold"):
+        if k in row:
+            row[k.replace("_cpu_s", "_cpu_per_gib")] = row[k] / gib
+    for c in LOADS:
+        if f"rss_extra_gib_{c}" in row:
+            row[f"rss_extra_per_gib_{c}"] = row[f"rss_extra_gib_{c}"] / gib
     return row
+
+
+def plan(cfg: Config) -> list[tuple[str, str, str]]:
+    """(method, backend, dtype) of one round, before rotation."""
+    out = []
+    for backend in cfg.backends:
+        for method in cfg.only or DEFAULT:
+            if backend != "local" and method in LOCAL_ONLY:
+                continue
+            dtypes = ("-",) if method == "raw" else cfg.dtypes
+            if method in FP32_ONLY and method != "raw" and not cfg.only:
+                dtypes = tuple(d for d in dtypes if d == "fp32")
+            out += [(method, backend, d) for d in dtypes]
+    return out
 
 
 def run(cfg: Config) -> dict:
@@ -245,7 +297,9 @@ def run(cfg: Config) -> dict:
     scratch = tempfile.mkdtemp(prefix="ckptbench-", dir=cfg.scratch)
     load_at_start = os.getloadavg()
     total = int(cfg.size_gib * GIB)
-    print(f"generating a {total / GIB:.3f} GiB fp32 state (weights + AdamW moments) ...")
+    print(
+        f"generating a {total / GIB:.3f} GiB fp32 state (weights + AdamW moments) ...", flush=True
+    )
     t0 = time.perf_counter()
     meta = cm.make_state(total, os.path.join(scratch, "state.safetensors"))
     with open(os.path.join(scratch, "meta.json"), "w") as f:
@@ -253,22 +307,25 @@ def run(cfg: Config) -> dict:
     raw_bytes = os.path.getsize(os.path.join(scratch, "state.safetensors"))
     print(f"  {len(meta['names'])} weight tensors, {time.perf_counter() - t0:.1f}s")
     server = bucket = None
-    rows = []
+    rows, started = [], time.time()
     try:
         if "s3" in cfg.backends:
             server, bucket = start_s3()
-        for backend in cfg.backends:
-            base = os.path.join(scratch, "ckpt") if backend == "local" else f"s3://{bucket}/ckpt"
-            if backend == "local":
-                os.makedirs(base, exist_ok=True)
-            for method in cfg.only or METHODS:
-                if backend != "local" and method in LOCAL_ONLY:
-                    continue
-                for dtype in ("-",) if method == "raw" else cfg.dtypes:
-                    print(f"- {method:22s} {backend:5s} {dtype:4s} ", end="", flush=True)
-                    row = measure(cfg, method, backend, dtype, base, scratch, raw_bytes)
-                    rows.append(row)
-                    print(short(row), flush=True)
+        order = plan(cfg)
+        for rnd in range(cfg.repeats):
+            shift = rnd % len(order)
+            for method, backend, dtype in order[shift:] + order[:shift]:
+                base = (
+                    os.path.join(scratch, "ckpt") if backend == "local" else f"s3://{bucket}/ckpt"
+                )
+                os.makedirs(base, exist_ok=True) if backend == "local" else None
+                print(
+                    f"- round {rnd + 1} {method:22s} {backend:5s} {dtype:4s} ", end="", flush=True
+                )
+                row = measure(cfg, method, backend, dtype, base, scratch, raw_bytes)
+                row["round"] = rnd
+                rows.append(row)
+                print(short(row), flush=True)
     finally:
         if server is not None:
             server.stop()
@@ -277,133 +334,22 @@ def run(cfg: Config) -> dict:
     res = {
         "config": cfg.__dict__ | {"state_bytes_fp32": raw_bytes},
         "machine": machine(cfg.scratch) | {"loadavg_at_start": load_at_start},
+        "elapsed_s": time.time() - started,
         "rows": rows,
     }
-    res["targets"] = targets(rows)
+    res["summary"] = summarize(rows)
+    res["targets"] = targets(res["summary"])
     return res
 
 
 def short(row: dict) -> str:
     if "error" in row:
         return "ERROR " + row["error"][-300:]
-    load = f" load {row['load_s']:.2f}s" if row.get("load_s") else ""
-    return f"save {row['save_s']:.2f}s{load} stored/raw {row.get('stored_raw', 1):.3f}"
-
-
-# -- targets and report ------------------------------------------------------------------------
-def _get(rows, method, backend, dtype="fp32"):
-    for r in rows:
-        same = r["method"] == method and r["backend"] == backend and "error" not in r
-        if same and (method == "raw" or r["dtype"] == dtype):
-            return r
-    return None
-
-
-def targets(rows: list[dict]) -> list[dict]:
-    """Issue 4's targets as measured ratios: (name, backend, value, limit, pass)."""
-    out = []
-
-    def add(name, backend, value, limit, le=True):
-        if value is not None:
-            ok = value <= limit if le else value >= limit
-            out.append(
-                {"target": name, "backend": backend, "value": value, "limit": limit, "pass": ok}
-            )
-
-    for b in ("local", "s3"):
-        dcp_, ck = _get(rows, "dcp", b), _get(rows, "ckptflow-sync", b)
-        asy = _get(rows, "ckptflow-async", b)
-        if asy and dcp_:
-            add("async stall / DCP sync save", b, asy["stall_s"] / dcp_["save_s"], 0.1)
-        if ck and dcp_:
-            add(
-                "ckptflow save GiB/s / DCP save GiB/s",
-                b,
-                ck["save_gibs"] / dcp_["save_gibs"],
-                1.0,
-                False,
-            )
-            if ck.get("load_gibs") and dcp_.get("load_gibs"):
-                add(
-                    "ckptflow load GiB/s / DCP load GiB/s",
-                    b,
-                    ck["load_gibs"] / dcp_["load_gibs"],
-                    1.5,
-                    False,
-                )
-        for dt, lim in (("fp32", 0.85), ("bf16", 0.70)):
-            r = _get(rows, "ckptflow-sync", b, dt)
-            if r:
-                add(f"stored/raw {dt}", b, r["stored_raw"], lim)
-        for m, lim in (("ckptflow-incremental", 0.6), ("ckptflow-frozen95", 0.1)):
-            r = _get(rows, m, b)
-            if r:
-                add(f"{m} new bytes / full", b, r["ratio_vs_full"], lim)
-        r = _get(rows, "ckptflow-coop2", b)
-        if r:
-            add("coop M=2 max rank read / stored", b, max(r["read_fraction"]), 0.55)
-        r = _get(rows, "ckptflow-nohash", b)
-        if r:
-            add(
-                "hash share of save (A/B: 1 - nohash/hashed)",
-                b,
-                1 - r["save_s"] / r["save_s_hashed"],
-                0.10,
-            )
-            add(
-                "hash share of save (xxh3 CPU-s / save wall-s)",
-                b,
-                r["hash_s_total_est"] / r["save_s_hashed"],
-                0.10,
-            )
-    return out
-
-
-def _f(v, fmt="{:.2f}"):
-    return "" if v is None else fmt.format(v)
-
-
-def notes(r: dict) -> str:
-    m = r["method"]
-    if "error" in r:
-        return "error: " + r["error"][-120:].replace("|", "/")
-    if m == "ckptflow-async":
-        return f"first save's stall {r['first_stall_s']:.2f}s (fresh buffers); total = until wait()"
-    if m in ("ckptflow-incremental", "ckptflow-frozen95"):
-        extra = f", {r['changed_fraction']:.1%} changed" if "changed_fraction" in r else ""
-        return f"new bytes / full = {r['ratio_vs_full']:.3f}{extra}"
-    if m == "ckptflow-coop2":
-        return "rank read / stored = " + ", ".join(f"{x:.3f}" for x in r["read_fraction"])
-    if m == "ckptflow-nohash":
-        return (
-            f"hashed save {r['save_s_hashed']:.2f}s; xxh3 over raw+stored "
-            f"{r['hash_s_total_est']:.2f}s (1 thread)"
-        )
-    if m == "raw":
-        return "dd-like ceiling" + ("" if r["backend"] == "local" else " (one object)")
-    return ""
-
-
-def markdown(res: dict) -> str:
-    head = (
-        "| method | backend | dtype | save s | stall s | load s | save GiB/s | load GiB/s "
-        "| stored/raw | peak RSS save/load GiB | notes |\n|" + " --- |" * 11 + "\n"
-    )
-    lines = []
-    for r in res["rows"]:
-        rss = f"{_f(r.get('rss_save_peak_gib'))}/{_f(r.get('rss_load_peak_gib'))}"
-        lines.append(
-            f"| {r['method']} | {r['backend']} | {r['dtype']} | {_f(r.get('save_s'))} "
-            f"| {_f(r.get('stall_s'))} | {_f(r.get('load_s'))} | {_f(r.get('save_gibs'))} "
-            f"| {_f(r.get('load_gibs'))} | {_f(r.get('stored_raw'), '{:.3f}')} | {rss} | {notes(r)} |"
-        )
-    tgt = ["| target | backend | measured | limit | result |", "| --- | --- | --- | --- | --- |"]
-    for t in res["targets"]:
-        tgt.append(
-            f"| {t['target']} | {t['backend']} | {t['value']:.3f} | {t['limit']} "
-            f"| {'pass' if t['pass'] else '**miss**'} |"
-        )
-    return head + "\n".join(lines) + "\n\n" + "\n".join(tgt) + "\n"
+    out = f"save {row['save_s']:.2f}s"
+    for c in LOADS:
+        if row.get(f"load_s_{c}"):
+            out += f" load-{c} {row[f'load_s_{c}']:.2f}s"
+    return out + f" stored/raw {row.get('stored_raw', 1):.3f}"
 
 
 def _lines(path: str) -> list[str]:
@@ -451,46 +397,6 @@ def machine(path: str) -> dict:
 
 def _loads(xs) -> str:
     return ", ".join(f"{x:.2f}" for x in xs)
-
-
-def docs(res: dict, table: str) -> str:
-    m, c = res["machine"], res["config"]
-    cold = {r.get("cold") for r in res["rows"] if r["backend"] == "local" and "cold" in r}
-    return f"""# Checkpoint benchmark
-
-Produced by `.venv/bin/python benchmarks/checkpoint.py --size-gib {c["size_gib"]:g} --write-docs`
-(backends {", ".join(c["backends"])}; dtypes {", ".join(c["dtypes"])}); raw results in `results.json`
-of its `--out-dir`.
-
-## Machine
-- CPU: {m["cpu"]}, {m["cores"]} cores; memory {m["memory_gib"]} GiB; no GPU
-- disk: {m["disk"]} (rotational={m["rotational"]}); kernel {m["kernel"]}
-- Python {m["python"]}, torch {m["torch"]}, zstandard {m["zstandard"]}, safetensors {m["safetensors"]}
-- load average (1/5/15 min) at the start: {_loads(m["loadavg_at_start"])}; at the end: {_loads(m["loadavg_at_end"])}
-  (other work on the machine makes the timings noisy; the ratios are measured side by side)
-
-## How it is measured
-- State: a GPT-like model ({c["state_bytes_fp32"] / GIB:.2f} GiB fp32: weights N(0, 0.02), small
-  biases, LayerNorm gains near 1, plus AdamW exp_avg/exp_avg_sq started at their stationary
-  distribution for step 1000 under random gradients with per-row scales, then 5 real AdamW
-  steps); `bf16` is the same state cast to bf16. GiB/s = raw state bytes / seconds.
-- Each save and each load is its own process (peak RSS = its VmHWM). Local saves include fsync
-  (DCP's `sync_files`, ckptflow's one flush per save before its manifest, an explicit fsync for torch.save and
-  safetensors). Local loads are {"cold (page cache dropped before each load)" if cold == {True} else "WARM (the page cache could not be dropped)"};
-  the S3 server (moto, in this process) keeps objects in memory.
-- Every load touches every byte: the timed load includes an xxh3 of every loaded tensor, the
-  same for every method, and the result is compared bitwise with the saved state.
-- DCP `FileSystemWriter(thread_count={c["threads"]})` (fsspec writer on S3), DCP with
-  `_extensions=[ZStandard()]`; ckptflow with `threads={c["threads"]}`, zstd level 1.
-- async: the second of two async saves (after an AdamW step; staging buffers reused);
-  incremental: a delta (`full_every=11`) after 10 AdamW steps at lr 1e-4; frozen95: a second
-  full save after training only the last tensors (~5% of the state); coop2: two gloo ranks
-  each load the whole state cooperatively; nohash: the same save with xxh3 replaced by a
-  random id (benchmark-only monkeypatch), plus xxh3 timed alone over the same bytes.
-
-## Results
-
-{table}"""
 
 
 def main(argv=None) -> int:

@@ -169,6 +169,42 @@ def template(expect: dict) -> dict:
 
 
 # -- process facts -----------------------------------------------------------------------------
+def clock() -> tuple[float, float]:
+    """(wall, CPU) now: CPU is every thread of this process (user + system)."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: tuple[float, float], prefix: str) -> dict:
+    wall, cpu = clock()
+    return {f"{prefix}_s": wall - t0[0], f"{prefix}_cpu_s": cpu - t0[1]}
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so a later VmHWM is this phase's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+        return True
+    except OSError:
+        return False
+
+
+def pre_read(uri: str) -> None:
+    """Read every file of a local checkpoint once, so a warm load finds it in the page cache."""
+    if uri.startswith("s3://"):
+        return
+    paths = (
+        [uri]
+        if os.path.isfile(uri)
+        else [os.path.join(d, f) for d, _, files in os.walk(uri) for f in files]
+    )
+    buf = bytearray(BLOCK)
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
 def read_json(path: str):
     with open(path) as f:
         return json.load(f)
@@ -250,12 +286,12 @@ def save_raw(spec: dict, sd: dict) -> dict:
     size = spec["raw_bytes"]
     block = np.random.default_rng(0).integers(0, 256, BLOCK, dtype=np.uint8)
     uri = spec["path"]
-    t0 = time.perf_counter()
+    t0 = clock()
     if uri.startswith("s3://"):
         from ckptflow.core.storage import Storage
 
         blob = np.resize(block, size).tobytes()
-        t0 = time.perf_counter()
+        t0 = clock()
         Storage(os.path.dirname(uri)).write(os.path.basename(uri), blob)
     else:
         fd = os.open(uri, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -265,7 +301,7 @@ def save_raw(spec: dict, sd: dict) -> dict:
             os.fsync(fd)
         finally:
             os.close(fd)
-    return {"save_s": time.perf_counter() - t0}
+    return since(t0, "save")
 
 
 def save_torch(spec: dict, sd: dict) -> dict:
@@ -298,9 +334,49 @@ def save_safetensors(spec: dict, sd: dict) -> dict:
 def save_dcp(spec: dict, sd: dict, zstd: bool = False) -> dict:
     import torch.distributed.checkpoint as dcp
 
-    t0 = time.perf_counter()
+    t0 = clock()
     dcp.save(sd, storage_writer=_dcp_writer(spec["path"], spec["threads"], zstd), no_dist=True)
-    return {"save_s": time.perf_counter() - t0}
+    return since(t0, "save")
+
+
+def save_dcp_async(spec: dict, sd: dict, sd32: dict, names: list[str], reuse: bool) -> dict:
+    """Two DCP async_saves with an AdamW step between: default staging (no stager passed) or
+    one DefaultStager (shared memory, async staging) reused by both. The stall is the time
+    until training may touch its tensors again: until async_save returns and, with async
+    staging, until staging completes."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = torch.cuda.is_available()
+    stager = DefaultStager(StagingOptions(cuda, True, True, cuda)) if reuse else None
+    stalls, totals = [], []
+    try:
+        for i in range(2):
+            if i:
+                Trainer(sd32, names, lr=LR_INCREMENTAL, seed=7).step()
+                sd = as_dtype(sd32, spec["dtype"])
+            writer = _dcp_writer(f"{spec['path']}/{i}", spec["threads"], False)
+            t0 = time.perf_counter()
+            kw = {"async_stager": stager} if stager is not None else {}
+            resp = dcp.async_save(sd, storage_writer=writer, no_dist=True, **kw)
+            if hasattr(resp, "staging_completion"):
+                resp.staging_completion.result()
+                stalls.append(time.perf_counter() - t0)
+                resp.upload_completion.result()
+            else:
+                stalls.append(time.perf_counter() - t0)
+                resp.result()
+            totals.append(time.perf_counter() - t0)
+    finally:
+        if stager is not None:
+            stager.close()
+    return {
+        "save_s": totals[1],
+        "stall_s": stalls[1],
+        "first_stall_s": stalls[0],
+        "expect_state": sd,
+        "no_load": True,
+    }
 
 
 def _ck(spec: dict, **kw):
@@ -321,17 +397,20 @@ def _ck_result(ck, step: int, stats, **extra) -> dict:
 
 def save_ckptflow(spec: dict, sd: dict) -> dict:
     ck = _ck(spec)
-    t0 = time.perf_counter()
+    t0 = clock()
     stats = ck.save(1, sd).wait()
-    wall = time.perf_counter() - t0
+    timed = since(t0, "save")
     ck.close()
-    return _ck_result(ck, 1, stats, save_s_wall=wall)
+    return _ck_result(ck, 1, stats) | timed
 
 
 def save_ckptflow_async(spec: dict, sd: dict, sd32: dict, names: list[str]) -> dict:
     """Two async saves; the second (after an AdamW step, staging buffers reused) is measured."""
     ck = _ck(spec)
-    first = ck.save(1, sd, block=False).wait()
+    t0 = time.perf_counter()
+    first = ck.save(1, sd, block=False)
+    first_stall = time.perf_counter() - t0
+    first = first.wait()
     tr = Trainer(sd32, names, lr=LR_INCREMENTAL, seed=7)
     tr.step()
     sd = as_dtype(sd32, spec["dtype"])
@@ -341,8 +420,8 @@ def save_ckptflow_async(spec: dict, sd: dict, sd32: dict, names: list[str]) -> d
     stats = handle.wait()
     total = time.perf_counter() - t0
     ck.close()
-    out = _ck_result(ck, 2, stats, first_stall_s=first.stall_s, stall_wall_s=stall)
-    out |= {"save_s": total, "stall_s": stats.stall_s, "expect_state": sd}
+    out = _ck_result(ck, 2, stats, first_stall_s=first_stall, stall_wall_s=stall)
+    out |= {"save_s": total, "stall_s": stall, "expect_state": sd}
     return out
 
 
@@ -385,17 +464,42 @@ def save_ckptflow_incremental(spec: dict, sd: dict, sd32: dict, names: list[str]
     """Full save, 10 AdamW steps at lr 1e-4, delta save (full_every=11): new bytes vs full."""
     ck = _ck(spec, full_every=11)
     full = ck.save(0, sd).wait()
+    before = {k: v.clone() for k, v in sd.items()}
     tr = Trainer(sd32, names, lr=LR_INCREMENTAL, seed=11)
     for _ in range(10):
         tr.step()
     sd = as_dtype(sd32, spec["dtype"])
+    t0 = clock()
     delta = ck.save(10, sd).wait()
+    timed = since(t0, "save")
     ck.close()
     full_st = ck.manifest(0)["stats"]
-    out = _ck_result(ck, 10, delta, expect_state=sd)
+    out = _ck_result(ck, 10, delta, expect_state=sd) | timed
+    out["entropy_floor"] = entropy_floor(before, sd) / full_st["stored_bytes"]
     out |= {"full_save_s": full.stall_s, "full_manifest": full_st, "kind": delta.kind}
     out["ratio_vs_full"] = out["manifest"]["new_bytes"] / full_st["stored_bytes"]
     return out
+
+
+def _h0_bytes(plane: np.ndarray) -> float:
+    """Order-0 entropy of a byte plane, in bytes: what no coder of independent bytes beats."""
+    counts = np.bincount(plane, minlength=256).astype(np.float64)
+    p = counts[counts > 0] / len(plane)
+    return float(-(p * np.log2(p)).sum()) * len(plane) / 8
+
+
+def entropy_floor(base: dict, new: dict) -> float:
+    """Bytes of a delta at the order-0 entropy floor: per byte plane the cheaper of the XOR
+    against the base and the plane itself (no lossless delta coder of independent bytes,
+    XOR or integer difference alike, goes much below it on incompressible mantissa bytes)."""
+    total = 0.0
+    for k, t in new.items():
+        a, b = _np_bytes(t), _np_bytes(base[k])
+        w = t.element_size() if t.is_floating_point() and t.numel() > 1 else 1
+        x = np.bitwise_xor(a, b)
+        for j in range(w):
+            total += min(_h0_bytes(x[j::w]), _h0_bytes(a[j::w]))
+    return total
 
 
 def save_ckptflow_frozen(spec: dict, sd: dict, sd32: dict, names: list[str]) -> dict:
@@ -431,6 +535,8 @@ SAVERS = {
     "ckptflow-nohash": save_ckptflow_nohash,
 }
 TRAINING_SAVERS = {
+    "dcp-async": lambda spec, sd, sd32, names: save_dcp_async(spec, sd, sd32, names, False),
+    "dcp-async-reused": lambda spec, sd, sd32, names: save_dcp_async(spec, sd, sd32, names, True),
     "ckptflow-async": save_ckptflow_async,
     "ckptflow-incremental": save_ckptflow_incremental,
     "ckptflow-frozen95": save_ckptflow_frozen,
@@ -482,9 +588,11 @@ def warm_up(spec: dict, load: bool) -> None:
     tiny = as_dtype({"warm.a": torch.randn(4096), "warm.b": torch.randn(64, 64)}, spec["dtype"])
     wspec = spec | {"path": spec["path"] + "-warmup", "step": 1}
     try:
-        SAVERS.get(spec["method"], save_ckptflow)(wspec, tiny)
+        m = spec["method"]
+        SAVERS.get(m, save_dcp if m.startswith("dcp") else save_ckptflow)(wspec, tiny)
         if load:
-            got = LOADERS.get(spec["method"], load_ckptflow)(wspec, expectation(tiny))
+            exp = expectation(tiny)
+            got = LOADERS.get(m, load_ckptflow)(wspec, exp, template(exp))
             assert digests(got) == digests(tiny), "warm-up round trip differs"
     finally:
         remove(wspec["path"])
@@ -492,9 +600,8 @@ def warm_up(spec: dict, load: bool) -> None:
 
 
 # -- load phases -------------------------------------------------------------------------------
-def load_raw(spec: dict, expect: dict) -> dict:
+def load_raw(spec: dict, expect: dict, dst) -> dict:
     uri, buf = spec["path"], np.empty(BLOCK, dtype=np.uint8)
-    t0 = time.perf_counter()
     if uri.startswith("s3://"):
         n = len(_fs().cat_file(uri[5:]))
     else:
@@ -502,41 +609,41 @@ def load_raw(spec: dict, expect: dict) -> dict:
         with open(uri, "rb", buffering=0) as f:
             while k := f.readinto(buf):
                 n += k
-    return {"load_s": time.perf_counter() - t0, "bytes_read": n}
+    spec["_bytes_read"] = n
+    return {}
 
 
 def _read_blob(uri: str):
     return io.BytesIO(_fs().cat_file(uri[5:])) if uri.startswith("s3://") else uri
 
 
-def load_torch(spec: dict, expect: dict) -> dict:
+def load_torch(spec: dict, expect: dict, dst) -> dict:
     return torch.load(_read_blob(spec["path"]), weights_only=True)
 
 
-def load_safetensors(spec: dict, expect: dict) -> dict:
+def load_safetensors(spec: dict, expect: dict, dst) -> dict:
     from safetensors.torch import load, load_file
 
     uri = spec["path"]
     return load(_fs().cat_file(uri[5:])) if uri.startswith("s3://") else load_file(uri)
 
 
-def load_dcp(spec: dict, expect: dict) -> dict:
+def load_dcp(spec: dict, expect: dict, dst) -> dict:
     import torch.distributed.checkpoint as dcp
 
-    sd = template(expect)
-    dcp.load(sd, storage_reader=_dcp_reader(spec["path"]), no_dist=True)
-    return sd
+    dcp.load(dst, storage_reader=_dcp_reader(spec["path"]), no_dist=True)
+    return dst
 
 
-def load_ckptflow(spec: dict, expect: dict) -> dict:
-    sd = template(expect)
+def load_ckptflow(spec: dict, expect: dict, dst) -> dict:
     ck = _ck(spec)
-    ck.load(sd, spec["step"])
+    ck.load(dst, spec["step"])
     spec["_bytes_read"] = ck.last_load.bytes_read
-    return sd
+    return dst
 
 
 LOADERS = {
+    "raw": load_raw,
     "torch.save": load_torch,
     "safetensors": load_safetensors,
     "dcp": load_dcp,
@@ -544,29 +651,39 @@ LOADERS = {
 }
 
 
+def _cache(spec: dict) -> bool:
+    """Warm (every file read once) or cold (page cache dropped); True when it is cold."""
+    if spec.get("cache") == "warm":
+        pre_read(spec["path"])
+        return False
+    return drop_caches()
+
+
 def run_load(spec: dict) -> dict:
-    if spec["method"] == "raw":
-        cold = drop_caches()
-        out = load_raw(spec, {})
-        return out | {"cold": cold, "rss_peak_gib": rss_gib()}
+    """One timed load: into zeros allocated (and touched) before timing, then an xxh3 of every
+    tensor; extra peak RSS = the peak during the load above the RSS before it."""
     if spec["method"] == "ckptflow-coop2":
         return run_coop_rank(spec)
-    expect = read_json(spec["expect"])
+    raw = spec["method"] == "raw"
+    expect = {} if raw else read_json(spec["expect"])
     load = LOADERS.get(spec["method"], load_ckptflow)
     warm_up(spec, load=True)
-    cold = drop_caches()
-    t0 = time.perf_counter()
-    sd = load(spec, expect)
-    got = digests(sd)  # touches every byte of every tensor, for every method alike
-    secs = time.perf_counter() - t0
-    bad = sorted(k for k in expect["digests"] if got.get(k) != expect["digests"][k])
-    if bad or set(got) != set(expect["digests"]):
+    dst = None if raw else template(expect)
+    cold = _cache(spec)
+    reset_peak_rss()
+    base = rss_gib("VmRSS")
+    t0 = clock()
+    sd = load(spec, expect, dst)
+    got = {} if raw else digests(sd)  # touches every byte of every tensor, for every method
+    timed = since(t0, "load")
+    bad = sorted(k for k in expect.get("digests", {}) if got.get(k) != expect["digests"][k])
+    if bad or set(got) != set(expect.get("digests", {})):
         raise SystemExit(f"{spec['method']}: loaded state differs from the saved one: {bad[:5]}")
-    return {
-        "load_s": secs,
+    return timed | {
         "cold": cold,
         "bytes_read": spec.get("_bytes_read"),
         "rss_peak_gib": rss_gib(),
+        "rss_extra_gib": rss_gib() - base,
     }
 
 
@@ -577,6 +694,7 @@ def run_coop_rank(spec: dict) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=spec["rank"], world_size=spec["world"])
+    cold = None
     try:
         expect = read_json(spec["expect"])
         import ckptflow.steps.checkpoint.checkpointer  # noqa: F401  (imported before the cache is dropped)
@@ -584,24 +702,26 @@ def run_coop_rank(spec: dict) -> dict:
         ck = _ck(spec, cooperative=True)
         sd = template(expect)
         if spec["rank"] == 0:
-            cold = drop_caches()
+            cold = _cache(spec)
         dist.barrier()
-        t0 = time.perf_counter()
+        reset_peak_rss()
+        base = rss_gib("VmRSS")
+        t0 = clock()
         ck.load(sd, spec["step"])
         got = digests(sd)
-        secs = time.perf_counter() - t0
+        timed = since(t0, "load")
         if got != expect["digests"]:
             raise SystemExit(f"rank {spec['rank']}: loaded state differs from the saved one")
         ck.close()
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return {
-        "load_s": secs,
-        "cold": cold if spec["rank"] == 0 else None,
+    return timed | {
+        "cold": cold,
         "bytes_read": ck.last_load.bytes_read,
         "bytes_received": ck.last_load.bytes_received,
         "rss_peak_gib": rss_gib(),
+        "rss_extra_gib": rss_gib() - base,
     }
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import uuid
 
+import ckptflow.core.localio as localio
 from ckptflow.core.storage_errors import AlreadyExists
 
 # Temporary files of atomic exclusive creates on local disk (see write).
@@ -62,5 +63,7 @@ def _write_fd(path: str, data, flags: int, durable: bool) -> None:
                 view = view[n:]
         if durable:
             os.fsync(fd)
+        else:
+            localio.start_writeback(fd)  # the caller's sync() then finds it mostly written
     finally:
         os.close(fd)

@@ -7,10 +7,11 @@ Split from ckptflow.core.rootreader, whose markers, commits and manifests these 
 
 from __future__ import annotations
 
-from ckptflow.core import codec, jsonfile, layout
+from ckptflow.core import codec, jsonfile, layout, localio
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.rootreader import MAX_MARKER, read_commit, read_marker, read_parent, read_root_id
 from ckptflow.core.storage import Storage, StorageError
+from ckptflow.core.storage_errors import absent, translate
 from ckptflow.core.uris import supported
 
 
@@ -42,6 +43,48 @@ def read_object(storage: Storage, key: str, fallbacks: list[Storage]) -> tuple[b
             if exc.kind != "not-a-folder":
                 raise
     raise FileNotFoundError(storage.url(rel))
+
+
+def read_object_into(
+    storage: Storage, key: str, fallbacks: list[Storage], size: int, get_buf
+) -> tuple:
+    """An object read into `get_buf(size)` (locally with no intermediate copy), from `storage`
+    else the first fallback holding it: (buffer, the file's size, URL). The buffer is None,
+    and nothing allocated, when the file's size is not `size`. FileNotFoundError when absent."""
+    rel = layout.object_path(key)
+    for st in (storage, *fallbacks):
+        try:
+            n, buf = _read_into(st, rel, size, get_buf)
+        except FileNotFoundError:
+            continue
+        return buf, n, st.url(rel)
+    raise FileNotFoundError(storage.url(rel))
+
+
+def _read_into(st: Storage, rel: str, expect: int, get_buf) -> tuple:
+    try:
+        if st.protocol == "file":
+            with st.fs.open(st.path(rel), "rb") as f:
+                return localio.read_into(f, expect, get_buf)
+        data = st.fs.cat_file(st.path(rel), start=0, end=expect + 1)
+    except FileNotFoundError as exc:
+        if absent(exc):
+            raise
+        raise translate(exc, st.url(rel)) from exc
+    except Exception as exc:
+        raise translate(exc, st.url(rel)) from exc
+    if len(data) != expect:
+        return len(data), None
+    buf = get_buf(expect)
+    buf[:] = memoryview(data).cast("B")
+    return expect, buf
+
+
+def will_need(storage: Storage, keys: list[str]) -> None:
+    """Start reading these objects ahead (local disk: kernel read-ahead; elsewhere nothing)."""
+    if storage.protocol == "file":
+        for key in keys:
+            localio.will_need(storage.path(layout.object_path(key)))
 
 
 def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:

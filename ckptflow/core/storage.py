@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 import ckptflow.core.localfs as localfs
+import ckptflow.core.localio as localio
 import ckptflow.core.retry as retry
 from ckptflow.core.storage_errors import (
     AlreadyExists,
@@ -260,14 +261,24 @@ class Storage:
         exclusive: bool = False,
         durable: bool = True,
         atomic: bool = False,
+        direct: bool = False,
     ) -> None:
         """Write a whole file from bytes or a list of buffers. Large S3 files go up as parallel
         multipart uploads (s3fs). `durable=False` skips the local fsync: the caller then makes
         a batch of files durable at once with `flush()` (one flush instead of one per file).
         `atomic=True` replaces a file so that a reader sees the old or the new one whole, never
         a torn one (a marker that decides what is kept: PIN, eval.json); an exclusive create
-        is always atomic. An S3 or memory put is atomic by itself."""
+        is always atomic. An S3 or memory put is atomic by itself. `direct=True` (one contiguous
+        buffer, a new local file) writes it with O_DIRECT where the filesystem allows, durable
+        when this returns; elsewhere it is ignored."""
         path = self.path(rel)
+        if direct and self.protocol == "file" and not (exclusive or atomic):
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                if localio.write_direct(path, data):
+                    return
+            except Exception as exc:
+                raise translate(exc, self.url(rel)) from exc
         if isinstance(data, list) and self.protocol != "file":
             data = b"".join(data)
         try:

@@ -25,7 +25,7 @@ from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner,
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
-from ckptflow.core import locator, rootreader, slim
+from ckptflow.core import adaptive, locator, rootreader, slim
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import (
     CheckpointError,
@@ -75,7 +75,7 @@ class Checkpointer:
         *,
         full_every: int = 1,
         compression_level: int = 1,
-        compress: bool = True,
+        compress: bool | str = "auto",
         threads: int | None = None,
         part_mib: int = 64,
         process_group=None,
@@ -87,6 +87,8 @@ class Checkpointer:
         )
         if threads is not None:
             compat.check_options(threads=threads)
+        if not (compress is True or compress is False or compress == "auto"):
+            raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
         self.storage = storage or env.open_storage(root)
         self.root = self.storage.uri
@@ -206,6 +208,11 @@ class Checkpointer:
             world_size=self.world_size,
             level=self.level,
             compress=self.compress,
+            policy=(
+                adaptive.policy_for(self.storage.location(), self.level)
+                if self.compress == "auto"
+                else None
+            ),
             threads=self.threads,
             part_bytes=self.part_bytes,
             metadata=dict(metadata),

@@ -28,6 +28,7 @@ from torch.futures import Future
 
 from ckptflow.core import codec, layout, locator
 from ckptflow.core.errors import CorruptCheckpoint
+from ckptflow.core.localio import scratch
 from ckptflow.core.storage import Storage
 
 
@@ -77,26 +78,34 @@ class ObjectFetcher:
         except FileNotFoundError:
             return None
 
-    def stored(self, key: str, size: int) -> bytes:
+    def stored(self, key: str, size: int) -> np.ndarray:
+        """An object's verified stored bytes, in this thread's reused read buffer (valid until
+        this thread reads again)."""
         url = self.storage.url(layout.object_path(key))
         before = self._fingerprint(layout.object_path(key))
         try:
-            blob, url = locator.read_object(self.storage, key, self.fallbacks)
+            blob, found, url = locator.read_object_into(
+                self.storage, key, self.fallbacks, size, lambda n: scratch("read", n)
+            )
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
         with self._lock:
-            self.stats.bytes_read += len(blob)
+            self.stats.bytes_read += found if blob is not None else 0
             self.stats.objects_read += 1
         # Checked before decompression: a corrupt file never reaches the decoder.
-        if len(blob) != size:
+        if blob is None:
             raise CorruptCheckpoint(
-                f"{url}: size {len(blob)} differs from the manifest's {size}", [url]
+                f"{url}: size {found} differs from the manifest's {size}", [url]
             )
         if codec.digest(blob) != key:
             raise CorruptCheckpoint(f"{url}: checksum mismatch (corrupt data file)", [url])
         if before is not None and url == self.storage.url(layout.object_path(key)):
             self.trust.note(self.storage, key, before)
         return blob
+
+    def will_need(self, parts: list[dict]) -> None:
+        """Read these parts' objects ahead, so the disk works while this thread decodes."""
+        locator.will_need(self.storage, [p["object"] for p in parts])
 
     def _decode(self, ref: dict, out: np.ndarray | None = None) -> np.ndarray:
         blob = self.stored(ref["object"], ref["stored_size"])
@@ -161,10 +170,14 @@ class CkptStorageReader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _raw_item(self, rec: dict) -> np.ndarray:
-        if len(rec["parts"]) == 1:
+    def _raw_item(self, rec: dict, out: np.ndarray | None = None) -> np.ndarray:
+        """A stored chunk's raw bytes, decoded into `out` when given (its exact size)."""
+        size = sum(p["raw_size"] for p in rec["parts"])
+        if out is None and len(rec["parts"]) == 1:
             return self.fetcher.raw_part(rec["parts"][0])
-        out = np.empty(sum(p["raw_size"] for p in rec["parts"]), dtype=np.uint8)
+        out = np.empty(size, dtype=np.uint8) if out is None else out
+        if len(out) != size:
+            raise CorruptCheckpoint(f"value {rec['fqn']!r} in {self.storage.uri}: wrong size")
         pos = 0
         for p in rec["parts"]:  # each part decodes straight into its slice: no concatenation
             self.fetcher.raw_part(p, out[pos : pos + p["raw_size"]])
@@ -186,15 +199,21 @@ class CkptStorageReader(StorageReader):
                 self.stats,
             )
         else:
-            # Each worker reads, verifies, decodes and copies its chunk into place, so copies
-            # overlap with other chunks' decoding and no decoded chunk waits in memory.
-            def one(idx):
-                self._scatter(records[idx], self._raw_item(records[idx]), by_storage[idx], planner)
+            order = list(records)
+
+            # Each worker reads, verifies and decodes its chunk straight into the destination
+            # tensor where it can (else copies it into place), while the disk already reads the
+            # chunk a worker takes next: reads overlap decodes, no decoded chunk waits.
+            def one(pos: int):
+                if pos + self.threads < len(order):
+                    self.fetcher.will_need(records[order[pos + self.threads]]["parts"])
+                idx = order[pos]
+                self._load_one(records[idx], by_storage[idx], planner)
 
             with ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix="ckpt-read"
             ) as pool:
-                for f in [pool.submit(one, idx) for idx in records]:
+                for f in [pool.submit(one, pos) for pos in range(len(order))]:
                     f.result()
         fut: Future = Future()
         fut.set_result(None)
@@ -214,6 +233,34 @@ class CkptStorageReader(StorageReader):
         if dst.dtype != dtype or not dst.is_contiguous() or list(dst.shape) != list(ri.lengths):
             return None
         return dst.reshape(-1).view(torch.uint8), lambda: planner.commit_tensor(ri, dst)
+
+    def _load_one(self, rec: dict, items, planner: LoadPlanner) -> None:
+        target = self._whole_target(rec, items, planner)
+        if target is None:
+            self._scatter(rec, self._raw_item(rec), items, planner)
+            return
+        dst, raw = target
+        self._raw_item(rec, raw)
+        planner.commit_tensor(items[0], dst)
+
+    def _whole_target(self, rec: dict, items, planner: LoadPlanner):
+        """(destination tensor, its bytes) when one read item wants the whole stored chunk into
+        a contiguous CPU tensor of the stored dtype: then it is decoded in place, no copy."""
+        if len(items) != 1 or items[0].type == LoadItemType.BYTE_IO:
+            return None
+        ri = items[0]
+        sizes = rec.get("sizes")
+        if list(ri.lengths) != sizes or any(ri.storage_offsets):
+            return None
+        dtype = dcp_metadata.DTYPES[self.manifest["tensors"][rec["fqn"]]["dtype"]]
+        dst = planner.resolve_tensor(ri).detach()
+        if dst.device.type != "cpu" or dst.dtype != dtype or not dst.is_contiguous():
+            return None
+        if dst.numel() * dst.element_size() != sum(p["raw_size"] for p in rec["parts"]):
+            return None
+        if dst.numel() == 0:
+            return None
+        return dst, dst.reshape(-1).view(torch.uint8).numpy()
 
     def _scatter(self, rec: dict, raw: np.ndarray, items, planner: LoadPlanner) -> None:
         for ri in items:

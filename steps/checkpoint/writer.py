@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from ckptflow.steps.checkpoint.durability import Durability
 from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
 from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptflow.core import codec, intent, layout
+from ckptflow.core import adaptive, codec, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
@@ -68,7 +69,8 @@ class SaveJob:
     root_id: str
     world_size: int
     level: int = 1
-    compress: bool = True
+    compress: bool | str = "auto"  # True/False force; "auto": where it pays (core.adaptive)
+    policy: adaptive.Policy | None = None  # the root's speed estimates ("auto"; None: as True)
     threads: int = 4
     part_bytes: int = 64 << 20
     kind: str = "full"
@@ -174,6 +176,20 @@ class CkptStorageWriter(StorageWriter):
         job = self.job
         # Object stores are latency-bound: more uploads in flight than CPU threads.
         workers = job.threads * (4 if job.storage.protocol == "s3" else 1)
+        self._syncs = Durability(job, workers)
+        try:
+            results = self._write_items(plan, planner, workers)
+            # Every object durable before the coordinator writes the manifest: each was synced
+            # as soon as it was written (overlapping the encoding of others); wait for the last.
+            self._syncs.finish()
+        finally:
+            self._syncs.close()
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_items(self, plan: SavePlan, planner: SavePlanner, workers: int) -> list:
+        job = self.job
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write") as pool:
             pending = []
             for item in plan.items:
@@ -198,10 +214,7 @@ class CkptStorageWriter(StorageWriter):
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec)
                 )
-        job.storage.flush()  # every object durable before the coordinator writes the manifest
-        fut: Future = Future()
-        fut.set_result(results)
-        return fut
+        return results
 
     def _store_part(
         self, item_key: str, index: int, raw: np.ndarray, offset: int, width: int
@@ -265,7 +278,7 @@ class CkptStorageWriter(StorageWriter):
         if base is not None and len(base.raw) == len(raw):
             kind = codec.choose_delta(raw, base.raw, width, job.level, job.compress)
         payload = codec.delta(kind, raw, base.raw, width) if kind else raw
-        enc = codec.encode(payload, width, job.level, job.compress)
+        enc = codec.encode(payload, width, job.level, job.compress, job.policy)
         key = enc.digest()
         self._write_object(key, enc)
         rec = {
@@ -300,14 +313,30 @@ class CkptStorageWriter(StorageWriter):
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
         else:
-            # Made durable in one batch by write_data's flush(), before results reach the
-            # manifest.
-            st.write(rel, enc.chunks, durable=False)
+            self._store(rel, enc)
             with self._lock:
                 job.written_bytes += enc.nbytes
         with self._lock:
             job.sound[key] = True
             job.written.add(key)
+
+    def _store(self, rel: str, enc: codec.Encoded) -> None:
+        """Write one object; local ones are made durable by the sync thread (started now, so
+        the save ends when its last object is durable). A part stored raw whole goes with
+        O_DIRECT (durable on return): no page-cache copy and no writeback to wait for."""
+        st = self.job.storage
+        local = st.protocol == "file"
+        direct = local and len(enc.chunks) == 1 and enc.planes[0][0] == "raw"
+        t0 = time.perf_counter()
+        st.write(rel, enc.chunks, durable=not local, direct=direct)
+        spent = time.perf_counter() - t0
+        if local and not direct:
+            self._syncs.submit(rel, enc.nbytes, spent)
+            return
+        if local:
+            self._syncs.written_durably(rel)  # its folder entry still needs the folder's fsync
+        if self.job.policy is not None:
+            self.job.policy.observe_store(enc.nbytes, spent)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""

@@ -61,3 +61,52 @@ def test_encode_decode_round_trip(width):
     out = np.empty(len(raw), dtype=np.uint8)
     codec.decode(enc.data, enc.planes, width, len(raw), out)
     assert np.array_equal(out, raw)
+
+
+def _plain_decode(stored: bytes, planes: list, width: int, raw_size: int) -> np.ndarray:
+    """The decoder of ckptflow before the tuned parameters (copied): zstd frames decoded by
+    zstd's defaults, planes scattered into their columns."""
+    out = np.empty(raw_size, dtype=np.uint8)
+    columns = out.reshape(-1, len(planes))
+    pos = 0
+    for k, (c, length) in enumerate(planes):
+        piece = stored[pos : pos + length]
+        pos += length
+        if c == "zstd":
+            piece = zstandard.ZstdDecompressor().decompress(piece, max_output_size=raw_size)
+        columns[:, k] = np.frombuffer(piece, dtype=np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("dtype,width", [(np.float32, 4), (np.float16, 2)])
+def test_tuned_frames_are_read_by_the_old_decoder_and_old_frames_by_the_new(dtype, width):
+    raw = (np.random.default_rng(1).standard_normal(1 << 15) * 0.02).astype(dtype).view(np.uint8)
+    enc = codec.encode(raw, width, level=codec.TUNED_LEVEL)
+    assert "zstd" in [c for c, _ in enc.planes]
+    assert np.array_equal(_plain_decode(enc.data, enc.planes, width, len(raw)), raw)
+    # Frames of zstd's own level 1 (what earlier versions wrote) decode with today's decoder.
+    old = codec.encode(raw, width, level=2)  # any level but the tuned one is zstd's own
+    plain = zstandard.ZstdCompressor(level=1, write_content_size=True)
+    chunks, planes = [], []
+    for (c, _), chunk in zip(old.planes, old.chunks, strict=True):
+        if c == "zstd":
+            plane = zstandard.ZstdDecompressor().decompress(chunk)
+            chunk = plain.compress(plane)
+        chunks.append(bytes(chunk))
+        planes.append([c, len(chunks[-1])])
+    assert np.array_equal(codec.decode(b"".join(chunks), planes, width, len(raw)), raw)
+
+
+def test_a_tuned_exponent_plane_is_smaller_than_at_zstd_level_1():
+    raw = (np.random.default_rng(2).standard_normal(1 << 18) * 0.02).astype(np.float32)
+    plane = np.ascontiguousarray(raw.view(np.uint8).reshape(-1, 4)[:, 3])
+    tuned = codec._compressor(codec.TUNED_LEVEL).compress(plane.data)
+    plain = zstandard.ZstdCompressor(level=1).compress(plane.data)
+    assert len(tuned) <= len(plain)
+
+
+def test_a_truncated_frame_is_refused():
+    raw = np.frombuffer(bytes(range(256)) * 64, dtype=np.uint8)
+    frame = codec._compressor(codec.TUNED_LEVEL).compress(raw.data)
+    with pytest.raises((ValueError, zstandard.ZstdError)):
+        codec.decode(frame[: len(frame) // 2], [["zstd", len(frame) // 2]], 1, len(raw))

@@ -1,0 +1,193 @@
+"""Local-disk I/O primitives of the checkpoint engine: early writeback, per-file durability,
+O_DIRECT writes, reads into caller buffers and read-ahead.
+
+Every function degrades to a portable equivalent where the platform lacks the primitive
+(`sync_file_range` is Linux-only and not in Python's `os`; O_DIRECT is refused by tmpfs and
+some filesystems), so callers never need to know which one ran.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import threading
+
+import numpy as np
+
+ALIGN = 4096  # O_DIRECT wants buffers, lengths and offsets aligned to the logical block size
+DIRECT_BLOCK = 8 << 20  # bounce-buffer size of one O_DIRECT write
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+
+_local = threading.local()
+
+
+def _libc_sync_file_range():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sfr = _libc_sync_file_range() if os.uname().sysname == "Linux" else None
+
+
+def aligned_empty(n: int) -> np.ndarray:
+    """An uninitialised uint8 array of n bytes whose data starts on an ALIGN boundary."""
+    base = np.empty(n + ALIGN, dtype=np.uint8)
+    skip = (-base.ctypes.data) % ALIGN
+    return base[skip : skip + n]
+
+
+def scratch(name: str, n: int) -> np.ndarray:
+    """A per-thread reusable aligned buffer of at least n bytes (its first n returned).
+
+    Fresh arrays per part cost a page fault per 4 KiB on every save and load; a buffer reused
+    by the thread that owns it costs them once. Valid until this thread asks for `name` again."""
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(name)
+    if buf is None or len(buf) < n:
+        buf = bufs[name] = aligned_empty(max(n, 1))
+    return buf[:n]
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing a file's dirty pages now, without waiting: its later
+    fdatasync then finds most of the data on disk already (early writeback)."""
+    if _sfr is not None:
+        _sfr(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # best effort: fdatasync still guarantees it
+
+
+def datasync(path: str) -> None:
+    """fdatasync one file by path (its data and size; its directory entry: sync_dirs)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_dirs(paths: list[str]) -> None:
+    """fsync the folders holding these files and their parents (a new fan-out folder is a new
+    entry too), each once."""
+    dirs: set[str] = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        dirs |= {parent, os.path.dirname(parent)}
+    for d in sorted(dirs):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def sync_files(paths: list[str]) -> None:
+    """Make these files and their directory entries durable (only them, not the whole host:
+    os.sync() would also wait for every other process's dirty data)."""
+    for path in paths:
+        datasync(path)
+    sync_dirs(paths)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_direct(path: str, data) -> bool:
+    """Write `data` (one contiguous buffer, or a list of exactly one) to a new `path` with
+    O_DIRECT, bypassing the page cache, then fdatasync. False when the platform or filesystem
+    refuses O_DIRECT, or the data is not one buffer (nothing is left behind then; the caller
+    writes the file the ordinary way)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if isinstance(data, list):
+        if len(data) != 1:
+            return False
+        data = data[0]
+    data = np.frombuffer(data, dtype=np.uint8)
+    if not flag or len(data) < ALIGN:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    try:
+        _direct_body(fd, data, flag)
+        os.fdatasync(fd)
+    except OSError as exc:
+        os.close(fd)
+        fd = -1
+        os.unlink(path)
+        if exc.errno == errno.EINVAL:
+            return False
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return True
+
+
+def _direct_body(fd: int, data: np.ndarray, flag: int) -> None:
+    """Aligned blocks through an aligned bounce buffer; the unaligned tail with O_DIRECT off."""
+    n = len(data)
+    body = n - n % ALIGN
+    src = data if data.ctypes.data % ALIGN == 0 else None
+    bounce = scratch("direct", min(DIRECT_BLOCK, body)) if src is None and body else None
+    for off in range(0, body, DIRECT_BLOCK):
+        end = min(off + DIRECT_BLOCK, body)
+        if src is not None:
+            block = src[off:end]
+        else:
+            block = bounce[: end - off]
+            np.copyto(block, data[off:end])
+        _write_all(fd, memoryview(block))
+    if body < n:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~flag)
+        _write_all(fd, memoryview(data[body:]))
+
+
+def read_into(f, expect: int, get_buf) -> tuple[int, np.ndarray | None]:
+    """Read an open file of `expect` bytes into `get_buf(expect)` with no intermediate copy.
+
+    Returns (the file's size, the filled buffer); when the size differs from `expect` nothing
+    is read or allocated and the buffer is None (a manifest that declares a huge object never
+    makes the reader allocate it)."""
+    size = os.fstat(f.fileno()).st_size
+    if size != expect:
+        return size, None
+    buf = get_buf(expect)
+    view, got = memoryview(buf), 0
+    while got < expect:
+        k = f.readinto(view[got:])
+        if not k:
+            return got, None  # shrank while being read
+        got += k
+    return got, buf
+
+
+def will_need(path: str) -> None:
+    """Hint the kernel to read a file ahead (async), so its read overlaps decoding others."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # the real read reports it
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,149 @@
+"""The encode/decode path: tuned zstd stays readable both ways, the adaptive codec, in-place
+decoding into the destination, and per-file durability instead of a whole-host sync."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from ckptflow.steps.checkpoint import Checkpointer
+
+from ckptflow.core import adaptive, layout
+from ckptflow.core.storage import Storage
+from tests.core.test_codec import _plain_decode
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "fixtures", "ckpt", "before-tuned-zstd")
+
+
+def _fixture_state() -> dict:
+    """The state tests/fixtures/ckpt/before-tuned-zstd holds (step 3), written by ckptflow
+    before the tuned zstd parameters (zstd level 1 frames, one os.sync per save)."""
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(256, 64, generator=g) * 0.02,
+        "h": (torch.randn(128, 64, generator=g) * 0.02).to(torch.bfloat16),
+        "i": torch.arange(1000, dtype=torch.int64),
+        "meta": {"lr": 0.001, "name": "fixture"},
+    }
+
+
+def _zeros_like(state: dict) -> dict:
+    return {
+        k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"lr": 0.0, "name": ""}
+        for k, v in state.items()
+    }
+
+
+def test_a_checkpoint_written_before_the_tuned_parameters_loads(tmp_path):
+    root = tmp_path / "old"
+    shutil.copytree(FIXTURE, root)
+    want = _fixture_state()
+    got = _zeros_like(want)
+    assert Checkpointer(str(root)).load(got) == 3
+    for k in ("w", "h", "i"):
+        assert torch.equal(got[k], want[k]), k
+    assert got["meta"] == want["meta"]
+
+
+def test_a_checkpoint_written_now_decodes_with_the_old_decoder(tmp_path):
+    state = _fixture_state()
+    ck = Checkpointer(str(tmp_path / "new"), compress=True)
+    ck.save(1, state)
+    m = ck.manifest(1)
+    st = Storage(str(tmp_path / "new"))
+    zstd_planes = 0
+    for fqn in ("w", "h"):
+        (item,) = [it for it in m["items"].values() if it["fqn"] == fqn]
+        (part,) = item["parts"]
+        blob = st.read(layout.object_path(part["object"]))
+        raw = _plain_decode(blob, part["planes"], part["width"], part["raw_size"])
+        assert raw.tobytes() == state[fqn].reshape(-1).view(torch.uint8).numpy().tobytes()
+        zstd_planes += [c for c, _ in part["planes"]].count("zstd")
+    assert zstd_planes >= 2
+
+
+def _planes(ck: Checkpointer, fqn: str = "w") -> list:
+    m = ck.manifest(1)
+    return [p["planes"] for it in m["items"].values() if it["fqn"] == fqn for p in it["parts"]]
+
+
+def _primed(root: str, store_s: float) -> None:
+    """Give the root's storage estimate `store_s` seconds per byte, with enough evidence."""
+    adaptive.policy_for(Storage(root).location(), 1).observe_store(
+        adaptive.MIN_EVIDENCE, store_s * adaptive.MIN_EVIDENCE
+    )
+
+
+def test_auto_stores_raw_on_storage_faster_than_the_encoder_and_compresses_on_slow(tmp_path):
+    state = {"w": torch.randn(512, 256, generator=torch.Generator().manual_seed(1)) * 0.02}
+    fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
+    _primed(fast, 1e-15)  # storage far faster than any compressor
+    _primed(slow, 1e-3)  # a kilobyte per second: compressing always pays
+    ck_fast, ck_slow = Checkpointer(fast), Checkpointer(slow)
+    ck_fast.save(1, state)
+    ck_slow.save(1, state)
+    assert _planes(ck_fast) == [[["raw", 512 * 256 * 4]]]  # stored whole, ungrouped
+    assert _planes(ck_slow)[0][-1][0] == "zstd"  # the sign/exponent plane
+    forced = Checkpointer(fast, compress=True)  # True forces compression whatever the speed
+    forced.save(2, state)
+    assert [it for it in forced.manifest(2)["items"].values()][0]["parts"][0]["planes"][-1][
+        0
+    ] == "zstd"
+    for ck in (ck_fast, ck_slow):
+        t = {"w": torch.zeros(512, 256)}
+        ck.load(t, step=1)
+        assert torch.equal(t["w"], state["w"])
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_compress_must_be_true_false_or_auto(tmp_path, bad):
+    with pytest.raises(ValueError, match="compress"):
+        Checkpointer(str(tmp_path / "r"), compress=bad)
+
+
+class NoWholeHostSync(Storage):
+    """A root whose whole-host flush must not be needed: each save syncs its own files."""
+
+    def flush(self) -> None:
+        raise AssertionError("a save synced the whole host")
+
+
+@pytest.mark.parametrize("compress", ["auto", True, False])
+def test_a_save_syncs_its_own_files_not_the_whole_host(tmp_path, compress):
+    root = str(tmp_path / "r")
+    ck = Checkpointer("unused", storage=NoWholeHostSync(root), compress=compress, part_mib=1)
+    state = {"w": torch.randn(1024, 600) * 0.02, "b": torch.arange(10)}
+    ck.save(1, state)
+    t = {"w": torch.zeros(1024, 600), "b": torch.zeros(10, dtype=torch.int64)}
+    ck.load(t)
+    assert torch.equal(t["w"], state["w"]) and torch.equal(t["b"], state["b"])
+
+
+def test_a_load_decodes_into_the_destination_tensors_in_place(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), part_mib=1)
+    state = {"w": torch.randn(1024, 600) * 0.02, "v": torch.randn(7).to(torch.bfloat16)}
+    ck.save(1, state)
+    target = {"w": torch.zeros(1024, 600), "v": torch.zeros(7, dtype=torch.bfloat16)}
+    ptrs = {k: v.data_ptr() for k, v in target.items()}
+    ck.load(target)
+    for k in state:
+        assert target[k].data_ptr() == ptrs[k]
+        assert torch.equal(target[k], state[k])
+    # A non-contiguous destination is filled through a copy, with the same result.
+    wide = torch.zeros(600, 1024).t()
+    ck.load({"w": wide, "v": target["v"]})
+    assert torch.equal(wide, state["w"])
+
+
+def test_raw_parts_are_stored_whole_and_read_back(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), compress=False, part_mib=1)
+    w = torch.from_numpy(np.random.default_rng(3).standard_normal(600_001).astype(np.float32))
+    ck.save(1, {"w": w})
+    assert all(len(p) == 1 and p[0][0] == "raw" for p in _planes(ck))
+    t = {"w": torch.zeros_like(w)}
+    ck.load(t)
+    assert torch.equal(t["w"], w)
+    assert ck.verify(1)["objects"] == 3
