@@ -132,6 +132,7 @@ def test_two_racing_commits_exactly_one_wins(protocol, request):
     assert writers[1].read(layout.commit_path(5)) == f"writer-{winner}".encode()
 
 
+@pytest.mark.slow  # the library's backoff before its retry
 def test_a_lost_reply_of_the_stores_check_is_not_a_lost_commit(cloud):
     """The first create of the check's probe lands but its reply is lost: still no
     "already exists" for the commit."""
