@@ -29,6 +29,7 @@ from ckptflow.core.storage_errors import (
     AlreadyExists,
     StorageError,
     absent,
+    missing_bucket,
     precondition_failed,
     translate,
 )
@@ -322,7 +323,9 @@ class Storage:
         if self.protocol not in OBJECT_STORES:
             return False
         try:
-            return self.fs.cat_file(self.path(rel)) == bytes(data)
+            # at most one byte more than ours: a huge object there costs no more than that
+            mine = bytes(data)
+            return self.fs.cat_file(self.path(rel), start=0, end=len(mine) + 1) == mine
         except Exception:
             return False
 
@@ -409,25 +412,13 @@ class Storage:
         try:
             self.fs.ls(bucket, refresh=True)
         except FileNotFoundError as exc:
-            raise StorageError(f"{where}: {_MISSING_BUCKET[self.protocol](bucket)}") from exc
+            raise StorageError(f"{where}: {missing_bucket(self.protocol, bucket)}") from exc
         except Exception as exc:
             raise translate(exc, where) from exc
 
 
 # The info field that changes whenever an object is rewritten (see Storage.fingerprint).
 _VERSION_FIELDS = {"s3": "ETag", "gs": "generation", "az": "etag", "abfs": "etag"}
-_MISSING_BUCKET = {
-    "s3": lambda b: f"the bucket does not exist; create it first (e.g. `aws s3 mb s3://{b}`)",
-    "gs": lambda b: (
-        "the bucket does not exist; create it first "
-        f"(e.g. `gcloud storage buckets create gs://{b}`)"
-    ),
-    "az": lambda b: (
-        "the container does not exist; create it first "
-        f"(e.g. `az storage container create --name {b}`)"
-    ),
-}
-_MISSING_BUCKET["abfs"] = _MISSING_BUCKET["az"]
 
 
 def _mtime(info: dict) -> float:

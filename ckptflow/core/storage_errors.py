@@ -197,6 +197,15 @@ def translate(exc: BaseException, uri: str) -> BaseException:
     return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}")
 
 
+def missing_bucket(protocol: str, bucket: str) -> str:
+    """The fix for a bucket (an Azure container) that does not exist, in its cloud's words."""
+    if protocol == "gs":
+        return f"the bucket does not exist; create it first (e.g. `gcloud storage buckets create gs://{bucket}`)"
+    if protocol in ("az", "abfs"):
+        return f"the container does not exist; create it first (e.g. `az storage container create --name {bucket}`)"
+    return f"the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"
+
+
 def absent(exc: FileNotFoundError) -> bool:
     """True when a FileNotFoundError means the file is absent (s3fs and adlfs raise it for a
     missing bucket or container too, which must never read as "no such file": a root would
