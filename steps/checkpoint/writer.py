@@ -33,6 +33,7 @@ from ckptflow.core import codec, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.uris import OBJECT_STORES
 
 HEARTBEAT_S = layout.SAVE_LEASE_S / 4  # how often a save in progress refreshes its intent
 log = logging.getLogger("ckptflow.checkpoint")
@@ -169,7 +170,7 @@ class CkptStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         job = self.job
         # Object stores are latency-bound: more uploads in flight than CPU threads.
-        workers = job.threads * (4 if job.storage.protocol == "s3" else 1)
+        workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write") as pool:
             pending = []
             for item in plan.items:
