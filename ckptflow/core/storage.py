@@ -316,10 +316,9 @@ class Storage:
 
     def _landed(self, rel: str, data: bytes | memoryview) -> bool:
         """True when an exclusive create on an object store lost only its reply: the client
-        retried, the
-        retry found the file, and the file holds exactly our bytes (a commit marker carries a
-        random save id, so no other writer's marker is ever equal). Without this check a
-        commit that succeeded would be reported as lost to another writer."""
+        retried, the retry found the file, and the file holds exactly our bytes (a commit
+        marker carries a random save id, so no other writer's marker is ever equal). Without
+        this check a commit that succeeded would be reported as lost to another writer."""
         if self.protocol not in OBJECT_STORES:
             return False
         try:
