@@ -27,6 +27,11 @@ else
 INSTALL_TORCH = $(VENV)/bin/pip install -q $(TORCH_PIN)
 endif
 
+# Azurite, Azure Blob's emulator for the az:// tests, from npm into the venv (tests/conftest.py
+# looks there; on CI a missing azurite fails those tests rather than skipping them).
+AZURITE_PIN := azurite@3.37.0
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
@@ -34,10 +39,19 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
+# npm comes from Debian's packages where it is missing and we may install them (CI runs as root).
+$(AZURITE):
+	@if ! command -v npm >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && apt-get install -y -qq nodejs npm; \
+		else echo "npm is needed for azurite: install nodejs and npm (e.g. apt-get install -y npm)"; exit 1; fi; \
+	fi
+	npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE_PIN)
+
 run: $(STAMP)
 	$(VENV)/bin/ckptflow run pipeline --local
 
-test: $(STAMP)
+test: $(STAMP) $(AZURITE)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -q
 

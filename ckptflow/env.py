@@ -1,7 +1,10 @@
 """The one place that reads deployment wiring from the environment.
 
 Only deployment settings live here: the S3 endpoint and credentials (the standard AWS
-variables, which botocore also understands) and the MLflow tracking URI. The storage module
+variables, which botocore also understands), a GCS emulator's endpoint (STORAGE_EMULATOR_HOST,
+as Google's own clients read it), the names of the Azure secrets to scrub (adlfs reads the
+AZURE_STORAGE_* variables itself; GOOGLE_APPLICATION_CREDENTIALS names a key file that
+google-auth reads) and the MLflow tracking URI. The storage module
 reads none of it: entry points pass `storage_options()` (or use `open_storage`). Nothing read here
 is ever written into a manifest, a log line or MLflow.
 """
@@ -11,7 +14,15 @@ from __future__ import annotations
 import os
 
 # Variables whose values are secrets: code that records configuration must drop them.
-SECRET_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+SECRET_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CLIENT_SECRET",
+)
 
 
 def s3_endpoint_url() -> str | None:
@@ -24,13 +35,25 @@ def s3_region() -> str | None:
     return os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or None
 
 
+def gcs_emulator_endpoint() -> str | None:
+    """STORAGE_EMULATOR_HOST (a GCS emulator, reached without credentials) as a URL, or None
+    for Google Cloud itself."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if host in ("", "default"):
+        return None
+    return host if host.startswith(("http://", "https://")) else f"http://{host}"
+
+
 def storage_options():
-    """The `StorageOptions` of this deployment (endpoint, region); credentials stay in
-    botocore's own chain. What every entry point gives the storage it opens."""
+    """The `StorageOptions` of this deployment (S3 endpoint and region, a GCS emulator);
+    credentials stay in each cloud library's own chain. What every entry point gives the
+    storage it opens."""
     # imported here: this module needs nothing but os, so any layer can read its wiring
     from ckptflow.core.storage import StorageOptions
 
-    return StorageOptions(endpoint_url=s3_endpoint_url(), region=s3_region())
+    return StorageOptions(
+        endpoint_url=s3_endpoint_url(), region=s3_region(), gcs_endpoint=gcs_emulator_endpoint()
+    )
 
 
 def open_storage(uri: str):

@@ -67,3 +67,146 @@ def pytest_collection_modifyitems(config, items):
                     reason="needs docker, k3d and kubectl on PATH (see README 'Run it on a cluster')"
                 )
             )
+
+
+# -- Google Cloud Storage and Azure Blob emulators ------------------------------------------------
+# gcp-storage-emulator (PyPI) runs in this process; azurite (npm, installed by `make test` into
+# .venv/azurite) runs as a child process. Both listen on 127.0.0.1 only, behind a CloudProxy
+# (tests/cloud_proxy.py) that injects transient failures on demand. On CI (CI=true) a missing
+# emulator fails the test instead of skipping it: the set-up must have installed it.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AZURITE = os.path.join(REPO, ".venv", "azurite", "node_modules", ".bin", "azurite-blob")
+# Azurite's fixed, published development account (no secret: every azurite has it).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+
+def _missing(what: str):
+    """Fail on CI (the set-up must provide it), skip with the fix elsewhere."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{what} is missing on CI: `make test` installs it")
+    pytest.skip(f"{what} is missing: run `make test` (or the Makefile's set-up) to install it")
+
+
+def _wait_port(port: int, proc=None, timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"emulator exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"emulator did not listen on port {port} within {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """gcp-storage-emulator in this process; yields its URL. It ignores ifGenerationMatch."""
+    try:
+        from gcp_storage_emulator.server import create_server
+    except ImportError:
+        _missing("gcp-storage-emulator (PyPI)")
+    port = _free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    _wait_port(port)
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_proxy(gcs_emulator):
+    """The emulator behind a proxy that enforces ifGenerationMatch=0 (as GCS does) and injects
+    faults on demand."""
+    from tests.cloud_proxy import CloudProxy
+
+    proxy = CloudProxy(gcs_emulator, gcs_preconditions=True).start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def gcs_env(gcs_proxy, monkeypatch):
+    """Point the standard GCS emulator variable at the proxy; yields the proxy."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_proxy.url)
+    gcs_proxy.fail()
+    return gcs_proxy
+
+
+@pytest.fixture
+def gcs_bucket(gcs_env):
+    """A fresh bucket on the GCS emulator; yields its name."""
+    from gcsfs.core import GCSFileSystem
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    GCSFileSystem(endpoint_url=gcs_env.url, token="anon", project="test").mkdir(name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's blob service as a child process, in memory; yields its URL."""
+    import subprocess
+
+    exe = AZURITE if os.path.exists(AZURITE) else shutil.which("azurite-blob")
+    if not exe:
+        _missing("azurite (npm)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "--silent", "--inMemoryPersistence", "--blobHost", "127.0.0.1"]
+        + ["--blobPort", str(port), "--skipApiVersionCheck", "--loose"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()  # in memory, nothing to keep (a SIGTERM waits for idle connections)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def az_proxy(azurite):
+    from tests.cloud_proxy import CloudProxy
+
+    proxy = CloudProxy(azurite).start()
+    yield proxy
+    proxy.stop()
+
+
+def azurite_connection_string(url: str, key: str = AZURITE_KEY) -> str:
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={key};"
+        f"BlobEndpoint={url}/{AZURITE_ACCOUNT};"
+    )
+
+
+@pytest.fixture
+def az_env(az_proxy, monkeypatch):
+    """Point the standard Azure variable at azurite through the proxy; yields the proxy."""
+    for var in (
+        "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_ACCOUNT_KEY",
+        "AZURE_STORAGE_SAS_TOKEN",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_connection_string(az_proxy.url))
+    az_proxy.fail()
+    return az_proxy
+
+
+@pytest.fixture
+def az_container(az_env):
+    """A fresh container on azurite; yields its name."""
+    import fsspec
+
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    fsspec.filesystem("abfs", use_listings_cache=False).mkdir(name)
+    return name

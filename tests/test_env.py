@@ -6,10 +6,11 @@ from ckptflow import env
 from ckptflow.core.storage import StorageOptions
 
 S3_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION")
+STORE_VARS = (*S3_VARS, "STORAGE_EMULATOR_HOST")
 
 
 def test_storage_options_from_the_environment(monkeypatch):
-    for var in S3_VARS:
+    for var in STORE_VARS:
         monkeypatch.delenv(var, raising=False)
     assert env.storage_options() == StorageOptions()
     assert env.s3_storage_options() == {"use_listings_cache": False}
@@ -30,3 +31,24 @@ def test_open_storage_passes_the_options(monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     st = env.open_storage("memory://env-open/run")
     assert st.options == StorageOptions("http://s3-only:9000", "us-east-1")
+
+
+def test_a_gcs_emulator_from_the_standard_variable(monkeypatch):
+    for var in STORE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert env.storage_options().gcs_endpoint is None
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "default")  # Google's word for "none"
+    assert env.storage_options().gcs_endpoint is None
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "localhost:9023")  # scheme-less, as Google's
+    assert env.storage_options() == StorageOptions(gcs_endpoint="http://localhost:9023")
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "https://gcs.example:443")
+    assert env.storage_options().gcs_endpoint == "https://gcs.example:443"
+
+
+def test_azure_secrets_are_scrubbed(monkeypatch):
+    for var in env.SECRET_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "AccountKey=c2VjcmV0;")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "a2V5")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "not-a-secret")
+    assert sorted(env.secret_values()) == ["AccountKey=c2VjcmV0;", "a2V5"]

@@ -11,7 +11,7 @@ the builders render it with `contract.to_argv`. Its fields are keys of the secti
 (`pretrain.max_steps`), except those the builders fill in themselves (`step_args(hide=...)`).
 
 Only references and settings live here: credentials are named by their Kubernetes Secret
-(`platform.s3_secret`), never held.
+(`platform.s3_secret`, `platform.gcs_secret`, `platform.azure_secret`), never held.
 """
 
 from __future__ import annotations
@@ -73,6 +73,17 @@ class PlatformConfig:
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID"  # key of the access key id in that Secret
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"  # key of the secret access key in it
     s3_region: str = "us-east-1"  # AWS_DEFAULT_REGION of every pod
+    # gs://: a Secret holding a service-account key file, mounted read-only and named by
+    # GOOGLE_APPLICATION_CREDENTIALS; "" = none (GKE workload identity, or no GCS)
+    gcs_secret: str = ""
+    gcs_secret_file: str = "key.json"  # key of the key file in that Secret
+    # az://: a Secret holding the storage account's connection string (or its account key
+    # with `azure_account_name`); "" = none (managed identity, or no Azure)
+    azure_secret: str = ""
+    azure_secret_key: str = "AZURE_STORAGE_CONNECTION_STRING"  # key of the credential in it
+    azure_account_name: str = (
+        ""  # set: the Secret holds that account's key, not a connection string
+    )
     # Labels every pod's node must carry: a mapping {"pool": "gpu"} (or pool=gpu,zone=a).
     node_selector: tuple[tuple[str, str], ...] = ()
     # Tolerations of every pod: a YAML/JSON list as in a Pod spec (or key[=value]:Effect,...).

@@ -20,6 +20,7 @@ from hera.workflows import (
     Parameter,
     RetryStrategy,
     SecretEnv,
+    SecretVolume,
 )
 from hera.workflows import (
     Resources as HeraResources,
@@ -52,7 +53,8 @@ def param(name: str) -> str:
 
 
 def step_env(platform: PlatformConfig) -> list:
-    """Env of every step: S3 keys by Secret reference (never inline), MLflow URI, Argo names."""
+    """Env of every step: S3, GCS and Azure credentials by Secret reference (never inline),
+    MLflow URI, Argo names."""
     env: list = []
     if platform.s3_secret:
         env += [
@@ -67,6 +69,7 @@ def step_env(platform: PlatformConfig) -> list:
                 secret_key=platform.s3_secret_key_key,
             ),
         ]
+    env += cloud_env(platform)
     if platform.s3_endpoint:
         env.append(Env(name="AWS_ENDPOINT_URL", value=platform.s3_endpoint))
     if platform.s3_region:
@@ -77,6 +80,46 @@ def step_env(platform: PlatformConfig) -> list:
     if platform.argo_ui:  # so each MLflow run links to its workflow in the Argo UI
         env.append(Env(name="CKPTFLOW_ARGO_UI", value=platform.argo_ui))
     return env
+
+
+# Where a GCS service-account key Secret is mounted in every step container.
+GCS_KEY_DIR = "/var/run/secrets/ckptflow/gcs"
+GCS_KEY_VOLUME = "gcs-key"
+
+
+def cloud_env(platform: PlatformConfig) -> list:
+    """GCS and Azure credentials as each cloud's standard variables: the key file's path
+    (the file itself comes from the Secret volume, see `credential_volumes`), the Azure
+    connection string or account key by Secret reference."""
+    env: list = []
+    if platform.gcs_secret:
+        path = f"{GCS_KEY_DIR}/{platform.gcs_secret_file}"
+        env.append(Env(name="GOOGLE_APPLICATION_CREDENTIALS", value=path))
+    if platform.azure_secret:
+        var = "AZURE_STORAGE_CONNECTION_STRING"
+        if platform.azure_account_name:
+            env.append(Env(name="AZURE_STORAGE_ACCOUNT_NAME", value=platform.azure_account_name))
+            var = "AZURE_STORAGE_ACCOUNT_KEY"
+        env.append(
+            SecretEnv(
+                name=var, secret_name=platform.azure_secret, secret_key=platform.azure_secret_key
+            )
+        )
+    return env
+
+
+def credential_volumes(platform: PlatformConfig) -> list:
+    """The GCS key Secret as a read-only volume (google-auth reads a file, not a variable)."""
+    if not platform.gcs_secret:
+        return []
+    return [
+        SecretVolume(
+            name=GCS_KEY_VOLUME,
+            secret_name=platform.gcs_secret,
+            mount_path=GCS_KEY_DIR,
+            read_only=True,
+        )
+    ]
 
 
 def hera_resources(res: Resources) -> HeraResources:
@@ -193,7 +236,7 @@ def step(
     env = step_env(platform) if with_env else None
     if launcher:
         env = [*(env or []), *rank_env(grace_s)]
-    volumes = []
+    volumes = credential_volumes(platform) if with_env else []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
         volumes.append(

@@ -1,13 +1,16 @@
-"""The one storage module: a root URI on local disk, `memory://` or `s3://`, through fsspec.
+"""The one storage module: a root URI on local disk, `memory://`, `s3://`, `gs://` (Google Cloud
+Storage) or `az://`/`abfs://` (Azure Blob), through fsspec (s3fs, gcsfs, adlfs).
 
 Every path argument is relative to the root. Writes are direct (never a rename on an object
-store: on S3 a rename is a copy plus a delete); `exclusive=True` creates a file only if it does
-not exist yet (O_EXCL plus a hard link locally, `If-None-Match: *` on S3), which is how a commit
-marker is claimed by one writer only, and `atomic=True` replaces a small marker file whole (a
-local temporary file put in place with os.replace; an S3 put is atomic already).
+store: there a rename is a copy plus a delete); `exclusive=True` creates a file only if it does
+not exist yet (O_EXCL plus a hard link locally, `If-None-Match: *` on S3 and Azure,
+`ifGenerationMatch=0` on GCS), which is how a commit marker is claimed by one writer only, and
+`atomic=True` replaces a small marker file whole (a local temporary file put in place with
+os.replace; an object store's put is atomic already).
 Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
-How to reach S3 (endpoint, region) is given as `StorageOptions` by the caller; this module reads
-no environment (ckptflow.env does, for the entry points).
+How to reach S3 or a GCS emulator is given as `StorageOptions` by the caller; this module reads
+no environment (ckptflow.env does, for the entry points; the cloud libraries read their own
+credentials, see ckptflow.core.storage_clouds).
 """
 
 from __future__ import annotations
@@ -22,15 +25,17 @@ import fsspec
 import ckptflow.core.localfs as localfs
 import ckptflow.core.localio as localio
 import ckptflow.core.retry as retry
+import ckptflow.core.storage_clouds as storage_clouds
 from ckptflow.core.storage_errors import (
     AlreadyExists,
     StorageError,
     absent,
+    missing_bucket,
     precondition_failed,
     transient,
     translate,
 )
-from ckptflow.core.uris import PROTOCOLS, join_path, split_uri
+from ckptflow.core.uris import OBJECT_STORES, PROTOCOLS, join_path, split_uri
 
 MULTIPART_CHUNK = 8 << 20
 # File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
@@ -49,8 +54,10 @@ class Entry:
 
 @dataclass(frozen=True)
 class StorageOptions:
-    """How to reach S3: deployment wiring the caller passes in (ckptflow.env reads it). Without
-    `credentials`, botocore's own chain finds them (environment, profile, instance role)."""
+    """How to reach S3 (and a GCS emulator): deployment wiring the caller passes in
+    (ckptflow.env reads it). Without `credentials`, botocore's own chain finds them
+    (environment, profile, instance role); GCS and Azure credentials are always their
+    libraries' own (see ckptflow.core.storage_clouds)."""
 
     endpoint_url: str | None = None  # S3 endpoint (MinIO, moto, ...); None: AWS itself
     region: str | None = None  # S3 region; None: botocore's default
@@ -58,6 +65,8 @@ class StorageOptions:
     credentials: tuple[str, str] | None = field(default=None, repr=False)
     # how long an unreachable or throttling object store is retried before a call fails
     retry_seconds: float = 120.0
+    # GCS endpoint (an emulator: reached without credentials); None: Google Cloud itself
+    gcs_endpoint: str | None = None
 
     def s3_kwargs(self) -> dict:
         """The fsspec/s3fs options these stand for."""
@@ -81,12 +90,18 @@ def is_temporary(name: str) -> bool:
 def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
     """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
     protocol, _ = split_uri(uri)
+    options = options or StorageOptions()
     if protocol == "s3":
-        return fsspec.filesystem("s3", **(options or StorageOptions()).s3_kwargs())
+        return fsspec.filesystem("s3", **options.s3_kwargs())
+    if protocol == "gs":
+        return storage_clouds.gcs_filesystem(options.gcs_endpoint, bool(options.gcs_endpoint))
+    if protocol in storage_clouds.AZURE:
+        return storage_clouds.azure_filesystem()
     if protocol in PROTOCOLS:
         return fsspec.filesystem(protocol)
     raise StorageError(
-        f"unsupported storage URI {uri!r}: use a local path, file://, memory:// or s3://bucket/prefix"
+        f"unsupported storage URI {uri!r}: use a local path, file://, memory://, "
+        "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
     )
 
 
@@ -121,7 +136,8 @@ class Storage:
         if self.protocol in ("file", "local"):
             return ("file", *os.path.realpath(self._base).strip("/").split("/"))
         norm = posixpath.normpath("/" + self._base).strip("/")
-        return (self.protocol, *[p for p in norm.split("/") if p])
+        protocol = "az" if self.protocol in storage_clouds.AZURE else self.protocol
+        return (protocol, *[p for p in norm.split("/") if p])
 
     def contains(self, other: Storage) -> bool:
         """True when `other` is this root or lies inside it (by `location`)."""
@@ -158,6 +174,8 @@ class Storage:
             return self._io(self.fs.cat_file, self.path(rel), **span)
         except FileNotFoundError as exc:
             if absent(exc):
+                if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
+                    self.check_reachable()
                 raise
             raise translate(exc, self.url(rel)) from exc
         except Exception as exc:
@@ -186,22 +204,26 @@ class Storage:
         """A cheap token (no data read) that differs whenever the file at `rel` is rewritten,
         or None where there is none: local disk, (device, inode, size, mtime, ctime) once the
         change time is SETTLED_NS old (a write within the same clock tick as this look could
-        leave the timestamps as they were); S3, (size, ETag). FileNotFoundError when absent."""
+        leave the timestamps as they were); S3 and Azure, (size, ETag); GCS, (size,
+        generation), which changes on every rewrite. FileNotFoundError when absent."""
         path = self.path(rel)
         if self.protocol == "file":
             s = os.stat(path)
             if time.time_ns() - s.st_ctime_ns < SETTLED_NS:
                 return None
             return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
-        if self.protocol == "s3":
+        field = _VERSION_FIELDS.get(self.protocol)
+        if field:
             try:
                 info = self._io(self.fs.info, path, refresh=True)
-            except FileNotFoundError:
-                raise
+            except FileNotFoundError as exc:
+                if absent(exc):
+                    raise
+                raise translate(exc, self.url(rel)) from exc
             except Exception as exc:
                 raise translate(exc, self.url(rel)) from exc
-            etag = info.get("ETag")
-            return (int(info.get("size") or 0), etag) if etag else None
+            version = info.get(field)
+            return (int(info.get("size") or 0), str(version)) if version else None
         return None
 
     def mtime(self, rel: str) -> float:
@@ -284,6 +306,12 @@ class Storage:
         try:
             if self.protocol == "file":
                 self._write_local(path, data, exclusive, durable, atomic)
+            elif self.protocol in storage_clouds.CLOUDS:
+                if exclusive:  # refuse rather than let a commit overwrite another writer's
+                    storage_clouds.check_conditional_create(
+                        self.fs, self.protocol, path, self.url(rel)
+                    )
+                storage_clouds.put(self.fs, self.protocol, path, bytes(data), exclusive)
             elif self.protocol == "s3":
                 # Files over 2 x MULTIPART_CHUNK go up as parallel multipart uploads.
                 self._io(
@@ -297,26 +325,31 @@ class Storage:
                 if exclusive and self.fs.exists(path):
                     raise AlreadyExists(f"{self.url(rel)} already exists")
                 self.fs.pipe_file(path, bytes(data))
-        except AlreadyExists:
+        except (AlreadyExists, StorageError):
             raise
         except Exception as exc:
-            # Only S3's refusal of `If-None-Match: *` means another writer has the name (a
-            # local claim raises AlreadyExists itself, in localfs.write).
-            if exclusive and self.protocol == "s3" and precondition_failed(exc):
+            # Only an object store's refusal of a conditional create means another writer has
+            # the name (a local claim raises AlreadyExists itself, in localfs.write).
+            if exclusive and self.protocol in OBJECT_STORES and precondition_failed(exc):
                 if self._landed(rel, data):
                     return
                 raise AlreadyExists(f"{self.url(rel)} already exists") from exc
+            if isinstance(exc, FileNotFoundError) and self.protocol in OBJECT_STORES:
+                # A put finds no file missing but its bucket: name that, not "no such file".
+                self.check_reachable()
             raise translate(exc, self.url(rel)) from exc
 
     def _landed(self, rel: str, data: bytes | memoryview) -> bool:
-        """True when an exclusive create on S3 lost only its reply: the client retried, the
-        retry found the file, and the file holds exactly our bytes (a commit marker carries a
-        random save id, so no other writer's marker is ever equal). Without this check a
-        commit that succeeded would be reported as lost to another writer."""
-        if self.protocol != "s3":
+        """True when an exclusive create on an object store lost only its reply: the client
+        retried, the retry found the file, and the file holds exactly our bytes (a commit
+        marker carries a random save id, so no other writer's marker is ever equal). Without
+        this check a commit that succeeded would be reported as lost to another writer."""
+        if self.protocol not in OBJECT_STORES:
             return False
         try:
-            return self.fs.cat_file(self.path(rel)) == bytes(data)
+            # at most one byte more than ours: a huge object there costs no more than that
+            mine = bytes(data)
+            return self.fs.cat_file(self.path(rel), start=0, end=len(mine) + 1) == mine
         except Exception:
             return False
 
@@ -354,21 +387,25 @@ class Storage:
 
     def check_reachable(self) -> None:
         """Fail early with a clear message when the bucket is missing or credentials are wrong."""
-        if self.protocol != "s3":
+        if self.protocol not in OBJECT_STORES:
             return
         bucket = self._base.split("/", 1)[0]
+        where = f"{self.protocol}://{bucket}"
         try:
             self._io(self.fs.ls, bucket, refresh=True)
         except FileNotFoundError as exc:
-            raise StorageError(
-                f"s3://{bucket}: the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"
-            ) from exc
+            raise StorageError(f"{where}: {missing_bucket(self.protocol, bucket)}") from exc
         except Exception as exc:
-            raise translate(exc, f"s3://{bucket}") from exc
+            raise translate(exc, where) from exc
+
+
+# The info field that changes whenever an object is rewritten (see Storage.fingerprint).
+_VERSION_FIELDS = {"s3": "ETag", "gs": "generation", "az": "etag", "abfs": "etag"}
 
 
 def _mtime(info: dict) -> float:
-    for key in ("mtime", "LastModified", "created"):
+    # s3fs/gcsfs: mtime or LastModified; adlfs: last_modified
+    for key in ("mtime", "LastModified", "last_modified", "created"):
         val = info.get(key)
         if val is None:
             continue

@@ -1,5 +1,6 @@
-"""Storage errors and their one classification table (by exception type, errno and S3 error
-code, never by message text): which backend failures a user can fix, and the fix to name.
+"""Storage errors and their one classification table (by exception type, errno and the
+service's error code: S3's, Azure Blob's, Google Cloud Storage's HTTP status; never by message
+text): which backend failures a user can fix, and the fix to name.
 
 Split from ckptflow.core.storage (the module that wraps fsspec), which raises these.
 """
@@ -41,6 +42,19 @@ _FIXES = {
     "read-only": "read-only file system; use a writable root",
     "not-a-folder": "a path component is a file, not a folder (or the reverse); check the root URI",
     "missing": "no such file or folder (removed while in use?); check the root URI",
+    "az-no-container": "the container does not exist; create it first "
+    "(e.g. `az storage container create --name NAME`)",
+    "az-denied": "access denied; check AZURE_STORAGE_CONNECTION_STRING (or "
+    "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, a SAS token or a managed "
+    "identity) and the container's role assignments ({code})",
+    "az-throttled": "Azure Blob storage is throttling or unavailable ({code}); retry later",
+    "gcs-no-bucket": "the bucket does not exist; create it first (e.g. `gcloud storage "
+    "buckets create gs://NAME`)",
+    "gcs-denied": "access denied; check GOOGLE_APPLICATION_CREDENTIALS (or the workload "
+    "identity) and the bucket's IAM ({code})",
+    "gcs-no-credentials": "no Google Cloud credentials; set GOOGLE_APPLICATION_CREDENTIALS to "
+    "a service-account key file or use workload identity",
+    "gcs-throttled": "Google Cloud Storage is throttling or unavailable ({code}); retry later",
 }
 _S3_CODES = {
     "NoSuchBucket": "no-bucket",
@@ -69,8 +83,31 @@ _ERRNOS = {
     errno.EEXIST: "not-a-folder",  # outside a claim (see _claim), a file where a folder goes
     errno.ENOENT: "missing",
 }
-# botocore exceptions by class name (the core does not import botocore)
+# Azure Blob error codes (azure-core's HttpResponseError.error_code, kept by adlfs as the
+# exception itself or as its __cause__/__context__), then the HTTP status when the code is new.
+_AZURE_CODES = {
+    "ContainerNotFound": "az-no-container",
+    "AuthenticationFailed": "az-denied",
+    "AuthorizationFailure": "az-denied",
+    "AuthorizationPermissionMismatch": "az-denied",
+    "AuthorizationSourceIPMismatch": "az-denied",
+    "InvalidAuthenticationInfo": "az-denied",
+    "InsufficientAccountPermissions": "az-denied",
+    "AccountIsDisabled": "az-denied",
+    "ServerBusy": "az-throttled",
+    "OperationTimedOut": "az-throttled",
+    "InternalError": "az-throttled",
+}
+_AZURE_STATUS = {401: "az-denied", 403: "az-denied", 503: "az-throttled"}
+# Azure's answers to a create with `If-None-Match: *` that found the blob there.
+_AZURE_EXISTS = {"BlobAlreadyExists", "ConditionNotMet"}
+# Google Cloud Storage: gcsfs's HttpError carries the HTTP status as `.code` (a 403 it raises
+# as a bare OSError with no status, which this table cannot tell from other failures).
+_GCS_STATUS = {401: "gcs-denied", 403: "gcs-denied", 429: "gcs-throttled", 503: "gcs-throttled"}
+# botocore and google-auth exceptions by class name (the core imports neither)
 _TYPES = {
+    "DefaultCredentialsError": "gcs-no-credentials",
+    "RefreshError": "gcs-denied",
     "NoCredentialsError": "no-credentials",
     "PartialCredentialsError": "no-credentials",
     "EndpointConnectionError": "unreachable",
@@ -93,6 +130,37 @@ def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
     return None, None
 
 
+def _chain(exc: BaseException | None):
+    """`exc` and the exceptions behind it (__cause__, else __context__), at most 8."""
+    seen = 0
+    while exc is not None and seen < 8:
+        yield exc
+        exc, seen = (exc.__cause__ or exc.__context__), seen + 1
+
+
+def _named(exc: BaseException, name: str) -> bool:
+    return any(cls.__name__ == name for cls in type(exc).__mro__)
+
+
+def azure_error(exc: BaseException) -> tuple[str | None, int | None]:
+    """The Azure Blob error code and HTTP status behind `exc` (an azure-core HttpResponseError,
+    or an adlfs error raised while handling one); (None, None) for any other error."""
+    for e in _chain(exc):
+        if _named(e, "HttpResponseError"):
+            code = getattr(e, "error_code", None)
+            code = getattr(code, "value", code)  # a StorageErrorCode member or a plain string
+            return (str(code) if code else None), getattr(e, "status_code", None)
+    return None, None
+
+
+def gcs_status(exc: BaseException) -> int | None:
+    """The HTTP status of a gcsfs HttpError behind `exc`; None for any other error."""
+    for e in _chain(exc):
+        if _named(e, "HttpError") and isinstance(getattr(e, "code", None), int):
+            return e.code
+    return None
+
+
 def classify(exc: BaseException) -> str | None:
     """The kind of a storage error (a key of _FIXES), or None for one the user cannot fix."""
     if isinstance(exc, StorageError):
@@ -100,6 +168,12 @@ def classify(exc: BaseException) -> str | None:
     code, status = s3_error(exc)
     if code is not None or status is not None:
         return _S3_CODES.get(code or "") or _HTTP_STATUS.get(status or 0)
+    code, status = azure_error(exc)
+    if code is not None or status is not None:
+        return _AZURE_CODES.get(code or "") or _AZURE_STATUS.get(status or 0)
+    status = gcs_status(exc)
+    if status is not None:
+        return _GCS_STATUS.get(status)
     for cls in type(exc).__mro__:
         if cls.__name__ in _TYPES:
             return _TYPES[cls.__name__]
@@ -119,9 +193,16 @@ def transient(exc: BaseException) -> bool:
 
 
 def precondition_failed(exc: BaseException) -> bool:
-    """True when S3 refused an exclusive create (`If-None-Match: *`): the object exists."""
+    """True when an object store refused an exclusive create because the object exists: S3's
+    412 to `If-None-Match: *`, Azure's BlobAlreadyExists/ConditionNotMet (adlfs raises it as a
+    FileExistsError), GCS's 412 to `ifGenerationMatch=0` (gcsfs raises FileExistsError)."""
     code, status = s3_error(exc)
-    return code == "PreconditionFailed" or status == 412
+    if code == "PreconditionFailed" or status == 412:
+        return True
+    code, status = azure_error(exc)
+    if code in _AZURE_EXISTS or status in (409, 412):
+        return True
+    return gcs_status(exc) == 412 or isinstance(exc, FileExistsError)
 
 
 def translate(exc: BaseException, uri: str) -> BaseException:
@@ -129,11 +210,21 @@ def translate(exc: BaseException, uri: str) -> BaseException:
     kind = classify(exc)
     if kind is None:
         return exc
-    code = s3_error(exc)[0] or type(exc).__name__
+    code = s3_error(exc)[0] or azure_error(exc)[0] or gcs_status(exc) or type(exc).__name__
     return StorageError(f"{uri}: {_FIXES[kind].format(code=code)}", kind=kind)
 
 
+def missing_bucket(protocol: str, bucket: str) -> str:
+    """The fix for a bucket (an Azure container) that does not exist, in its cloud's words."""
+    if protocol == "gs":
+        return f"the bucket does not exist; create it first (e.g. `gcloud storage buckets create gs://{bucket}`)"
+    if protocol in ("az", "abfs"):
+        return f"the container does not exist; create it first (e.g. `az storage container create --name {bucket}`)"
+    return f"the bucket does not exist; create it first (e.g. `aws s3 mb s3://{bucket}`)"
+
+
 def absent(exc: FileNotFoundError) -> bool:
-    """True when a FileNotFoundError means the file is absent (s3fs raises it for a missing
-    bucket too, which must never read as "no such file": a root would look empty)."""
-    return classify(exc) != "no-bucket"
+    """True when a FileNotFoundError means the file is absent (s3fs and adlfs raise it for a
+    missing bucket or container too, which must never read as "no such file": a root would
+    look empty)."""
+    return classify(exc) not in ("no-bucket", "az-no-container")

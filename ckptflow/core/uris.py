@@ -1,5 +1,6 @@
 """Root URIs and the paths below them, computed without opening a filesystem (and without
-importing fsspec): a local path, file://, memory:// or s3://bucket/prefix.
+importing fsspec): a local path, file://, memory://, s3://bucket/prefix, gs://bucket/prefix or
+az://container/prefix (abfs:// is the same Azure Blob store).
 
 Split from ckptflow.core.storage, whose Storage resolves every relative path through these.
 """
@@ -36,7 +37,10 @@ def join_uri(uri: str, rel: str) -> str:
     return path if protocol == "file" else f"{protocol}://{path}"
 
 
-PROTOCOLS = ("file", "local", "memory", "s3")  # the only URI schemes a root may use
+# the only URI schemes a root may use
+PROTOCOLS = ("file", "local", "memory", "s3", "gs", "az", "abfs")
+# object stores whose writes go through a conditional create (see ckptflow.core.storage)
+OBJECT_STORES = ("s3", "gs", "az", "abfs")
 
 
 def supported(uri: str) -> bool:

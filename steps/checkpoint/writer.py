@@ -34,6 +34,7 @@ from ckptflow.core import adaptive, codec, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.uris import OBJECT_STORES
 
 HEARTBEAT_S = layout.SAVE_LEASE_S / 4  # how often a save in progress refreshes its intent
 log = logging.getLogger("ckptflow.checkpoint")
@@ -175,7 +176,7 @@ class CkptStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         job = self.job
         # Object stores are latency-bound: more uploads in flight than CPU threads.
-        workers = job.threads * (4 if job.storage.protocol == "s3" else 1)
+        workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
         self._syncs = Durability(job, workers)
         try:
             results = self._write_items(plan, planner, workers)

@@ -36,7 +36,15 @@ def test_options_become_s3fs_kwargs():
 
 # The storage module and the two it was split into (its errors, its URIs): together they read
 # no environment and import nothing else of ckptflow.
-STORAGE_MODULES = ("storage", "storage_errors", "uris", "localfs", "localio", "retry")
+STORAGE_MODULES = (
+    "storage",
+    "storage_clouds",
+    "storage_errors",
+    "uris",
+    "localfs",
+    "localio",
+    "retry",
+)
 
 
 @pytest.mark.parametrize("name", STORAGE_MODULES)
