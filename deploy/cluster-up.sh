@@ -74,7 +74,7 @@ EXP_ID=$(curl -fsS "$MLFLOW/api/2.0/mlflow/experiments/get-by-name?experiment_na
   | tr -d '\n' | sed -E 's/.*"experiment_id": *"([0-9]+)".*/\1/')
 echo "experiment ckptflow has id $EXP_ID"
 kubectl kustomize deploy/k8s \
-  | sed -E "s#/experiments/[0-9]+\?searchFilter#/experiments/${EXP_ID}?searchFilter#" \
+  | sed -E "s#/experiments/[0-9]+\?workflowType=machine_learning&searchFilter#/experiments/${EXP_ID}?workflowType=machine_learning\&searchFilter#" \
   | kc apply --server-side --force-conflicts --field-manager=ckptflow -f -
 
 cat <<DONE

@@ -214,7 +214,7 @@ def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported,
             model_id=model_id,
             description=(
                 f"{winner.name} step {winner.step}: {cfg.metric} {winner.value:.4g} "
-                f"({cfg.mode}); chosen from {len(cfg.candidates.split(','))} variant(s)"
+                f"({cfg.mode}); chosen from {len(candidate_uris(cfg.candidates))} variant(s)"
             ),
         )
     except Exception as exc:  # noqa: BLE001 - said plainly; the export stays where it is

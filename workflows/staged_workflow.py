@@ -12,7 +12,7 @@ so a controller `links` entry (scope `workflow`) opens the run by name, e.g.
 
     - name: MLflow run
       scope: workflow
-      url: http://MLFLOW/#/experiments/EXPERIMENT_ID?searchFilter=attributes.run_name%3D%22${metadata.name}%22
+      url: http://MLFLOW/#/experiments/EXPERIMENT_ID?workflowType=machine_learning&searchFilter=attributes.run_name%3D%22${metadata.name}%22
 
 where EXPERIMENT_ID is the id of the experiment named by the label (the deployment creates
 it, so it knows the id). `${metadata.name}` and the run-name label are equal.

@@ -209,10 +209,21 @@ def describe(slow: Slow, names: list[str], factor: float) -> str:
     )
 
 
+COLLECTIVE = ("allreduce_gib_s", "latency_us")  # the figures measured with peers
+
+
 def record(lineage, figures: dict[str, list[float]], names: list[str]) -> None:
     """The table in MLflow: `preflight_<figure>` at step r for rank r, and preflight.json."""
+    # A lone rank has no peer to reduce with: its collective figures (inf, 0) were never
+    # measured and must not reach MLflow (an inf is stored as 1.8e308).
+    alone = len(names) == 1
     for rank in range(len(names)):
-        lineage.log_metrics({f"preflight_{k}": v[rank] for k, v in figures.items()}, rank)
+        logged = {
+            f"preflight_{k}": v[rank]
+            for k, v in figures.items()
+            if math.isfinite(v[rank]) and not (alone and k in COLLECTIVE)
+        }
+        lineage.log_metrics(logged, rank)
     rows = [
         {"rank": r, "where": names[r], **{k: v[r] for k, v in figures.items()}}
         for r in range(len(names))

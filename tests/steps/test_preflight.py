@@ -4,6 +4,7 @@ verdicts on forked gloo ranks from injected figures and step times (no timing is
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 from pathlib import Path
@@ -154,3 +155,24 @@ def test_a_failing_straggler_stops_every_rank_at_the_same_step(tmp_path):
     assert _launch(2, _straggler_worker, str(tmp_path), True) == [0, 0]
     got = _read(tmp_path, 2)
     assert [(g["found"], g["step"]) for g in got] == [(1, 8), (1, 8)]
+
+
+def test_a_lone_rank_logs_no_collective_figures_it_did_not_measure():
+    """A single rank has no peer: its all_reduce "bandwidth" is infinite and was logged to
+    MLflow as 1.8e308 (seen on a fine-tune's run page). Only measured figures are logged."""
+    from ckptflow.steps.lib import preflight
+
+    class Lineage:
+        def __init__(self):
+            self.metrics, self.tags = {}, {}
+
+        def log_metrics(self, m, step):
+            self.metrics.update(m)
+
+        def set_tags(self, t):
+            self.tags.update(t)
+
+    lg = Lineage()
+    figures = {"compute_gflops": [12.0], "allreduce_gib_s": [math.inf], "latency_us": [0.0]}
+    preflight.record(lg, figures, ["pod p on node n"])
+    assert lg.metrics == {"preflight_compute_gflops": 12.0}
