@@ -114,7 +114,10 @@ def test_argo_ui_link_finds_the_run(pipeline):
         namespace="argo",
     )
     experiment = MlflowClient(tracking_uri=MLFLOW).get_experiment_by_name("ckptflow")
-    assert f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning&searchFilter=" in links
+    assert (
+        f"/#/experiments/{experiment.experiment_id}?workflowType=machine_learning&searchFilter="
+        in links
+    )
     found = MlflowClient(tracking_uri=MLFLOW).search_runs(
         [experiment.experiment_id],
         filter_string=f"attributes.run_name = '{wf['metadata']['name']}'",
