@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ckptflow.core import codec, jsonfile, layout, localio
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
-from ckptflow.core.rootreader import MAX_MARKER, read_commit, read_marker, read_parent, read_root_id
+from ckptflow.core.rootreader import MAX_MARKER, read_commit, read_parent, read_root_id
 from ckptflow.core.storage import Storage, StorageError
 from ckptflow.core.storage_errors import absent, translate
 from ckptflow.core.uris import supported
@@ -57,27 +57,31 @@ def read_object_into(
             n, buf = _read_into(st, rel, size, get_buf)
         except FileNotFoundError:
             continue
+        except StorageError as exc:
+            if exc.kind != "not-a-folder":  # as in read_object: the object is missing
+                raise
+            continue
         return buf, n, st.url(rel)
     raise FileNotFoundError(storage.url(rel))
 
 
 def _read_into(st: Storage, rel: str, expect: int, get_buf) -> tuple:
+    if st.protocol != "file":  # through Storage.read: its retries and error translation
+        data = st.read(rel, limit=expect + 1)
+        if len(data) != expect:
+            return len(data), None
+        buf = get_buf(expect)
+        buf[:] = memoryview(data).cast("B")
+        return expect, buf
     try:
-        if st.protocol == "file":
-            with st.fs.open(st.path(rel), "rb") as f:
-                return localio.read_into(f, expect, get_buf)
-        data = st.fs.cat_file(st.path(rel), start=0, end=expect + 1)
+        with st.fs.open(st.path(rel), "rb") as f:
+            return localio.read_into(f, expect, get_buf)
     except FileNotFoundError as exc:
         if absent(exc):
             raise
         raise translate(exc, st.url(rel)) from exc
     except Exception as exc:
         raise translate(exc, st.url(rel)) from exc
-    if len(data) != expect:
-        return len(data), None
-    buf = get_buf(expect)
-    buf[:] = memoryview(data).cast("B")
-    return expect, buf
 
 
 def will_need(storage: Storage, keys: list[str]) -> None:
@@ -155,16 +159,20 @@ def _not_the_copy(storage: Storage, archive: Storage, step: int) -> str | None:
     except FileNotFoundError:
         return "cannot be checked: the step has no commit marker here"
     try:
-        marker = read_marker(archive)
         there = read_commit(archive, step)
+        # The archive's root marker is not a single point of failure either: lost or damaged,
+        # its id is the one its committed steps agree on (as for the hot root). Refusing the
+        # redirect instead made an intact archived step look corrupt, and gc deleted its hot
+        # folder, the only way to it.
+        archive_id = read_root_id(archive)
     except FileNotFoundError:
         return "holds no committed copy of this step"
     except (CheckpointError, StorageError, OSError) as exc:
         return f"cannot be read as an archive root ({type(exc).__name__}: {str(exc)[:200]})"
-    if marker is None:
+    if archive_id is None:
         return "has no root marker"
-    if marker["root_id"] != read_root_id(storage):
-        return f"belongs to another run (root id {marker['root_id'][:64]})"
+    if archive_id != read_root_id(storage):
+        return f"belongs to another run (root id {archive_id[:64]})"
     if (there.get("save_id"), there.get("manifest_xxh3")) != (
         here["save_id"],
         here["manifest_xxh3"],

@@ -242,6 +242,14 @@ REPLAYS = {
          ("crash_save", {"after": 0, "at": None, "block": False}),
          archived("dangling", pick=0), save()],
     ),
+    "archive-root-marker-lost-gc-deletes-the-archived-step": (
+        "slow run: the archive root's marker deleted: the archived step's redirect was refused "
+        "as 'has no root marker', the step counted as corrupt and gc last=2 deleted its hot "
+        "folder, orphaning the intact archived copy (c)",
+        NeededDeleted,
+        [save(), save(), ("archive", {"grace": "0", "to": "archive root"}),
+         json_("archive root marker", "delete", hostile="bool"), gc(2, "0")],
+    ),
 }  # fmt: skip
 
 
