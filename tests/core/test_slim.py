@@ -23,11 +23,17 @@ DAY = 86400.0
 
 def train_state(seed: int) -> dict:
     """A training state as ckptflow.steps.lib.state lays it out (model, optim, rng, data)."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(128, 128, generator=g)
+    # a small step apart per seed, as training moves a state: deltas pay (since deltas are
+    # chosen per part, independent random values would be stored full)
+    base, g = torch.Generator().manual_seed(0), torch.Generator().manual_seed(seed)
+    w, m, v = (torch.randn(128, 128, generator=base) for _ in range(3))
+
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        return t + 1e-4 * seed * torch.randn(t.shape, generator=g)
+
     return {
-        "model": {"w": w, "b": torch.full((128,), float(seed))},
-        "optim": {"m": torch.randn(128, 128, generator=g), "v": torch.rand(128, 128, generator=g)},
+        "model": {"w": moved(w), "b": torch.full((128,), float(seed))},
+        "optim": {"m": moved(m), "v": moved(v.abs())},
         "rng": {"rank0": {"seed": seed}},
         "data": {"position": seed * 10},
         "step": seed,

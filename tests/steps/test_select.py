@@ -103,7 +103,8 @@ def test_select_exports_and_registers_the_best_variant(tmp_path, finetuned, rank
     assert str(mv.version) == "1" and mv.source == f"models:/{man['model_id']}"
     assert mv.tags["ckptflow.export_uri"] == o["export_uri"]
     logged = client.get_logged_model(man["model_id"])
-    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "m-best", "version": "1"}]
+    # (other tests register the same shared checkpoints under their own names)
+    assert {"name": "m-best", "version": "1"} in json.loads(logged.tags["mlflow.modelVersions"])
     assert mv.tags["ckptflow.source_checkpoint"] == o["chosen"]
     assert mv.tags["ckptflow.source_model_id"] == man["model_id"]
     assert mv.tags["ckptflow.source_run_id"] == man["mlflow_run_id"]
