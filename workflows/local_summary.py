@@ -4,6 +4,7 @@ runnable from any directory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -75,6 +76,26 @@ def _script(name: str) -> str:
     return str(exe) if exe.exists() else f"{sys.executable} -m {module}"
 
 
+def mlflow_experiment_url(db: Path, experiment: str) -> str | None:
+    """The experiment's page in the UI that `mlflow ui` serves, in the model-training view:
+    MLflow 3's UI opens in GenAI mode unless the URL asks otherwise (the experiment's kind
+    tag does not switch it). None when the store or the experiment is not there."""
+    import sqlite3
+
+    if not db.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            row = con.execute(
+                "select experiment_id from experiments where name = ?", (experiment,)
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    if row is None:
+        return None
+    return f"http://127.0.0.1:5000/#/experiments/{row[0]}?workflowType=machine_learning"
+
+
 def mlflow_ui_command(db: Path) -> str:
     """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
     return f"{_script('mlflow')} ui --backend-store-uri sqlite:///{db.resolve()}"
@@ -127,6 +148,8 @@ def summary(
         lines.append(f"  run report: {run_root}/report.png")
     db = mlflow_db or runs_dir / "mlflow.db"
     lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
+    if url := mlflow_experiment_url(db, cfg.platform.experiment):
+        lines.append(f"  then open {url}")
     if s3_endpoint:
         lines.append("(the in-process S3 server, and the objects above, end with this command)")
     else:

@@ -183,3 +183,19 @@ def test_printed_commands_work_from_any_directory(tmp_path):
     exe, _, _, uri = cmd.split()
     assert Path(exe).is_absolute() and Path(exe).exists()
     assert uri == f"sqlite:///{(Path('runs') / 'mlflow.db').resolve()}"
+
+
+def test_the_printed_mlflow_link_opens_the_model_training_view(tmp_path):
+    """MLflow 3's UI opens in GenAI mode unless the URL asks otherwise (the experiment's kind
+    tag does not switch it: seen in headless-Chromium screenshots); the summary's link does."""
+    import sqlite3
+
+    from ckptflow.workflows.local_summary import mlflow_experiment_url
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("create table experiments (experiment_id integer, name text)")
+        con.execute("insert into experiments values (7, 'ckptflow')")
+    url = mlflow_experiment_url(db, "ckptflow")
+    assert url == "http://127.0.0.1:5000/#/experiments/7?workflowType=machine_learning"
+    assert mlflow_experiment_url(tmp_path / "none.db", "ckptflow") is None
