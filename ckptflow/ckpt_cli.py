@@ -27,7 +27,7 @@ import time
 
 from ckptflow import ckpt_ops_cli, env
 from ckptflow.contract import cli_args
-from ckptflow.core import health, layout, listing, rootreader, runroot
+from ckptflow.core import drill, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
 from ckptflow.core.progress import Progress
@@ -234,18 +234,8 @@ def cmd_verify(args) -> int:
         raise CheckpointError(f"no committed checkpoints under {st.uri} to verify")
     n_bad = 0
     for step in steps:
-        t0 = time.time()
         with Progress(0, desc=f"verify step {step}", nbytes=True) as prog:
-            m, bad = listing.verify_step(st, step, progress=prog.add)
-        health.record(
-            st,
-            "verify",
-            step=step,
-            outcome="failed" if bad else "ok",
-            duration_s=time.time() - t0,
-            bytes=m["stats"]["stored_bytes"] if m else 0,
-            error="; ".join(bad)[:400],
-        )
+            m, bad = drill.verify_recorded(st, step, "verify", progress=prog.add)
         if bad:
             n_bad += 1
             print(f"step {step}: CORRUPT")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ckptflow.core import health, listing, marks, rootreader
+from ckptflow.core import health, layout, listing, marks, rootreader
 from ckptflow.core.storage import Storage
 
 
@@ -35,32 +35,41 @@ def newest(st: Storage, k: int) -> list[int]:
     return list(reversed(rootreader.committed_steps(st)))[: max(0, k)]
 
 
+def verify_recorded(
+    st: Storage, step: int, event: str, progress=None
+) -> tuple[dict | None, list[str]]:
+    """`listing.verify_step` of `step`, recorded in the health log as `event` (verify from
+    `ckpt verify`, drill from a drill): one place for both, so their events agree."""
+    t0 = time.time()
+    m, bad = listing.verify_step(st, step, progress=progress)
+    health.record(
+        st,
+        event,
+        step=step,
+        outcome="failed" if bad else "ok",
+        duration_s=time.time() - t0,
+        bytes=m["stats"]["stored_bytes"] if m else 0,
+        error="; ".join(bad)[:400],
+    )
+    return m, bad
+
+
 def verify_newest(st: Storage, k: int, *, mark: bool = True, by: str = "drill") -> DrillReport:
     """Verify the newest `k` committed steps in full; mark the bad ones corrupt (`mark`)."""
     report = DrillReport(st.uri)
     for step in newest(st, k):
-        t0 = time.time()
-        m, bad = listing.verify_step(st, step)
-        if any("marked corrupt" in b or b.endswith("/CORRUPT") for b in bad):
+        # decided by the marker itself, never by the wording of a verify message
+        if marks.corrupt_reason(st, step, set(st.listdir(layout.step_dir(step)))) is not None:
             report.already_marked.append(step)
             continue
-        size = m["stats"]["stored_bytes"] if m else 0
-        report.bytes_read += size
+        m, bad = verify_recorded(st, step, "drill")
+        report.bytes_read += m["stats"]["stored_bytes"] if m else 0
         if bad:
             report.corrupt[step] = bad
             if mark:
                 fail(st, step, f"verify: {'; '.join(bad)[:1500]}", by)
         else:
             report.verified.append(step)
-        health.record(
-            st,
-            "drill",
-            step=step,
-            outcome="failed" if bad else "ok",
-            duration_s=time.time() - t0,
-            bytes=size,
-            error="; ".join(bad)[:400],
-        )
     return report
 
 

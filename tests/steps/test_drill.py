@@ -88,3 +88,19 @@ def test_a_step_that_does_not_load_into_its_model_fails_the_test_load(root, tmp_
     rc, outputs = _run(root, tmp_path / "out")
     assert rc == 1 and json.loads(outputs["corrupt"]) == [4]
     assert "test-load" in st.read(f"{layout.step_dir(4)}/{layout.CORRUPT}").decode()
+
+
+def test_a_step_marked_corrupt_is_not_read_again_whatever_its_reason_says(tmp_path):
+    """ "Already marked" is decided by the CORRUPT marker, not by the wording of a message:
+    a marker whose reason mentions nothing of the kind still keeps the step from being read."""
+    from ckptflow.core import drill, marks
+
+    uri = str(tmp_path / "ckpt")
+    ck = Checkpointer(uri)
+    ck.save(1, {"w": torch.ones(8)})
+    ck.save(2, {"w": torch.zeros(8)})
+    ck.close()
+    st = Storage(uri)
+    assert marks.mark_corrupt(st, 2, "operator: bad node", "a person")
+    report = drill.verify_newest(st, 2)
+    assert report.already_marked == [2] and report.verified == [1] and report.ok
