@@ -1,25 +1,31 @@
-"""When compressing a byte plane pays: a cheap running estimate of each root's storage speed
-against this process's compression speed (the adaptive codec, `compress="auto"`).
+"""Whether compressing pays on a root: a cheap running estimate, per root, of what a writer
+thread spends per raw byte of a part stored raw and of one stored compressed (the adaptive
+codec, `compress="auto"`).
 
-A writer thread spends `s` seconds storing each byte (its upload, or its share of the disk's
-writeback until durable) and `c` seconds compressing each input byte. Compressing a plane to a
-fraction `r` of its size saves `(1 - r) * s` per byte and costs `c`: it pays when
-`c < (1 - r) * s`. Slow storage (S3 over a network, a busy disk) makes `s` large and every
-compressible plane worth it; storage faster than the encoder makes storing raw cheaper.
+The cost of a part is measured end to end in the writer thread: byte grouping, compression,
+hashing and the write until the bytes are on the device (local objects go with O_DIRECT, so
+the write itself includes the disk's time; an upload includes the network's). That is what a
+save waits for, with every hidden cost in it (the gather before compression, threads competing
+for cores, a disk that is slow today), where a model from separate speeds (compressor bytes/s
+against storage bytes/s) missed the gather and mis-chose on fast disks.
 
-Estimates are exponentially weighted by bytes, kept per root (S3 and local disk differ) for the
-life of the process, so a job's saves learn from each other. Until a root has MIN_EVIDENCE
-bytes measured, planes that compress are compressed (today's behaviour: a tiny save is never
-decided by the latency of a few small files).
+Each root keeps one estimate per mode, exponentially weighted by bytes, for the life of the
+process, so a job's saves learn from each other. Until both modes have MIN_EVIDENCE bytes
+measured, parts alternate between them (the one with less evidence goes next); after that the
+cheaper mode is used, and one part in EXPLORE goes the other way, so the estimate of the mode
+not in use follows the storage when it speeds up or slows down. Parts under MIN_PART are not
+measured or decided (always compressed): what a small part costs is its file's creation and
+sync, the same in both modes, and would drown the per-byte figures.
 """
 
 from __future__ import annotations
 
 import threading
 
-MIN_EVIDENCE = 32 << 20  # bytes stored before a root's estimate decides anything
+MIN_PART = 1 << 20  # smaller parts are always compressed: their cost is their file's either way
+MIN_EVIDENCE = 8 << 20  # raw bytes measured per mode before the estimates decide
 HALF_BYTES = 256 << 20  # an observation of this many bytes moves an estimate halfway
-PRIOR_COMPRESS_S = 1e-9  # seconds per byte of zstd on a float plane before any is measured
+EXPLORE = 16  # one decided part in this many takes the other mode (keeps its estimate fresh)
 
 
 class Estimate:
@@ -45,35 +51,34 @@ class Estimate:
 
 
 class Policy:
-    """Decides per plane, from one root's storage estimate and the compression estimate."""
+    """Chooses, part by part, between storing raw and compressed, from one root's estimates."""
 
-    def __init__(self, store: Estimate, compress: Estimate):
-        self.store, self.compress = store, compress
+    def __init__(self, raw: Estimate, packed: Estimate):
+        self.raw, self.packed = raw, packed
+        self._lock = threading.Lock()
+        self._decided = 0
 
-    def pays(self, ratio: float) -> bool:
-        """Whether compressing a plane to `ratio` of its size is faster than storing it raw."""
-        s = self.store.value(MIN_EVIDENCE)
-        if s is None:
-            return True
-        c = self.compress.value()
-        return (PRIOR_COMPRESS_S if c is None else c) < (1.0 - ratio) * s
+    def compress(self) -> bool:
+        """Whether the next part is compressed (see the module docstring)."""
+        r, c = self.raw.value(MIN_EVIDENCE), self.packed.value(MIN_EVIDENCE)
+        if r is None or c is None:  # explore: the mode measured least goes next
+            return self.packed.evidence <= self.raw.evidence
+        with self._lock:
+            self._decided += 1
+            explore = self._decided % EXPLORE == 0
+        return (c < r) != explore
 
-    def observe_compress(self, nbytes: int, seconds: float) -> None:
-        self.compress.add(nbytes, seconds)
-
-    def observe_store(self, nbytes: int, seconds: float) -> None:
-        """A writer thread spent `seconds` storing `nbytes` (until durable)."""
-        self.store.add(nbytes, seconds)
+    def observe(self, compressed: bool, raw_bytes: int, seconds: float) -> None:
+        """A writer thread spent `seconds` encoding and storing a part of `raw_bytes`."""
+        (self.packed if compressed else self.raw).add(raw_bytes, seconds)
 
 
 _lock = threading.Lock()
-_stores: dict[tuple, Estimate] = {}
-_compress: dict[int, Estimate] = {}
+_estimates: dict[tuple, tuple[Estimate, Estimate]] = {}
 
 
 def policy_for(location: tuple, level: int) -> Policy:
-    """The process-wide policy of a root (`Storage.location()`) at a zstd level."""
+    """The process-wide estimates of a root (`Storage.location()`) at a zstd level."""
     with _lock:
-        store = _stores.setdefault(tuple(location), Estimate())
-        comp = _compress.setdefault(level, Estimate())
-    return Policy(store, comp)
+        raw, packed = _estimates.setdefault((tuple(location), level), (Estimate(), Estimate()))
+    return Policy(raw, packed)

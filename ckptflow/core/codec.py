@@ -3,10 +3,10 @@
 A tensor part is stored as its byte planes (byte k of every element together: the exponent
 bytes of floats compress well, the low mantissa bytes do not). Each plane is compressed with
 zstd unless a sample of it does not compress, in which case it is stored raw, so incompressible
-planes cost no compression time. With `compress="auto"` a plane is compressed only when that
-pays at the storage's measured speed (ckptflow.core.adaptive); a part none of whose planes pays
-is stored raw and ungrouped, so a load copies it in one piece. A delta part stores `raw XOR base` the same way: unchanged
-bits become zero bytes that compress to almost nothing.
+planes cost no compression time. A part stored uncompressed is stored raw and ungrouped, so a
+load reads it in one piece (with `compress="auto"` the writer chooses per part, from what each
+mode costs on the root: ckptflow.core.adaptive). A delta part stores `raw XOR base` (or their
+difference) the same way: unchanged bits become zero bytes that compress to almost nothing.
 
 Checksums (xxh3-128) cover the stored bytes, so corruption is found before decompression.
 """
@@ -14,7 +14,6 @@ Checksums (xxh3-128) cover the stored bytes, so corruption is found before decom
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,45 +121,35 @@ def byte_ungroup(grouped: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def encode(raw: np.ndarray, width: int, level: int, compress=True, policy=None) -> Encoded:
+def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> Encoded:
     """Encode raw uint8 bytes of elements `width` bytes wide (1 for non-float data).
 
-    `compress`: True compresses every plane whose sample compresses, False none, "auto" only
-    those where `policy.pays(ratio)` (None: as True); a policy also learns compression speed."""
-    if compress is False or not len(raw):
+    `compress=True` groups the bytes and compresses every plane whose sample compresses (the
+    others are stored raw); False stores the part raw and ungrouped, so a load reads it in one
+    piece straight into its destination. (`compress="auto"` is decided per part by the writer,
+    ckptflow.core.adaptive.)"""
+    if not compress or not len(raw):
         return Encoded([raw], [["raw", len(raw)]])
     grouped = width > 1 and len(raw) % width == 0
     n_planes = width if grouped else 1
     head = raw[: SAMPLE_BYTES * n_planes]
     cols = head.reshape(-1, n_planes)
-    pays = [
-        _pays(np.ascontiguousarray(cols[:, k]), level, compress, policy) for k in range(n_planes)
-    ]
-    if compress == "auto" and not any(pays):
-        return Encoded([raw], [["raw", len(raw)]])  # ungrouped: a load copies it in one piece
+    pays = [_compresses(np.ascontiguousarray(cols[:, k]), level) for k in range(n_planes)]
     chunks: list = []
     planes = []
     for plane, pay in zip(_gathered(raw, n_planes), pays, strict=True):
         codec, out = "raw", plane
         if pay:
-            t0 = time.perf_counter()
             out, codec = _compressor(level).compress(plane.data), "zstd"
-            if policy is not None:
-                policy.observe_compress(len(plane), time.perf_counter() - t0)
         chunks.append(out)
         planes.append([codec, len(out) if isinstance(out, bytes) else out.nbytes])
     return Encoded(chunks, planes)
 
 
-def _pays(sample: np.ndarray, level: int, compress, policy) -> bool:
-    """Whether a plane whose first bytes are `sample` is worth compressing."""
-    t0 = time.perf_counter()
+def _compresses(sample: np.ndarray, level: int) -> bool:
+    """Whether a plane whose first bytes are `sample` compresses enough to be worth it."""
     ratio = len(_compressor(level).compress(sample.data)) / max(len(sample), 1)
-    if policy is not None:
-        policy.observe_compress(len(sample), time.perf_counter() - t0)
-    if ratio > RAW_THRESHOLD:
-        return False
-    return compress is True or policy is None or policy.pays(ratio)
+    return ratio <= RAW_THRESHOLD
 
 
 def _gathered(raw: np.ndarray, n_planes: int):

@@ -74,19 +74,29 @@ def datasync(path: str) -> None:
         os.close(fd)
 
 
-def sync_dirs(paths: list[str]) -> None:
-    """fsync the folders holding these files and their parents (a new fan-out folder is a new
-    entry too), each once."""
+def dirs_of(paths: list[str]) -> list[str]:
+    """The folders holding these files and their parents (a new fan-out folder is a new entry
+    of its parent too), each once: what must be fsynced for the files' names to be durable."""
     dirs: set[str] = set()
     for path in paths:
         parent = os.path.dirname(path)
         dirs |= {parent, os.path.dirname(parent)}
-    for d in sorted(dirs):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    return sorted(dirs)
+
+
+def fsync_dir(d: str) -> None:
+    """fsync one folder (its entries: the names of files created in it)."""
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_dirs(paths: list[str]) -> None:
+    """fsync the folders holding these files and their parents, each once."""
+    for d in dirs_of(paths):
+        fsync_dir(d)
 
 
 def sync_files(paths: list[str]) -> None:
@@ -102,18 +112,18 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_direct(path: str, data) -> bool:
-    """Write `data` (one contiguous buffer, or a list of exactly one) to a new `path` with
-    O_DIRECT, bypassing the page cache, then fdatasync. False when the platform or filesystem
-    refuses O_DIRECT, or the data is not one buffer (nothing is left behind then; the caller
-    writes the file the ordinary way)."""
+def write_direct(path: str, data, sync: bool = True) -> bool:
+    """Write `data` (one buffer, or a list of buffers written one after another) to a new
+    `path` with O_DIRECT, bypassing the page cache, then fdatasync (`sync=False`: the caller
+    fdatasyncs it later, e.g. from a pool that overlaps many; O_DIRECT puts the data on the
+    device, the fdatasync makes its allocation and size durable). False when the platform or
+    filesystem refuses O_DIRECT or the data is under one block (nothing is left behind then;
+    the caller writes the file the ordinary way)."""
     flag = getattr(os, "O_DIRECT", 0)
-    if isinstance(data, list):
-        if len(data) != 1:
-            return False
-        data = data[0]
-    data = np.frombuffer(data, dtype=np.uint8)
-    if not flag or len(data) < ALIGN:
+    chunks = [
+        np.frombuffer(c, dtype=np.uint8) for c in (data if isinstance(data, list) else [data])
+    ]
+    if not flag or sum(len(c) for c in chunks) < ALIGN:
         return False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
@@ -122,8 +132,9 @@ def write_direct(path: str, data) -> bool:
             return False
         raise
     try:
-        _direct_body(fd, data, flag)
-        os.fdatasync(fd)
+        _direct_body(fd, chunks, flag)
+        if sync:
+            os.fdatasync(fd)
     except OSError as exc:
         os.close(fd)
         fd = -1
@@ -137,25 +148,43 @@ def write_direct(path: str, data) -> bool:
     return True
 
 
-def _direct_body(fd: int, data: np.ndarray, flag: int) -> None:
-    """Aligned blocks through an aligned bounce buffer; the unaligned tail with O_DIRECT off."""
-    n = len(data)
+def _direct_body(fd: int, chunks: list[np.ndarray], flag: int) -> None:
+    """Aligned blocks (straight from an aligned single buffer, else through an aligned bounce
+    buffer that the chunks are packed into); the unaligned tail with O_DIRECT off."""
+    n = sum(len(c) for c in chunks)
     body = n - n % ALIGN
-    src = data if data.ctypes.data % ALIGN == 0 else None
-    bounce = scratch("direct", min(DIRECT_BLOCK, body)) if src is None and body else None
-    for off in range(0, body, DIRECT_BLOCK):
-        end = min(off + DIRECT_BLOCK, body)
-        if src is not None:
-            block = src[off:end]
-        else:
-            block = bounce[: end - off]
-            np.copyto(block, data[off:end])
-        _write_all(fd, memoryview(block))
-    if body < n:
+    if len(chunks) == 1 and chunks[0].ctypes.data % ALIGN == 0:
+        src = chunks[0]
+        for off in range(0, body, DIRECT_BLOCK):
+            _write_all(fd, memoryview(src[off : min(off + DIRECT_BLOCK, body)]))
+        tail = src[body:]
+    else:
+        tail = _bounced(fd, chunks, body)
+    if len(tail):
         import fcntl
 
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~flag)
-        _write_all(fd, memoryview(data[body:]))
+        _write_all(fd, memoryview(tail))
+
+
+def _bounced(fd: int, chunks: list[np.ndarray], body: int) -> np.ndarray:
+    """Write the first `body` bytes of the chunks through the bounce buffer, in full blocks;
+    returns the bytes left over (under one alignment unit)."""
+    bounce = scratch("direct", min(DIRECT_BLOCK, body)) if body else None
+    fill, written, rest = 0, 0, []
+    for c in chunks:
+        pos = 0
+        while pos < len(c):
+            if written + fill >= body:
+                rest.append(c[pos:])
+                break
+            k = min(len(c) - pos, len(bounce) - fill, body - written - fill)
+            np.copyto(bounce[fill : fill + k], c[pos : pos + k])
+            fill, pos = fill + k, pos + k
+            if fill == len(bounce) or written + fill == body:
+                _write_all(fd, memoryview(bounce[:fill]))
+                written, fill = written + fill, 0
+    return np.concatenate(rest) if rest else np.empty(0, dtype=np.uint8)
 
 
 def read_into(f, expect: int, get_buf) -> tuple[int, np.ndarray | None]:

@@ -291,13 +291,13 @@ class Storage:
         `atomic=True` replaces a file so that a reader sees the old or the new one whole, never
         a torn one (a marker that decides what is kept: PIN, eval.json); an exclusive create
         is always atomic. An S3 or memory put is atomic by itself. `direct=True` (one contiguous
-        buffer, a new local file) writes it with O_DIRECT where the filesystem allows, durable
-        when this returns; elsewhere it is ignored."""
+        buffer, a new local file) writes it with O_DIRECT where the filesystem allows (durable
+        when this returns unless `durable=False`); elsewhere it is ignored."""
         path = self.path(rel)
         if direct and self.protocol == "file" and not (exclusive or atomic):
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                if localio.write_direct(path, data):
+                if localio.write_direct(path, data, sync=durable):
                     return
             except Exception as exc:
                 raise translate(exc, self.url(rel)) from exc

@@ -78,14 +78,15 @@ class ObjectFetcher:
         except FileNotFoundError:
             return None
 
-    def stored(self, key: str, size: int) -> np.ndarray:
+    def stored(self, key: str, size: int, into: np.ndarray | None = None) -> np.ndarray:
         """An object's verified stored bytes, in this thread's reused read buffer (valid until
-        this thread reads again)."""
+        this thread reads again), or in `into` (exactly `size` bytes)."""
         url = self.storage.url(layout.object_path(key))
         before = self._fingerprint(layout.object_path(key))
+        get = (lambda n: into) if into is not None else (lambda n: scratch("read", n))
         try:
             blob, found, url = locator.read_object_into(
-                self.storage, key, self.fallbacks, size, lambda n: scratch("read", n)
+                self.storage, key, self.fallbacks, size, get
             )
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
@@ -117,11 +118,20 @@ class ObjectFetcher:
 
     def raw_part(self, part: dict, out: np.ndarray | None = None) -> np.ndarray:
         """A part's raw bytes, decoded into `out` when given (deltas applied to their base)."""
+        if out is not None and _stored_whole(part) and len(out) == part["raw_size"]:
+            # Read straight into the destination: no buffer, no copy. It is verified there
+            # before the load returns; a mismatch fails the load (and falls back) as ever.
+            return self.stored(part["object"], part["stored_size"], into=out)
         raw = self._decode(part, out)
         if part.get("base") is not None:
             # (the manifest validator checked the kind, width and sizes)
             codec.undelta(part.get("delta", "xor"), raw, self._decode(part["base"]), part["width"])
         return raw
+
+
+def _stored_whole(part: dict) -> bool:
+    """A full part stored raw and ungrouped in its own object: its object is its raw bytes."""
+    return part.get("base") is None and part["planes"] == [["raw", part["raw_size"]]]
 
 
 def _item_tensor(raw: np.ndarray, dtype: torch.dtype, sizes: list[int]) -> torch.Tensor:

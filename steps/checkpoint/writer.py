@@ -70,8 +70,8 @@ class SaveJob:
     root_id: str
     world_size: int
     level: int = 1
-    compress: bool | str = "auto"  # True/False force; "auto": where it pays (core.adaptive)
-    policy: adaptive.Policy | None = None  # the root's speed estimates ("auto"; None: as True)
+    compress: bool | str = "auto"  # True/False force; "auto": per part, where it pays
+    policy: adaptive.Policy | None = None  # the root's cost estimates ("auto"; None: as True)
     threads: int = 4
     part_bytes: int = 64 << 20
     kind: str = "full"
@@ -177,7 +177,7 @@ class CkptStorageWriter(StorageWriter):
         job = self.job
         # Object stores are latency-bound: more uploads in flight than CPU threads.
         workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
-        self._syncs = Durability(job, workers)
+        self._syncs = Durability(job)
         try:
             results = self._write_items(plan, planner, workers)
             # Every object durable before the coordinator writes the manifest: each was synced
@@ -208,13 +208,12 @@ class CkptStorageWriter(StorageWriter):
                 if item.tensor_data is not None:
                     rec["sizes"] = list(item.tensor_data.chunk.sizes)
                 pending.append((item, rec, futs))
-            results = []
-            for item, rec, futs in pending:
+            for _, rec, futs in pending:
                 rec["parts"] = [f.result() for f in futs]
-                stored = sum(p["stored_size"] for p in rec["parts"])
-                results.append(
-                    WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec)
-                )
+        results = []
+        for item, rec, _ in pending:
+            stored = sum(p["stored_size"] for p in rec["parts"])
+            results.append(WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec))
         return results
 
     def _store_part(
@@ -242,7 +241,9 @@ class CkptStorageWriter(StorageWriter):
                 base = None  # its deltas do not pay: stored full, no delta work
             if base is not None and not self._sound(base.record):
                 base = None  # a delta against a damaged base object would be damaged too
-            rec = self._encode_and_write(raw, raw_hash, offset, width, base)
+            # (the rewrite of a damaged object under its own name repairs the older steps)
+            like = reused if reused is not None and reused.get("base") is None else None
+            rec = self._encode_and_write(raw, raw_hash, offset, width, base, like)
             if base is not None and rec["base"] is None:
                 with self._lock:
                     job.never_delta.add((item_key, index))
@@ -273,18 +274,31 @@ class CkptStorageWriter(StorageWriter):
                 return False
         return True
 
-    def _encode_and_write(self, raw, raw_hash, offset, width, base: BasePart | None) -> dict:
+    def _packed(self, size: int, delta: bool, like: dict | None) -> bool:
+        """Whether the next part is compressed: forced, or chosen by the root's estimates. A
+        delta is always compressed where compression is allowed: unchanged bits are zero
+        bytes, and only compressed do they cost nothing (the reason for incremental saves).
+        So is a small part (what it costs is its file, either way) and bytes equal to an
+        object found damaged (encoded as it was, the rewrite repairs it)."""
         job = self.job
+        if job.compress != "auto" or job.policy is None:
+            return bool(job.compress)
+        if like is not None:
+            return like["planes"] != [["raw", like["raw_size"]]]
+        return delta or size < adaptive.MIN_PART or job.policy.compress()
+
+    def _encode_and_write(
+        self, raw, raw_hash, offset, width, base: BasePart | None, like: dict | None = None
+    ) -> dict:
+        job = self.job
+        t0 = time.perf_counter()
+        packed = self._packed(len(raw), base is not None, like)
         kind = None
-        if base is not None and len(base.raw) == len(raw):
-            kind = codec.choose_delta(raw, base.raw, width, job.level, job.compress)
+        if packed and base is not None and len(base.raw) == len(raw):
+            kind = codec.choose_delta(raw, base.raw, width, job.level)
         payload = codec.delta(kind, raw, base.raw, width) if kind else raw
-        enc = codec.encode(payload, width, job.level, job.compress, job.policy)
-        key = enc.digest()
-        self._write_object(key, enc)
+        enc = codec.encode(payload, width, job.level, packed)
         rec = {
-            "object": key,
-            "stored_size": enc.nbytes,
             "raw_offset": offset,
             "raw_size": len(raw),
             "raw_hash": raw_hash,
@@ -295,49 +309,52 @@ class CkptStorageWriter(StorageWriter):
         }
         if kind:
             b = base.record
-            rec["base"] = {
-                k: b[k] for k in ("object", "stored_size", "raw_size", "width", "planes")
-            }
+            keep = ("object", "stored_size", "raw_size", "width", "planes")
+            rec["base"] = {k: b[k] for k in keep}
             rec["delta"] = kind  # format version 3 (older readers knew only XOR)
+        # Stored raw whole, its bytes are the raw bytes: their hash is already known.
+        key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
+        rec["object"], rec["stored_size"] = key, enc.nbytes
+        # (a delta's or a small part's cost says nothing of what a full part costs either way)
+        wrote = self._write_object(key, enc)
+        if wrote and job.policy is not None and base is None and len(raw) >= adaptive.MIN_PART:
+            job.policy.observe(packed, len(raw), time.perf_counter() - t0)
         return rec
 
-    def _write_object(self, key: str, enc: codec.Encoded) -> None:
+    def _write_object(self, key: str, enc: codec.Encoded) -> bool:
+        """Store one object unless it is there already, sound; True when bytes were written."""
         job = self.job
         st, rel = job.storage, layout.object_path(key)
         with self._lock:
             if key in job.written:
-                return  # this save wrote it already (two equal parts)
+                return False  # this save wrote it already (two equal parts)
         # A local object already there is kept when its bytes are what its name says (a
         # damaged one is rewritten): rewriting a sound file in place would briefly truncate
         # data that a committed step references.
         if st.protocol == "file" and job.trust.sound([st], key, enc.nbytes):
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
+            wrote = False
         else:
             self._store(rel, enc)
+            wrote = True
             with self._lock:
                 job.written_bytes += enc.nbytes
         with self._lock:
             job.sound[key] = True
             job.written.add(key)
+        return wrote
 
     def _store(self, rel: str, enc: codec.Encoded) -> None:
-        """Write one object; local ones are made durable by the sync thread (started now, so
-        the save ends when its last object is durable). A part stored raw whole goes with
-        O_DIRECT (durable on return): no page-cache copy and no writeback to wait for."""
+        """Write one object. Local ones go with O_DIRECT where the filesystem allows (no
+        page-cache copy, and the write's time is the disk's: what the adaptive codec must
+        measure); the sync threads then make each durable (started now, so the save ends when
+        its last object is durable while the writer threads go on writing)."""
         st = self.job.storage
         local = st.protocol == "file"
-        direct = local and len(enc.chunks) == 1 and enc.planes[0][0] == "raw"
-        t0 = time.perf_counter()
-        st.write(rel, enc.chunks, durable=not local, direct=direct)
-        spent = time.perf_counter() - t0
-        if local and not direct:
-            self._syncs.submit(rel, enc.nbytes, spent)
-            return
+        st.write(rel, enc.chunks, durable=not local, direct=local)
         if local:
-            self._syncs.written_durably(rel)  # its folder entry still needs the folder's fsync
-        if self.job.policy is not None:
-            self.job.policy.observe_store(enc.nbytes, spent)
+            self._syncs.submit(rel)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""

@@ -1,4 +1,5 @@
-"""The adaptive codec's decision: compress a plane only when it pays at the storage's speed."""
+"""The adaptive codec's decision: a part is compressed only when that costs a writer thread
+less, end to end, than storing it raw on this root (estimates measured per mode)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,46 @@ import numpy as np
 from ckptflow.core import adaptive, codec
 
 
-def _policy(store_s: float | None, compress_s: float, evidence: int = adaptive.MIN_EVIDENCE):
-    store = adaptive.Estimate() if store_s is None else adaptive.Estimate(store_s, evidence)
-    return adaptive.Policy(store, adaptive.Estimate(compress_s, 1 << 30))
+def _policy(raw_s: float | None, packed_s: float | None, evidence: int = adaptive.MIN_EVIDENCE):
+    def est(s):
+        return adaptive.Estimate() if s is None else adaptive.Estimate(s, evidence)
+
+    return adaptive.Policy(est(raw_s), est(packed_s))
 
 
-def test_compression_pays_only_when_the_bytes_saved_outweigh_its_cost():
-    slow_disk = _policy(store_s=10e-9, compress_s=1e-9)  # 0.1 GB/s per thread, 1 GB/s zstd
-    fast_disk = _policy(store_s=0.5e-9, compress_s=1e-9)  # storage outruns the encoder
-    assert slow_disk.pays(0.25) and not slow_disk.pays(0.95)
-    assert not fast_disk.pays(0.25)
+def _choices(p: adaptive.Policy, n: int = 64) -> list[bool]:
+    return [p.compress() for _ in range(n)]
 
 
-def test_without_enough_evidence_compressible_planes_are_compressed():
-    assert _policy(store_s=None, compress_s=1.0).pays(0.5)
-    assert _policy(store_s=1e-12, compress_s=1.0, evidence=1 << 10).pays(0.5)
+def test_the_cheaper_mode_is_chosen_and_the_other_still_explored():
+    slow_disk = _choices(_policy(raw_s=10e-9, packed_s=3e-9))  # the bytes saved outweigh zstd
+    fast_disk = _choices(_policy(raw_s=0.5e-9, packed_s=2e-9))  # storage outruns the encoder
+    n = len(slow_disk)
+    assert sum(slow_disk) == n - n // adaptive.EXPLORE
+    assert sum(fast_disk) == n // adaptive.EXPLORE
 
 
-def test_estimates_are_weighted_by_bytes_and_kept_per_root():
+def test_until_both_modes_are_measured_parts_alternate_between_them():
+    p = _policy(raw_s=None, packed_s=None)
+    seen = []
+    for _ in range(4):
+        c = p.compress()
+        seen.append(c)
+        p.observe(c, adaptive.MIN_EVIDENCE // 2, 0.01)
+    assert seen == [True, False, True, False]
+    assert p.raw.value(adaptive.MIN_EVIDENCE) and p.packed.value(adaptive.MIN_EVIDENCE)
+
+
+def test_a_mode_that_becomes_cheaper_takes_over_through_exploration():
+    p = _policy(raw_s=1e-9, packed_s=2e-9)  # raw wins today
+    assert _choices(p, 15).count(True) == 0
+    for _ in range(8):  # the disk slows down: explored compressed parts now cost less
+        p.observe(False, 64 << 20, 0.64)  # 10 ns/B raw
+        p.observe(True, 64 << 20, 0.128)  # 2 ns/B compressed
+    assert _choices(p, 32).count(True) == 30
+
+
+def test_estimates_are_weighted_by_bytes_and_kept_per_root_and_level():
     e = adaptive.Estimate()
     e.add(1 << 20, 1.0)  # ~1e-6 s/B
     first = e.value()
@@ -32,36 +55,21 @@ def test_estimates_are_weighted_by_bytes_and_kept_per_root():
     assert 1.0 / (1 << 30) < e.value() < 0.25 * first
     a = adaptive.policy_for(("memory", "adaptive-a"), 1)
     b = adaptive.policy_for(("memory", "adaptive-b"), 1)
-    a.observe_store(64 << 20, 1.0)
-    assert b.store.value() is None and a.store.value() is not None
-    assert adaptive.policy_for(("memory", "adaptive-a"), 1).store is a.store
+    a.observe(False, 64 << 20, 1.0)
+    assert b.raw.value() is None and a.raw.value() is not None
+    assert adaptive.policy_for(("memory", "adaptive-a"), 1).raw is a.raw
+    assert adaptive.policy_for(("memory", "adaptive-a"), 3).raw is not a.raw
 
 
 def _floats(n: int = 1 << 16) -> np.ndarray:
     return (np.random.default_rng(0).standard_normal(n) * 0.02).astype(np.float32).view(np.uint8)
 
 
-def test_auto_stores_a_part_raw_and_ungrouped_when_nothing_pays():
+def test_a_part_stored_uncompressed_is_raw_and_ungrouped_and_compressed_ones_skip_noise():
     raw = _floats()
-    enc = codec.encode(raw, 4, 1, "auto", _policy(store_s=1e-12, compress_s=1e-9))
-    assert enc.planes == [["raw", len(raw)]]
-    assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
-
-
-def test_auto_compresses_the_planes_that_pay_and_forced_modes_ignore_the_policy():
-    raw = _floats()
-    slow = _policy(store_s=100e-9, compress_s=1e-9)
-    auto = codec.encode(raw, 4, 1, "auto", slow)
-    assert [c for c, _ in auto.planes] == ["raw", "raw", "raw", "zstd"]
-    fast = _policy(store_s=1e-12, compress_s=1e-9)
-    forced = codec.encode(raw, 4, 1, True, fast)
-    assert [c for c, _ in forced.planes] == ["raw", "raw", "raw", "zstd"]
-    assert codec.encode(raw, 4, 1, False, slow).planes == [["raw", len(raw)]]
-    for enc in (auto, forced):
+    plain = codec.encode(raw, 4, 1, False)
+    assert plain.planes == [["raw", len(raw)]] and plain.chunks[0] is raw
+    packed = codec.encode(raw, 4, 1, True)
+    assert [c for c, _ in packed.planes] == ["raw", "raw", "raw", "zstd"]  # mantissas: noise
+    for enc in (plain, packed):
         assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
-
-
-def test_encoding_teaches_the_policy_the_compression_speed():
-    p = adaptive.Policy(adaptive.Estimate(), adaptive.Estimate())
-    codec.encode(_floats(), 4, 1, "auto", p)
-    assert p.compress.value() is not None and p.compress.evidence > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from ckptflow.steps.checkpoint import Checkpointer
 
 from ckptflow.core import adaptive, layout
+from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.storage import Storage
 from tests.core.test_codec import _plain_decode
 
@@ -70,22 +72,22 @@ def _planes(ck: Checkpointer, fqn: str = "w") -> list:
     return [p["planes"] for it in m["items"].values() if it["fqn"] == fqn for p in it["parts"]]
 
 
-def _primed(root: str, store_s: float) -> None:
-    """Give the root's storage estimate `store_s` seconds per byte, with enough evidence."""
-    adaptive.policy_for(Storage(root).location(), 1).observe_store(
-        adaptive.MIN_EVIDENCE, store_s * adaptive.MIN_EVIDENCE
-    )
+def _primed(root: str, raw_s: float, packed_s: float) -> None:
+    """Give the root's estimates these seconds per raw byte, with enough evidence."""
+    p = adaptive.policy_for(Storage(root).location(), 1)
+    p.observe(False, adaptive.MIN_EVIDENCE, raw_s * adaptive.MIN_EVIDENCE)
+    p.observe(True, adaptive.MIN_EVIDENCE, packed_s * adaptive.MIN_EVIDENCE)
 
 
 def test_auto_stores_raw_on_storage_faster_than_the_encoder_and_compresses_on_slow(tmp_path):
-    state = {"w": torch.randn(512, 256, generator=torch.Generator().manual_seed(1)) * 0.02}
+    state = {"w": torch.randn(1024, 512, generator=torch.Generator().manual_seed(1)) * 0.02}
     fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
-    _primed(fast, 1e-15)  # storage far faster than any compressor
-    _primed(slow, 1e-3)  # a kilobyte per second: compressing always pays
+    _primed(fast, raw_s=1e-12, packed_s=1e-9)  # storage far faster than any compressor
+    _primed(slow, raw_s=1e-3, packed_s=1e-6)  # a kilobyte per second: compressing pays
     ck_fast, ck_slow = Checkpointer(fast), Checkpointer(slow)
     ck_fast.save(1, state)
     ck_slow.save(1, state)
-    assert _planes(ck_fast) == [[["raw", 512 * 256 * 4]]]  # stored whole, ungrouped
+    assert _planes(ck_fast) == [[["raw", 1024 * 512 * 4]]]  # stored whole, ungrouped
     assert _planes(ck_slow)[0][-1][0] == "zstd"  # the sign/exponent plane
     forced = Checkpointer(fast, compress=True)  # True forces compression whatever the speed
     forced.save(2, state)
@@ -93,7 +95,7 @@ def test_auto_stores_raw_on_storage_faster_than_the_encoder_and_compresses_on_sl
         0
     ] == "zstd"
     for ck in (ck_fast, ck_slow):
-        t = {"w": torch.zeros(512, 256)}
+        t = {"w": torch.zeros(1024, 512)}
         ck.load(t, step=1)
         assert torch.equal(t["w"], state["w"])
 
@@ -147,3 +149,42 @@ def test_raw_parts_are_stored_whole_and_read_back(tmp_path):
     ck.load(t)
     assert torch.equal(t["w"], w)
     assert ck.verify(1)["objects"] == 3
+
+
+def _load_peak(ck: Checkpointer, target: dict) -> int:
+    """Bytes numpy/Python allocated at peak during a load (tracemalloc sees numpy's buffers)."""
+    tracemalloc.start()
+    try:
+        ck.load(target)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_part_stored_raw_is_read_straight_into_its_destination(tmp_path):
+    """No read buffer for raw parts: the file is read into the destination tensor's bytes and
+    verified there (the compressed control needs a buffer of the part's stored size)."""
+    w = torch.from_numpy(np.random.default_rng(4).standard_normal(1 << 21).astype(np.float32))
+    peaks = {}
+    for compress in (False, True):
+        ck = Checkpointer(str(tmp_path / f"r{compress}"), compress=compress, threads=1)
+        ck.save(1, {"w": w})
+        t = {"w": torch.zeros_like(w)}
+        peaks[compress] = _load_peak(ck, t)
+        assert torch.equal(t["w"], w)
+    assert peaks[False] < (2 << 20) < (6 << 20) < peaks[True], peaks  # the part: 8 MiB
+
+
+def test_a_corrupt_raw_part_read_into_its_destination_fails_the_load(tmp_path):
+    ck = Checkpointer(str(tmp_path / "r"), compress=False)
+    w = torch.randn(1 << 16)
+    ck.save(1, {"w": w})
+    (part,) = next(iter(ck.manifest(1)["items"].values()))["parts"]
+    path = ck.storage.path(layout.object_path(part["object"]))
+    with open(path, "rb") as f:
+        blob = bytearray(f.read())
+    blob[100] ^= 1
+    with open(path, "wb") as f:
+        f.write(blob)
+    with pytest.raises(CorruptCheckpoint, match="checksum"):
+        ck.load({"w": torch.zeros_like(w)}, step=1)
