@@ -54,6 +54,7 @@ METHODS = [
     "dcp-async",
     "dcp-async-reused",
     "ckptflow-sync",
+    "ckptflow-compressed",
     "ckptflow-async",
     "ckptflow-nohash",
     "ckptflow-incremental",
@@ -67,6 +68,7 @@ DEFAULT = [
     "dcp-async",
     "dcp-async-reused",
     "ckptflow-sync",
+    "ckptflow-compressed",
     "ckptflow-async",
     "ckptflow-incremental",
     "ckptflow-coop2",
@@ -74,9 +76,10 @@ DEFAULT = [
 LOCAL_ONLY = {"ckptflow-nohash"}  # an A/B of CPU cost: the S3 server's noise would hide it
 # In a default run (no --only), what the targets do not need is not measured, to keep a run of
 # >= 5 rounds within an hour on 2 cores: these methods only in fp32, these without loads, and
-# bf16 only for ckptflow's stored/raw (a save).
+# bf16 only for the codec's stored/raw (a save with compress=True).
 FP32_ONLY = {
     "raw",
+    "ckptflow-sync",
     "dcp",
     "dcp-async",
     "dcp-async-reused",
@@ -84,7 +87,7 @@ FP32_ONLY = {
     "ckptflow-incremental",
     "ckptflow-coop2",
 }
-SAVE_ONLY = {"ckptflow-async", "ckptflow-incremental"}
+SAVE_ONLY = {"ckptflow-async", "ckptflow-incremental", "ckptflow-compressed"}
 LOADS = ("warm", "cold")
 
 

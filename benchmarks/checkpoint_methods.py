@@ -395,8 +395,10 @@ def _ck_result(ck, step: int, stats, **extra) -> dict:
     }
 
 
-def save_ckptflow(spec: dict, sd: dict) -> dict:
-    ck = _ck(spec)
+def save_ckptflow(spec: dict, sd: dict, **kw) -> dict:
+    """A synchronous save with the defaults (`compress="auto"`), or with `kw` (compress=True:
+    the codec's own ratio, what `auto` gives where storage is slow)."""
+    ck = _ck(spec, **kw)
     t0 = clock()
     stats = ck.save(1, sd).wait()
     timed = since(t0, "save")
@@ -531,6 +533,7 @@ SAVERS = {
     "dcp": save_dcp,
     "dcp-zstd": lambda spec, sd: save_dcp(spec, sd, zstd=True),
     "ckptflow-sync": save_ckptflow,
+    "ckptflow-compressed": lambda spec, sd: save_ckptflow(spec, sd, compress=True),
     "ckptflow-coop2": save_ckptflow,
     "ckptflow-nohash": save_ckptflow_nohash,
 }

@@ -19,9 +19,10 @@ import re
 
 # 2: item keys escape `%` and `@` in FQNs (see manifest.item_key); 3: a delta part names its
 # kind, "xor" or "sub" (see codec.DELTA_KINDS; versions 1-2 deltas are all XOR)
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)  # manifest versions this ckptflow reads
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)  # manifest versions this ckptflow reads
 DELTA_KIND_VERSION = 3  # the first version whose delta parts may name a kind
+PACK_VERSION = 4  # the first version whose small parts may share an object (a `span` of it)
 MAX_STEP = 1 << 62  # the largest step a manifest may carry (writers refuse larger ones)
 ROOT_MARKER = "ckptflow-root.json"
 ROOT_FORMAT = "ckptflow-checkpoint-root"

@@ -22,6 +22,7 @@ MAX_CHUNKS = 1 << 20
 MAX_VALUE = 256 * 1024 * 1024  # as safe_value.MAX_BLOB: the largest non-tensor value
 MAX_DEPTH = 128  # JSON nesting: the format needs 7 levels, the rest is room for user metadata
 MAX_TIME = 1e11  # epoch seconds (year 5138): a later creation time is corrupt or hostile
+MAX_PACK = 64 << 20  # the largest object packed parts may share (a reader holds it whole)
 
 # Bytes per element of each dtype a manifest may name, without torch (bfloat16 and the float8
 # types have no numpy dtype): the validator checks stored sizes against shapes with it.
@@ -122,10 +123,11 @@ def _part(p, where: str, objects: dict, version: int) -> int:
         if key not in objects:
             _fail(f"{where}.object", f"{key} missing from the objects table")
         width = _int(ref.get("width"), f"{where}.width", 1, 16)
-        if _planes(ref.get("planes"), f"{where}.planes", width) != objects[key]["size"]:
-            _fail(f"{where}.planes", "plane lengths do not add up to the object size")
         if _int(ref.get("stored_size"), f"{where}.stored_size") != objects[key]["size"]:
             _fail(f"{where}.stored_size", "differs from the objects table")
+        length = _span(ref, where, version)
+        if _planes(ref.get("planes"), f"{where}.planes", width) != length:
+            _fail(f"{where}.planes", "plane lengths do not add up to the stored bytes")
         _int(ref.get("raw_size"), f"{where}.raw_size")
     if "base" not in p:  # readers index it: absent is not the same as null
         _fail(f"{where}.base", "missing (null for a full part)")
@@ -135,6 +137,29 @@ def _part(p, where: str, objects: dict, version: int) -> int:
     _str(p.get("raw_hash"), f"{where}.raw_hash", 64)
     _delta_kind(p, where, version)
     return p["raw_size"]
+
+
+def _span(ref: dict, where: str, version: int) -> int:
+    """The length of a part's (or a delta base's) stored bytes: its whole object, or the
+    `[start, length]` span of an object small parts share (version 4; inside an object of at
+    most MAX_PACK bytes, which a reader holds whole)."""
+    span = ref.get("span")
+    if span is None:
+        return ref["stored_size"]
+    if version < layout.PACK_VERSION:
+        _fail(f"{where}.span", f"packed parts need format version {layout.PACK_VERSION}")
+    if not isinstance(span, list) or len(span) != 2:
+        _fail(f"{where}.span", "expected [start, length]")
+    start, length = (_int(x, f"{where}.span") for x in span)
+    if ref["stored_size"] > MAX_PACK or start + length > ref["stored_size"]:
+        _fail(f"{where}.span", "outside its object, or in an object too large to share")
+    return length
+
+
+def part_bytes(p: dict) -> int:
+    """The stored bytes of a part itself (its span of a shared object, or its object)."""
+    span = p.get("span")
+    return span[1] if span is not None else p["stored_size"]
 
 
 def _delta_kind(p: dict, where: str, version: int) -> None:

@@ -32,6 +32,7 @@ from ckptflow.core.storage_errors import (
     absent,
     missing_bucket,
     precondition_failed,
+    range_unsatisfiable,
     transient,
     translate,
 )
@@ -179,6 +180,8 @@ class Storage:
                 raise
             raise translate(exc, self.url(rel)) from exc
         except Exception as exc:
+            if limit is not None and range_unsatisfiable(exc):
+                return b""  # the first bytes of an empty object (a damaged one, say)
             raise translate(exc, self.url(rel)) from exc
 
     def open(self, rel: str, mode: str = "rb", **kw):

@@ -192,6 +192,18 @@ def transient(exc: BaseException) -> bool:
     return classify(exc) in TRANSIENT_KINDS
 
 
+def range_unsatisfiable(exc: BaseException) -> bool:
+    """True when an object store refused a ranged read because the range starts past the
+    object's end: S3's InvalidRange/416, Azure's InvalidRange/416, GCS's 416. A read of the
+    first bytes of an object gets it only when the object is empty (s3fs raises it as an
+    OSError EINVAL, which says nothing by itself)."""
+    code, status = s3_error(exc)
+    if code == "InvalidRange" or status == 416:
+        return True
+    code, status = azure_error(exc)
+    return code == "InvalidRange" or status == 416 or gcs_status(exc) == 416
+
+
 def precondition_failed(exc: BaseException) -> bool:
     """True when an object store refused an exclusive create because the object exists: S3's
     412 to `If-None-Match: *`, Azure's BlobAlreadyExists/ConditionNotMet (adlfs raises it as a

@@ -78,12 +78,16 @@ class Checkpointer:
         compress: bool | str = "auto",
         threads: int | None = None,
         part_mib: int = 64,
+        pack_kib: int = 1024,
         process_group=None,
         storage: Storage | None = None,
         cooperative: bool = True,
     ):
         compat.check_options(
-            full_every=full_every, compression_level=compression_level, part_mib=part_mib
+            full_every=full_every,
+            compression_level=compression_level,
+            part_mib=part_mib,
+            pack_kib=pack_kib,
         )
         if threads is not None:
             compat.check_options(threads=threads)
@@ -96,6 +100,7 @@ class Checkpointer:
         self.level, self.compress = compression_level, compress
         self.threads = threads or min(8, max(2, (os.cpu_count() or 2)))
         self.part_bytes = part_mib << 20
+        self.pack_bytes = pack_kib << 10  # parts under this share objects (packing.py); 0: none
         self.cooperative = cooperative
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
@@ -215,6 +220,7 @@ class Checkpointer:
             ),
             threads=self.threads,
             part_bytes=self.part_bytes,
+            pack_bytes=self.pack_bytes,
             metadata=dict(metadata),
             prior=self._prior,
             fallbacks=self._parent_stores(),

@@ -17,6 +17,7 @@ OPTION_RANGES = {
     "compression_level": (-(1 << 17), 22),  # zstd's range (negative levels are faster)
     "threads": (1, 1024),
     "part_mib": (1, 1 << 16),
+    "pack_kib": (0, 1 << 10),  # a pack holds parts under 1 MiB at most (manifest.MAX_PACK)
 }
 
 

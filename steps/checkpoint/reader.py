@@ -31,6 +31,8 @@ from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.localio import scratch
 from ckptflow.core.storage import Storage
 
+PACKS_HELD = 16  # verified packs a load keeps at once (manifest.MAX_PACK bytes each at most)
+
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's default load planner, decoding non-tensor values safely instead of torch.load."""
@@ -69,6 +71,7 @@ class ObjectFetcher:
         self.fallbacks = list(fallbacks)  # parent roots whose objects this root references
         self.trust = trust  # told of verified local objects, so saves need not re-read them
         self._lock = threading.Lock()
+        self._packs: dict[str, np.ndarray] = {}
 
     def _fingerprint(self, rel: str) -> tuple | None:
         if self.storage.protocol != "file":  # elsewhere a fingerprint costs a request
@@ -108,8 +111,25 @@ class ObjectFetcher:
         """Read these parts' objects ahead, so the disk works while this thread decodes."""
         locator.will_need(self.storage, [p["object"] for p in parts])
 
+    def _pack(self, key: str, size: int) -> np.ndarray:
+        """A verified pack (an object small parts share), read once per load and kept while
+        its parts are decoded (at most PACKS_HELD of MAX_PACK bytes each, oldest dropped)."""
+        with self._lock:
+            blob = self._packs.get(key)
+        if blob is None:
+            blob = self.stored(key, size, into=np.empty(size, dtype=np.uint8))
+            with self._lock:
+                while len(self._packs) >= PACKS_HELD:
+                    self._packs.pop(next(iter(self._packs)))
+                self._packs[key] = blob
+        return blob
+
     def _decode(self, ref: dict, out: np.ndarray | None = None) -> np.ndarray:
-        blob = self.stored(ref["object"], ref["stored_size"])
+        span = ref.get("span")
+        if span is None:
+            blob = self.stored(ref["object"], ref["stored_size"])
+        else:  # (the validator checked the span lies inside the pack)
+            blob = self._pack(ref["object"], ref["stored_size"])[span[0] : span[0] + span[1]]
         try:
             return codec.decode(blob, ref["planes"], ref["width"], ref["raw_size"], out)
         except Exception as exc:  # zstd errors, bad plane tables
@@ -131,7 +151,11 @@ class ObjectFetcher:
 
 def _stored_whole(part: dict) -> bool:
     """A full part stored raw and ungrouped in its own object: its object is its raw bytes."""
-    return part.get("base") is None and part["planes"] == [["raw", part["raw_size"]]]
+    return (
+        part.get("base") is None
+        and part.get("span") is None
+        and part["planes"] == [["raw", part["raw_size"]]]
+    )
 
 
 def _item_tensor(raw: np.ndarray, dtype: torch.dtype, sizes: list[int]) -> torch.Tensor:

@@ -51,7 +51,7 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
         items[key] = rec
         for p in rec["parts"]:
             raw_total += p["raw_size"]
-            new_total += 0 if p.get("reused") else p["stored_size"]
+            new_total += 0 if p.get("reused") else mf.part_bytes(p)
             objects[p["object"]] = {"size": p["stored_size"]}
             if p["base"] is not None:
                 objects[p["base"]["object"]] = {"size": p["base"]["stored_size"]}

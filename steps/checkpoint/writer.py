@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from ckptflow.steps.checkpoint.durability import Durability
+from ckptflow.steps.checkpoint.packing import PACK_PART, Packer, group_of
 from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
 from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
@@ -74,6 +75,7 @@ class SaveJob:
     policy: adaptive.Policy | None = None  # the root's cost estimates ("auto"; None: as True)
     threads: int = 4
     part_bytes: int = 64 << 20
+    pack_bytes: int = PACK_PART  # parts smaller than this share objects (packing.py)
     kind: str = "full"
     base_step: int | None = None
     base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
@@ -191,6 +193,7 @@ class CkptStorageWriter(StorageWriter):
 
     def _write_items(self, plan: SavePlan, planner: SavePlanner, workers: int) -> list:
         job = self.job
+        self._packer = Packer(self._write_object)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write") as pool:
             pending = []
             for item in plan.items:
@@ -210,9 +213,10 @@ class CkptStorageWriter(StorageWriter):
                 pending.append((item, rec, futs))
             for _, rec, futs in pending:
                 rec["parts"] = [f.result() for f in futs]
+        self._packer.finish()  # the last pack: every packed part's record is complete now
         results = []
         for item, rec, _ in pending:
-            stored = sum(p["stored_size"] for p in rec["parts"])
+            stored = sum(mf.part_bytes(p) for p in rec["parts"])
             results.append(WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec))
         return results
 
@@ -243,7 +247,7 @@ class CkptStorageWriter(StorageWriter):
                 base = None  # a delta against a damaged base object would be damaged too
             # (the rewrite of a damaged object under its own name repairs the older steps)
             like = reused if reused is not None and reused.get("base") is None else None
-            rec = self._encode_and_write(raw, raw_hash, offset, width, base, like)
+            rec = self._encode_and_write(raw, raw_hash, offset, width, base, like, item_key)
             if base is not None and rec["base"] is None:
                 with self._lock:
                     job.never_delta.add((item_key, index))
@@ -288,7 +292,7 @@ class CkptStorageWriter(StorageWriter):
         return delta or size < adaptive.MIN_PART or job.policy.compress()
 
     def _encode_and_write(
-        self, raw, raw_hash, offset, width, base: BasePart | None, like: dict | None = None
+        self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
     ) -> dict:
         job = self.job
         t0 = time.perf_counter()
@@ -309,15 +313,20 @@ class CkptStorageWriter(StorageWriter):
         }
         if kind:
             b = base.record
-            keep = ("object", "stored_size", "raw_size", "width", "planes")
-            rec["base"] = {k: b[k] for k in keep}
+            keep = ("object", "stored_size", "raw_size", "width", "planes", "span")
+            rec["base"] = {k: b[k] for k in keep if k in b}
             rec["delta"] = kind  # format version 3 (older readers knew only XOR)
+        if len(raw) < job.pack_bytes:
+            self._packer.add(
+                group_of(item_key), enc, rec
+            )  # object, stored_size and span: when its pack is stored
+            return rec
         # Stored raw whole, its bytes are the raw bytes: their hash is already known.
         key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
         rec["object"], rec["stored_size"] = key, enc.nbytes
-        # (a delta's or a small part's cost says nothing of what a full part costs either way)
+        # (a delta's cost says nothing of what a full part costs either way)
         wrote = self._write_object(key, enc)
-        if wrote and job.policy is not None and base is None and len(raw) >= adaptive.MIN_PART:
+        if wrote and job.policy is not None and base is None:
             job.policy.observe(packed, len(raw), time.perf_counter() - t0)
         return rec
 

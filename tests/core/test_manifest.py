@@ -157,3 +157,61 @@ def test_chunk_layouts_too_irregular_to_check_cheaply_are_refused():
     rows = [([n + i, 0], [1, n]) for i in range(n)] + [([n, n + j], [n, 1]) for j in range(n)]
     with pytest.raises(mf.ManifestError, match="too irregular"):
         mf.validate(_manifest([2 * n, 2 * n], cols + rows))
+
+
+# -- packed parts (format version 4) ---------------------------------------------------------
+def _packed(n_parts: int = 4, part: int = 64) -> dict:
+    """A manifest of one float32 tensor of `n_parts` raw parts, all packed into one object."""
+    m = _manifest([n_parts * part // 4], [([0], [n_parts * part // 4])])
+    (item,) = m["items"].values()
+    (p,) = item["parts"]
+    pack = "f" * 32
+    m["objects"] = {pack: {"size": n_parts * part}}
+    item["parts"] = [
+        dict(
+            p,
+            object=pack,
+            stored_size=n_parts * part,
+            span=[i * part, part],
+            raw_offset=i * part,
+            raw_size=part,
+            planes=[["raw", part]],
+        )
+        for i in range(n_parts)
+    ]
+    return m
+
+
+def test_parts_that_share_a_pack_validate():
+    mf.validate(_packed())
+
+
+@pytest.mark.parametrize(
+    "forge, why",
+    [
+        (lambda p, m: p.update(span=[250, 64]), "outside its object"),
+        (lambda p, m: p.update(span=[-1, 64]), "span"),
+        (lambda p, m: p.update(span=[0, 64, 1]), "expected \\[start, length\\]"),
+        (lambda p, m: p.update(span="0,64"), "expected \\[start, length\\]"),
+        (lambda p, m: p.update(span=[0, 32]), "do not add up"),
+        (lambda p, m: m.update(format_version=3), "need format version 4"),
+        (
+            lambda p, m: (
+                m["objects"][p["object"]].update(size=mf.MAX_PACK + 64),
+                [
+                    q.update(stored_size=mf.MAX_PACK + 64)
+                    for q in next(iter(m["items"].values()))["parts"]
+                ],
+            ),
+            "too large to share",
+        ),
+    ],
+    ids=["past-end", "negative", "three", "string", "planes", "version-3", "huge-pack"],
+)
+def test_a_forged_span_is_refused(forge, why):
+    """A span must lie inside its pack, match the part's planes, and its pack be small enough
+    for a reader to hold whole; older versions have no spans."""
+    m = _packed()
+    forge(next(iter(m["items"].values()))["parts"][-1], m)
+    with pytest.raises(mf.ManifestError, match=why):
+        mf.validate(m)

@@ -132,3 +132,13 @@ def test_s3_403_is_a_credentials_problem(s3_auth, s3_env):
             op()
         assert "AWS_ACCESS_KEY_ID" in str(info.value)
         assert not isinstance(info.value, AlreadyExists)
+
+
+def test_s3_first_bytes_of_an_empty_object_are_no_bytes(s3_bucket):
+    """A ranged read of an empty object is refused by S3 (416 InvalidRange; s3fs raises a bare
+    OSError EINVAL): the first bytes of an empty object are none, not an error of its own
+    (an emptied object is a damaged one: its step is corrupt, and loads fall back)."""
+    st = Storage(f"s3://{s3_bucket}/empty")
+    st.write("obj", b"")
+    assert st.read("obj", limit=10) == b""
+    assert st.read("obj") == b""

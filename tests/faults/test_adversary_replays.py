@@ -250,6 +250,14 @@ REPLAYS = {
         [save(), save(), ("archive", {"grace": "0", "to": "archive root"}),
          json_("archive root marker", "delete", hostile="bool"), gc(2, "0")],
     ),
+    "s3-emptied-object-fails-the-load": (
+        "slow S3 run: an object of the newest step emptied (0 bytes) fails load(None) with "
+        "OSError 'The requested range is not satisfiable' (a ranged read of an empty object, "
+        "HTTP 416) instead of falling back to the intact step (d)",
+        NotClean,
+        [save(), save(), obj("empty")],
+        {"backend": "s3"},
+    ),
 }  # fmt: skip
 
 

@@ -79,7 +79,11 @@ def _load_guarded(root: str, outside: str, marker: str):
 
 
 def _part(m: dict, fqn: str = "w@0,0") -> dict:
-    return m["items"][fqn]["parts"][0]
+    """The item's first part, as its own object (its span of a pack dropped): every forgery
+    here plants an object of its own for it."""
+    part = m["items"][fqn]["parts"][0]
+    part.pop("span", None)
+    return part
 
 
 def _k(m: dict) -> str:
@@ -148,7 +152,7 @@ def _plant_value(st: Storage, payload: bytes) -> None:
     st.write(layout.object_path(key), payload)
 
     def plant(m):
-        m["items"]["cfg.lr"]["parts"][0].update(
+        _part(m, "cfg.lr").update(
             object=key,
             stored_size=len(payload),
             raw_size=len(payload),

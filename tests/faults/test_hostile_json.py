@@ -102,6 +102,7 @@ def _value(blob: bytes):
         key = codec.digest(blob)
         st.write(layout.object_path(key), blob)
         m = json.loads(st.read(_manifest_rel(st, 3)))
+        m["items"]["cfg.lr"]["parts"][0].pop("span", None)  # its own object, not a pack's span
         m["items"]["cfg.lr"]["parts"][0].update(
             object=key,
             stored_size=len(blob),

@@ -61,7 +61,10 @@ def test_a_checkpoint_written_now_decodes_with_the_old_decoder(tmp_path):
         (item,) = [it for it in m["items"].values() if it["fqn"] == fqn]
         (part,) = item["parts"]
         blob = st.read(layout.object_path(part["object"]))
-        raw = _plain_decode(blob, part["planes"], part["width"], part["raw_size"])
+        start, length = part.get("span", (0, len(blob)))  # a small part: its span of a pack
+        raw = _plain_decode(
+            blob[start : start + length], part["planes"], part["width"], part["raw_size"]
+        )
         assert raw.tobytes() == state[fqn].reshape(-1).view(torch.uint8).numpy().tobytes()
         zstd_planes += [c for c, _ in part["planes"]].count("zstd")
     assert zstd_planes >= 2
@@ -188,3 +191,25 @@ def test_a_corrupt_raw_part_read_into_its_destination_fails_the_load(tmp_path):
         f.write(blob)
     with pytest.raises(CorruptCheckpoint, match="checksum"):
         ck.load({"w": torch.zeros_like(w)}, step=1)
+
+
+def test_auto_on_storage_faster_than_the_encoder_never_stores_a_delta_raw(tmp_path):
+    """Where raw wins, full parts go raw, but a delta is compressed: its unchanged bits are
+    zero bytes that cost nothing only compressed (a raw delta would take the part's bytes and
+    still need its base)."""
+    root = str(tmp_path / "r")
+    _primed(root, raw_s=1e-12, packed_s=1e-9)
+    ck = Checkpointer(root, full_every=5)
+    g = torch.Generator().manual_seed(2)
+    state = {"w": torch.randn(1024, 512, generator=g) * 0.02}
+    ck.save(1, state)
+    (full,) = ck.manifest(1)["items"]["w@0,0"]["parts"]
+    assert full["planes"] == [["raw", 1024 * 512 * 4]]
+    state["w"].add_(torch.randn(1024, 512, generator=g) * 1e-4)
+    ck.save(2, state)
+    (part,) = ck.manifest(2)["items"]["w@0,0"]["parts"]
+    assert part["base"] is not None and "zstd" in [c for c, _ in part["planes"]]
+    assert part["stored_size"] < 0.9 * full["stored_size"]
+    t = {"w": torch.zeros(1024, 512)}
+    Checkpointer(root).load(t, step=2)
+    assert torch.equal(t["w"], state["w"])

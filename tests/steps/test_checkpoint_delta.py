@@ -87,8 +87,14 @@ def test_frozen_tensors_are_stored_once(tmp_path):
         ck.save(step, state)
     m1, m3 = ck.manifest(1), ck.manifest(3)
     assert m3["stats"]["new_bytes"] < 0.1 * m1["stats"]["new_bytes"]
-    shared = set(m1["objects"]) & set(m3["objects"])
-    assert len(shared) == 19, "every frozen layer references the same object"
+
+    def stored(m, fqn):  # the bytes a part references: its object (and span of a pack)
+        (p,) = m["items"][f"{fqn}@0,0"]["parts"]
+        return p["object"], p.get("span")
+
+    for k in frozen:
+        assert stored(m1, k) == stored(m3, k), f"{k} references the bytes step 1 stored"
+    assert stored(m1, "head") != stored(m3, "head")
     t = {k: torch.zeros(128, 128) for k in state}
     ck.load(t, step=3)
     assert all(torch.equal(t[k], state[k]) for k in state)
@@ -112,26 +118,33 @@ def _rot(ck: Checkpointer, key: str) -> None:
     ck.storage.write(rel, bytes(blob))
 
 
+@pytest.mark.parametrize("pack_kib", [0, 1024], ids=["own-object", "packed"])
 @pytest.mark.parametrize("process", ["same", "restarted"])
-def test_dedup_never_references_a_rotted_object(tmp_path, process):
-    """A rotted object of the right size is rewritten, not referenced: the new step is sound
-    (and the rewrite, under the same name, repairs the older step too)."""
+def test_dedup_never_references_a_rotted_object(tmp_path, process, pack_kib):
+    """A rotted object of the right size is not referenced: its bytes are written again and
+    the new step is sound. In its own object the rewrite, under the same name, repairs the
+    older step too; in a pack that also holds a part that changed (`model.step` here) it
+    goes to a new pack, and the older step stays corrupt, as verify says."""
     root = str(tmp_path / "r")
-    ck = Checkpointer(root)
-    state = {"frozen": torch.randn(64, 64), "step": 1}
+    ck = Checkpointer(root, pack_kib=pack_kib)
+    state = {"model": {"frozen": torch.randn(64, 64), "step": 1}}
     ck.save(1, state)
-    key = ck.manifest(1)["items"]["frozen@0,0"]["parts"][0]["object"]
+    key = ck.manifest(1)["items"]["model.frozen@0,0"]["parts"][0]["object"]
     _rot(ck, key)
     if process == "restarted":  # the object is found on disk, not in the last save's records
-        ck = Checkpointer(root)
-    state["step"] = 2
+        ck = Checkpointer(root, pack_kib=pack_kib)
+    state["model"]["step"] = 2
     stats = ck.save(2, state).wait()
     assert stats.bytes_written > 64 * 64, "the rotted part was written again"
     ck.verify(2)
-    ck.verify(1)
-    t = {"frozen": torch.zeros(64, 64), "step": None}
+    if pack_kib:
+        with pytest.raises(CorruptCheckpoint, match="checksum"):
+            ck.verify(1)
+    else:
+        ck.verify(1)
+    t = {"model": {"frozen": torch.zeros(64, 64), "step": None}}
     ck.load(t, step=2)
-    assert torch.equal(t["frozen"], state["frozen"])
+    assert torch.equal(t["model"]["frozen"], state["model"]["frozen"])
 
 
 def test_delta_never_references_a_rotted_base(tmp_path):
@@ -187,7 +200,8 @@ def test_reused_objects_are_read_once_per_process_then_only_looked_at(tmp_path):
     root = str(tmp_path / "r")
     state = {f"frozen{i}": torch.randn(64, 64) for i in range(4)} | {"head": torch.zeros(4)}
     fs = ObjectReadsFS()
-    ck = Checkpointer("unused", storage=AgedStorage(root, fs=fs))
+    # one object per part: the reads counted are those of each frozen part's object
+    ck = Checkpointer("unused", storage=AgedStorage(root, fs=fs), pack_kib=0)
     reads = []
     for step in (1, 2, 3):
         state["head"] += 1
@@ -199,7 +213,7 @@ def test_reused_objects_are_read_once_per_process_then_only_looked_at(tmp_path):
     for e in ck.storage.walk(layout.OBJECTS):  # new fingerprints: what this process saw is stale
         os.utime(ck.storage.path(e.path), ns=(1, 1))
     fs2 = ObjectReadsFS()
-    restarted = Checkpointer("unused", storage=AgedStorage(root, fs=fs2))
+    restarted = Checkpointer("unused", storage=AgedStorage(root, fs=fs2), pack_kib=0)
     restarted.load({k: torch.zeros_like(v) for k, v in state.items()})
     fs2.object_reads = 0
     state["head"] += 1
@@ -221,18 +235,21 @@ def test_a_local_fingerprint_waits_for_the_clock_tick_and_sees_a_rewrite(tmp_pat
         st.fingerprint("absent")
 
 
-def test_a_fine_tune_never_references_a_rotted_parent_object(tmp_path):
-    base = Checkpointer(str(tmp_path / "base"))
+@pytest.mark.parametrize("pack_kib", [0, 1024], ids=["own-object", "packed"])
+def test_a_fine_tune_never_references_a_rotted_parent_object(tmp_path, pack_kib):
+    base = Checkpointer(str(tmp_path / "base"), pack_kib=pack_kib)
     state = {"frozen": torch.randn(64, 64), "head": torch.zeros(4)}
     base.save(1, state)
     key = base.manifest(1)["items"]["frozen@0,0"]["parts"][0]["object"]
-    ft = Checkpointer(str(tmp_path / "ft"))
+    ft = Checkpointer(str(tmp_path / "ft"), pack_kib=pack_kib)
     ft.inherit(base, 1)
     _rot(base, key)
     state["head"] += 1
     ft.save(1, state)
     ft.verify(1)
-    assert ft.storage.exists(layout.object_path(key)), "a sound copy is stored in the child"
+    (part,) = ft.manifest(1)["items"]["frozen@0,0"]["parts"]
+    assert part["object"] == key or pack_kib, "in its own object: rewritten under its name"
+    assert ft.storage.exists(layout.object_path(part["object"])), "a sound copy in the child"
 
 
 def test_dense_small_updates_store_the_integer_difference(tmp_path):
@@ -245,7 +262,7 @@ def test_dense_small_updates_store_the_integer_difference(tmp_path):
     ck.save(2, state)
     m = ck.manifest(2)
     part = m["items"]["w@0,0"]["parts"][0]
-    assert m["format_version"] == 3 and part["base"] is not None and part["delta"] == "sub"
+    assert m["format_version"] >= 3 and part["base"] is not None and part["delta"] == "sub"
     t = {"w": torch.zeros(256, 256)}
     Checkpointer(str(tmp_path / "r")).load(t, step=2)
     assert torch.equal(t["w"], state["w"])
