@@ -10,6 +10,8 @@ in between, on local disk:
 - ckptflow: `save(block=False)` twice, no preparation (the first stall faults in fresh pages);
 - ckptflow-prepared: `prepare(state)` first (what the training loop does after its first step;
   the background allocation time is reported as prepare_s), then the two saves;
+- ckptflow-prepared-1copy: as ckptflow-prepared with one copy thread (the snapshot copy was
+  single-threaded before it was split over the Stager's copy threads);
 - dcp-stager: `dcp.async_save` with one DefaultStager (shared memory, no CUDA here) reused;
 - dcp-default: `dcp.async_save` without a stager (a fresh host copy per save).
 
@@ -29,7 +31,7 @@ import sys
 import tempfile
 import time
 
-METHODS = ("ckptflow", "ckptflow-prepared", "dcp-stager", "dcp-default")
+METHODS = ("ckptflow", "ckptflow-prepared", "ckptflow-prepared-1copy", "dcp-stager", "dcp-default")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -40,11 +42,13 @@ def _update(sd: dict) -> None:
             v.mul_(0.9999)
 
 
-def _ckptflow(sd: dict, root: str, prepared: bool) -> dict:
+def _ckptflow(sd: dict, root: str, prepared: bool, one_copy_thread: bool = False) -> dict:
     from ckptflow.steps.checkpoint import Checkpointer
 
     ck = Checkpointer(root)
-    out = {}
+    if one_copy_thread:
+        ck._stager.copy_threads = 1
+    out = {"copy_threads": ck._stager.copy_threads}
     if prepared:
         ck.prepare(sd)
         ck._stager.wait_prepared()  # as the training's next steps run meanwhile
@@ -91,7 +95,7 @@ def child(method: str, state: str, root: str) -> dict:
     torch.set_num_threads(1)  # 2 cores shared by many: intra-op threads only contend
     sd = {k: v.clone() for k, v in load_file(state).items()}  # private, resident memory
     if method.startswith("ckptflow"):
-        return _ckptflow(sd, root, method == "ckptflow-prepared")
+        return _ckptflow(sd, root, "prepared" in method, method.endswith("-1copy"))
     return _dcp(sd, root, method == "dcp-stager")
 
 
@@ -129,6 +133,7 @@ def main(argv=None) -> int:
                 rows[m].append(run_child(m, state, work))
             print(f"repeat {r + 1}: " + json.dumps({m: rows[m][-1] for m in METHODS}), flush=True)
     print(f"\nasync save stall, {a.gib:g} GiB fp32 state, medians of {a.repeats} (seconds)")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'method':20} {'first':>7} {'steady':>7} {'1st total':>9} {'prepare':>8}")
     for m in METHODS:
         med = {k: statistics.median(x[k] for x in rows[m]) for k in rows[m][0]}
@@ -138,10 +143,15 @@ def main(argv=None) -> int:
             f"{med['first_total_s']:9.2f} {prep}"
         )
     base = rows["dcp-stager"]
-    for m in ("ckptflow", "ckptflow-prepared"):
+    for m in ("ckptflow", "ckptflow-prepared", "ckptflow-prepared-1copy"):
         for k in ("first_stall_s", "steady_stall_s"):
             ratio = statistics.median(x[k] / b[k] for x, b in zip(rows[m], base, strict=True))
             print(f"{m} {k[:-8]} stall / dcp-stager (paired median): {ratio:.2f}")
+    one = rows["ckptflow-prepared-1copy"]
+    for k in ("first_stall_s", "steady_stall_s"):
+        pairs = zip(rows["ckptflow-prepared"], one, strict=True)
+        ratio = statistics.median(x[k] / b[k] for x, b in pairs)
+        print(f"ckptflow-prepared {k[:-8]} stall / one copy thread (paired median): {ratio:.2f}")
     return 0
 
 

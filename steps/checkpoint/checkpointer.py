@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from ckptflow.steps.checkpoint import compat, coop, events
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
-from ckptflow.steps.checkpoint.staging import Stager
+from ckptflow.steps.checkpoint.staging import Stager, default_copy_threads
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -108,7 +108,7 @@ class Checkpointer:
         # A gloo group of our own: background saves never share a communicator with training.
         self._pg = process_group or (dist.new_group(backend="gloo") if self._distributed else None)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
-        self._stager = Stager()
+        self._stager = Stager(copy_threads=min(self.threads, default_copy_threads()))
         self._inflight: SaveHandle | None = None
         self._prior: dict = {}
         self._parent: dict | None = None  # set by inherit(): the step this root borrows from
@@ -440,6 +440,7 @@ class Checkpointer:
             self._wait_inflight()
         finally:
             self._executor.shutdown(wait=True)
+            self._stager.close()
 
     def __enter__(self):
         return self

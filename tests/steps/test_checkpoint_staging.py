@@ -1,0 +1,108 @@
+"""The snapshot copy of async saves: split over copy threads, bitwise complete, buffers reused."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from ckptflow.steps.checkpoint import Checkpointer, staging
+from ckptflow.steps.checkpoint.staging import Stager
+
+from ckptflow.core.storage import Storage
+
+
+def _state() -> dict:
+    """Over PARALLEL_MIN in all, with tensors that are no multiple of a copy slice."""
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(4096, 4096, generator=g),  # 64 MiB: four slices
+        "e": torch.randn(1_000_003, generator=g),
+        "nested": [{"b": torch.randn(7, generator=g)}, torch.tensor(3.0)],
+        "step": 12,
+    }
+
+
+def _flat(obj, out=None, path=""):
+    out = {} if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out[path] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _flat(v, out, f"{path}/{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _flat(v, out, f"{path}/{i}")
+    return out
+
+
+def test_a_large_snapshot_is_copied_by_several_threads_bitwise_and_into_the_same_buffers():
+    state = _state()
+    assert sum(t.numel() * 4 for t in _flat(state).values()) >= staging.PARALLEL_MIN * 2
+    stager = Stager(copy_threads=2)
+    try:
+        first = stager.stage(state)
+        assert stager.copy_lanes == 2, "the copy slices were not shared by two threads"
+        expect = {k: v.clone() for k, v in _flat(state).items()}
+        for t in _flat(state).values():
+            t.add_(1.0)  # training mutates right after the stage returns
+        got = _flat(first)
+        assert got.keys() == expect.keys() and first["step"] == 12
+        for k, v in expect.items():
+            assert torch.equal(
+                got[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)
+            ), k
+        second = _flat(stager.stage(state))
+        for k, v in got.items():
+            assert second[k].data_ptr() == v.data_ptr(), f"{k}: a fresh buffer per save"
+            assert torch.equal(second[k], _flat(state)[k])
+    finally:
+        stager.close()
+
+
+def test_copy_threads_default_to_half_the_cores_at_most_four(monkeypatch):
+    for cores, want in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 4), (192, 4)):
+        monkeypatch.setattr(staging.os, "cpu_count", lambda c=cores: c)
+        assert staging.default_copy_threads() == want, cores
+
+
+def test_a_small_snapshot_is_copied_by_the_calling_thread_alone():
+    stager = Stager(copy_threads=4)
+    state = {"w": torch.randn(256, 256)}
+    staged = stager.stage(state)
+    assert stager.copy_lanes == 1 and stager._pool is None
+    assert torch.equal(staged["w"], state["w"])
+
+
+class GatedStorage(Storage):
+    """Object writes wait for `gate` (inject storage, don't patch it)."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.gate = threading.Event()
+
+    def write(self, rel, data, *, exclusive=False, **kw):
+        if rel.startswith("objects/"):
+            self.gate.wait(30)
+        return super().write(rel, data, exclusive=exclusive, **kw)
+
+
+def test_an_async_save_copied_in_parallel_holds_the_state_of_its_call(tmp_path):
+    st = GatedStorage(str(tmp_path / "r"))
+    ck = Checkpointer("unused", storage=st)
+    ck._stager.copy_threads = 2  # (a 2-core host defaults to one copy thread)
+    state = _state()
+    expect = {k: v.clone() for k, v in _flat(state).items()}
+    handle = ck.save(1, state, block=False)
+    assert ck._stager.copy_lanes == 2
+    for t in _flat(state).values():
+        t.mul_(-3.0)  # the optimizer step right after save returns
+    st.gate.set()
+    handle.wait()
+    loaded = _state()
+    for t in _flat(loaded).values():
+        t.zero_()
+    ck.load(loaded)
+    for k, v in _flat(loaded).items():
+        assert torch.equal(v, expect[k]), k
+    ck.close()
+    assert ck._stager._pool is None, "close stops the copy threads"
