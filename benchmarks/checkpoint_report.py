@@ -270,11 +270,13 @@ results in `results.json` of its `--out-dir`.
 - DCP `FileSystemWriter(thread_count={c["threads"]})`; ckptflow `threads={c["threads"]}`, defaults
   otherwise (`compress="auto"`, zstd level 1 = the tuned parameters).
 - Async: two saves with an AdamW step between; the stall is the time until training may touch
-  its tensors again (for DCP also until its async staging completed). `dcp-async`: no stager
+  its tensors again (for DCP also until its async staging completed). ckptflow is `prepare`d
+  first, as the training loop does after its first step (buffers pre-faulted in the background). `dcp-async`: no stager
   passed (DCP's default); `dcp-async-reused`: one `DefaultStager` (shared memory, async
   staging) reused by both saves. Incremental: a delta (`full_every=11`) after 10 AdamW steps at
-  lr 1e-4; the entropy floor is the order-0 entropy of the cheaper of XOR-against-the-base and
-  the plane itself, per byte plane, over the full save's stored bytes. coop2: two gloo ranks on
+  lr 1e-4; the entropy floor is the order-0 entropy of the byte planes of the cheapest of the
+  tensor itself, XOR against the base and the zigzag integer difference, per tensor, over the
+  full save's stored bytes. coop2: two gloo ranks on
   this host each load the whole state cooperatively (warm).
 
 ## Results

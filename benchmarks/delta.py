@@ -18,43 +18,14 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ckptflow.steps.checkpoint import Checkpointer  # noqa: E402
 
 from benchmarks import checkpoint_methods as cm  # noqa: E402
-from ckptflow.core import codec  # noqa: E402
 
 
 def group(name: str) -> str:
     return "weights" if name.startswith("model.") else name.rsplit(".", 1)[1]
-
-
-def h0_bytes(plane: np.ndarray) -> float:
-    """Order-0 entropy of a byte plane, in bytes."""
-    c = np.bincount(plane, minlength=256).astype(np.float64)
-    p = c[c > 0] / len(plane)
-    return float(-(p * np.log2(p)).sum()) * len(plane) / 8
-
-
-def floor_bytes(cur: dict, base: dict) -> tuple[float, float]:
-    """(entropy floor, its low-mantissa-planes part) in bytes over all 4-byte tensors."""
-    total = low = 0.0
-    for k, v in cur.items():
-        if v.dtype != torch.float32 or v.numel() < 2:
-            continue
-        c, b = v.numpy().view(np.uint8).ravel(), base[k].numpy().view(np.uint8).ravel()
-        best = None
-        for kind in (None, "xor", "sub"):
-            x = c if kind is None else codec.delta(kind, c, b, 4)
-            planes = [h0_bytes(np.ascontiguousarray(x.reshape(-1, 4)[:, i])) for i in range(4)]
-            if best is None or sum(planes) < sum(best):
-                best = planes
-        total += sum(best)
-        low += best[0] + best[1]
-    return total, low
 
 
 def repeat(sd32: dict, names: list[str], seed: int, work: str) -> dict:
@@ -80,7 +51,7 @@ def repeat(sd32: dict, names: list[str], seed: int, work: str) -> dict:
             kind = p.get("delta", "xor") if p["base"] is not None else "full"
             g = kinds.setdefault(group(it["fqn"]), {})
             g[kind] = g.get(kind, 0) + p["raw_size"]
-    floor, low = floor_bytes(sd, base)
+    floor, low = cm.entropy_floor_parts(base, sd)
     fb = full["stats"]["stored_bytes"]
     out = {
         "ratio": delta["stats"]["new_bytes"] / fb,
