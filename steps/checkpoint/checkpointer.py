@@ -80,13 +80,17 @@ class Checkpointer:
         part_mib: int = 64,
         process_group=None,
         storage: Storage | None = None,
-        cooperative: bool = True,
+        cooperative: bool | str = True,
     ):
         compat.check_options(
             full_every=full_every, compression_level=compression_level, part_mib=part_mib
         )
         if threads is not None:
             compat.check_options(threads=threads)
+        if not (cooperative is True or cooperative is False or cooperative == "broadcast"):
+            raise ValueError(
+                f"cooperative must be True, False or 'broadcast', got {cooperative!r:.40}"
+            )
         if not (compress is True or compress is False or compress == "auto"):
             raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
@@ -317,6 +321,7 @@ class Checkpointer:
                 reader.stats.bytes_received,
                 time.perf_counter() - t0,
                 reader.stats.chunks_held_peak,
+                getattr(reader.exchange, "bytes_local", 0),
             )
             if fell_back:
                 log.warning(
@@ -339,7 +344,14 @@ class Checkpointer:
                 raise self._slimmed_error(step, m, exc) from None
             raise
         exchange = (
-            coop.Exchange(self._pg, self.rank, self.world_size, self.threads, self._nccl_group())
+            coop.Exchange(
+                self._pg,
+                self.rank,
+                self.world_size,
+                self.threads,
+                self._nccl_group(),
+                local=self.cooperative is True,
+            )
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
