@@ -379,7 +379,11 @@ class Checkpointer:
         }
         # Only the latest valid step is never collected: deduplicating against an older one
         # could reference objects that a concurrent GC is deleting.
-        if located is not self.storage or step != self.latest():
+        # (the newest committed step's manifest was just read and validated: it is the latest
+        # valid one, without reading its manifest a second time)
+        committed = self.committed_steps()
+        newest = committed[-1] if committed else None
+        if located is not self.storage or (step != newest and step != self.latest()):
             self._prior = {}
         self._prior = {**self._inherited, **self._prior}
         return reader

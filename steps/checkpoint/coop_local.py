@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -38,8 +39,11 @@ class _Iovec(ctypes.Structure):
 
 
 def _libc_readv():
-    """libc's process_vm_readv, or None where there is none (not Linux, an old libc)."""
-    if not sys.platform.startswith("linux"):
+    """libc's process_vm_readv, or None where there is none (not Linux, an old libc) or where
+    the ready flag needs a memory fence this module does not issue: x86-64 keeps a thread's
+    stores in order (the destination bytes are visible before the flag written after them);
+    weaker orderings (aarch64) keep the broadcast until a release store is used for the flag."""
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
         return None
     try:
         fn = ctypes.CDLL(None, use_errno=True).process_vm_readv
