@@ -60,3 +60,82 @@ def test_parts_go_by_memory_only_when_owner_and_every_needer_can():
     assert not any(gpu.by_memory(u, both) for u in gpu.owners)
     unfilled = _plan(ptrs=(0, 0))  # neither fills a destination directly: broadcast
     assert not any(unfilled.by_memory(u, both) for u in unfilled.owners)
+
+
+class _FakeRun:
+    """What LocalPhase uses of coop._Run: decodes that count how many run at once."""
+
+    def __init__(self, threads=2, fail=None):
+        import threading
+
+        import torch
+
+        self.ex = type("Ex", (), {"threads": threads})()
+        self.error = None
+        self.fail, self.lock = fail, threading.Lock()
+        self.running = self.peak = 0
+        self.done: list = []
+        self.bufs = {u: torch.zeros(64, dtype=torch.uint8) for u in [("a", i) for i in range(8)]}
+
+    def _read(self, u):
+        import time
+
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(0.01)
+        with self.lock:
+            self.running -= 1
+        if u == self.fail:
+            self.error = self.error or OSError("unreadable")
+
+    def _done(self, key):
+        self.done.append(key)
+
+    def _slice(self, u):
+        return self.bufs[u]
+
+
+def _phase(run, own, needed=None, remote=None):
+    from concurrent.futures import ThreadPoolExecutor
+
+    flags = np.zeros(len(own) + 1, dtype=np.uint8)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        phase = coop_local.LocalPhase(run, pool, own, flags, needed or {}, remote or {})
+        phase.go()
+    return phase, flags
+
+
+def test_owned_parts_are_decoded_at_most_threads_at_once_then_flagged():
+    run = _FakeRun(threads=2)
+    own = [(("a", i), i) for i in range(6)]
+    _, flags = _phase(run, own)
+    assert run.peak <= 2 and run.error is None
+    assert list(flags) == [1] * 6 + [0]  # every part flagged, the error flag down
+
+
+def test_a_part_that_fails_is_never_flagged_and_raises_the_error_flag():
+    run = _FakeRun(threads=1, fail=("a", 2))
+    own = [(("a", i), i) for i in range(6)]
+    _, flags = _phase(run, own)
+    assert isinstance(run.error, OSError)
+    assert flags[2] == 0 and flags[-1] == 1 and not flags[3:-1].any()
+
+
+def test_a_part_is_copied_once_its_owner_flags_it_and_a_failed_owner_stops_the_wait():
+    import threading
+
+    src = np.full(64, 7, dtype=np.uint8)
+    peer = np.zeros(2, dtype=np.uint8)  # the "owner's" flags: one part, then its error flag
+    run = _FakeRun()
+    needed = {1: [(("a", 7), 0, src.ctypes.data)]}
+    remote = {1: (os.getpid(), peer.ctypes.data, 2)}
+    threading.Timer(0.05, lambda: peer.__setitem__(0, 1)).start()
+    phase, _ = _phase(run, [], dict(needed), remote)
+    assert run.bufs[("a", 7)].numpy().tolist() == [7] * 64 and phase.bytes_copied == 64
+    assert run.error is None and run.done == ["a"]
+    peer[:] = [0, 1]  # the owner failed before flagging the part: no copy, PeerFailed
+    run = _FakeRun()
+    phase, flags = _phase(run, [], dict(needed), remote)
+    assert isinstance(run.error, coop_local.PeerFailed) and phase.bytes_copied == 0
+    assert run.bufs[("a", 7)].numpy().sum() == 0 and flags[-1] == 1
