@@ -369,7 +369,10 @@ class Checkpointer:
                 storage_reader=reader,
                 planner=SafeLoadPlanner(),
                 process_group=self._pg,
-                no_dist=not self._distributed,
+                # A cooperative load plans per rank (a load's global plan is the local ones)
+                # and agrees on failures in its own exchange: DCP's plan gather and scatter
+                # over the group would only add two collectives and the coordinator's wait.
+                no_dist=not self._distributed or exchange is not None,
             )
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
