@@ -256,6 +256,8 @@ def coop_load(cfg: Config, spec: dict, saved: dict) -> dict:
         "rss_peak_gib_warm": max(r["rss_peak_gib"] for r in ranks),
         "rss_extra_gib_warm": max(r["rss_extra_gib"] for r in ranks),
         "read_fraction": [r["bytes_read"] / stored for r in ranks],
+        # of what each rank got from the other: the part copied out of its memory (same host)
+        "local_fraction": [r["bytes_local"] / max(1, r["bytes_received"]) for r in ranks],
     }
 
 

@@ -744,6 +744,7 @@ def run_coop_rank(spec: dict) -> dict:
         "cold": cold,
         "bytes_read": ck.last_load.bytes_read,
         "bytes_received": ck.last_load.bytes_received,
+        "bytes_local": ck.last_load.bytes_received_local,
         "rss_peak_gib": rss_gib(),
         "rss_extra_gib": rss_gib() - base,
     }

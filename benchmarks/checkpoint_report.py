@@ -277,7 +277,9 @@ results in `results.json` of its `--out-dir`.
   lr 1e-4; the entropy floor is the order-0 entropy of the byte planes of the cheapest of the
   tensor itself, XOR against the base and the zigzag integer difference, per tensor, over the
   full save's stored bytes. coop2: two gloo ranks on
-  this host each load the whole state cooperatively (warm).
+  this host each load the whole state cooperatively (warm): each reads about half and copies
+  the rest out of the other's memory (same host); `benchmarks/coop_load.py` also times two
+  uncooperative ranks at once and the gloo broadcast.
 
 ## Results
 

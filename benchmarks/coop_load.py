@@ -2,13 +2,20 @@
 
 A script, not a test: `python benchmarks/coop_load.py [--gib 1] [--repeats 5]`. The LLM-shaped
 fp32 state of benchmarks/checkpoint_methods.py is saved once with ckptflow; then each repeat
-runs, interleaved, a plain load in one fresh process and a cooperative load of the whole
-(replicated) state in two fresh processes, warm page cache for both. Reported per method:
-medians of the load wall time (the slower rank), the paired ratio coop / plain, the bytes each
-rank read from storage over the stored bytes, and peak RSS over the state size (VmHWM, which
-includes the destination state itself and the interpreter with torch) and the extra peak over
-what the process held before the load (the destination allocated). Every load is checked
-bitwise against the saved state (after the timing).
+runs, interleaved in a rotating order, each method in fresh processes, warm page cache for all:
+- plain: one process loads the whole state (the target's reference);
+- plain2: two ranks each load the whole state without cooperating, at the same time (what a
+  cooperative load replaces on a host; on a machine with few cores they share the cores);
+- coop2: two ranks load it cooperatively (same host: parts copied out of the owner's memory);
+- coop2-bcast: the same with every part broadcast over gloo (what ranks on different hosts do).
+Reported per method: medians of the load wall time (the slower rank), paired ratios against
+plain and plain2, CPU-seconds of all ranks, bytes each rank read from storage over the stored
+bytes, how many bytes came from a peer's memory, and the load's peak RSS over the state size:
+the peak (VmHWM, reset just before the load) minus what the process held before its
+destination was allocated, so it counts the destination the load fills plus everything the
+load itself holds (the target: at most 1.2x), and the extra above the resident destination.
+The load average is printed before and after. Every load is checked bitwise against the saved
+state (after the timing).
 """
 
 from __future__ import annotations
@@ -51,16 +58,18 @@ def child(spec: dict) -> dict:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
         dist.init_process_group("gloo", rank=spec["rank"], world_size=world)
     expect = cm.read_json(spec["expect"])
+    ck = Checkpointer(spec["root"], cooperative=spec.get("cooperative", True))
+    base = _rss("VmRSS")
     sd = cm.template(expect)
     for v in sd.values():  # the destination is resident before the load (as a model is)
         v.reshape(-1).view(torch.uint8).numpy()[::4096] = 1
-    ck = Checkpointer(spec["root"])
     if world > 1:
         dist.barrier()
+    cm.reset_peak_rss()  # VmHWM from here on is the load's peak
     before = _rss("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ck.load(sd, 1)
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _rss("VmHWM")
     if cm.digests(sd) != expect["digests"]:
         raise SystemExit(f"rank {spec['rank']}: the loaded state differs from the saved one")
@@ -70,10 +79,13 @@ def child(spec: dict) -> dict:
     ck.close()
     return {
         "load_s": secs,
+        "cpu_s": cpu,
         "bytes_read": ck.last_load.bytes_read,
         "bytes_received": ck.last_load.bytes_received,
+        "bytes_local": ck.last_load.bytes_received_local,
         "rss_peak": peak,
         "rss_before": before,
+        "rss_base": base,
         "held": ck.last_load.chunks_held_peak,
     }
 
@@ -94,16 +106,29 @@ def collect(procs: list) -> list[dict]:
     return out
 
 
-def run(base: dict, world: int) -> dict:
+# name -> (ranks, Checkpointer's `cooperative`)
+METHODS = {
+    "plain": (1, True),
+    "plain2": (2, False),
+    "coop2": (2, True),
+    "coop2-bcast": (2, "broadcast"),
+}
+
+
+def run(base: dict, method: str) -> dict:
+    world, cooperative = METHODS[method]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ranks = collect([spawn(base | {"rank": r, "world": world, "port": port}) for r in range(world)])
+    spec = base | {"world": world, "port": port, "cooperative": cooperative}
+    ranks = collect([spawn(spec | {"rank": r}) for r in range(world)])
     state, stored = base["state_bytes"], base["stored_bytes"]
     return {
         "load_s": max(r["load_s"] for r in ranks),
+        "cpu_s": sum(r["cpu_s"] for r in ranks),
         "read": max(r["bytes_read"] for r in ranks) / stored,
-        "rss_peak": max(r["rss_peak"] for r in ranks) / state,
+        "local": min(r["bytes_local"] for r in ranks) / state,
+        "rss_load": max(r["rss_peak"] - r["rss_base"] for r in ranks) / state,
         "rss_extra": max(r["rss_peak"] - r["rss_before"] for r in ranks) / state,
         "held": max(r["held"] for r in ranks),
     }
@@ -113,6 +138,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0, help="fp32 state size")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -141,23 +167,40 @@ def main(argv=None) -> int:
             "stored_bytes": ck.manifest(1)["stats"]["stored_bytes"],
         }
         del sd
-        rows: dict = {"plain": [], "coop2": []}
+        rows: dict = {m: [] for m in a.methods}
+        load0 = os.getloadavg()
         for r in range(a.repeats):
-            order = [("plain", 1), ("coop2", 2)][:: 1 if r % 2 == 0 else -1]
-            for name, world in order:
-                rows[name].append(run(base, world))
+            order = a.methods[r % len(a.methods) :] + a.methods[: r % len(a.methods)]
+            for name in order:
+                rows[name].append(run(base, name))
             print(f"repeat {r + 1}: " + json.dumps({m: rows[m][-1] for m in rows}), flush=True)
+        load1 = os.getloadavg()
+    report(a, rows, load0, load1)
+    return 0
+
+
+def report(a, rows: dict, load0, load1) -> None:
     print(f"\nload of a {a.gib:g} GiB fp32 state, warm cache, medians of {a.repeats}")
-    print(f"{'method':8} {'load s':>7} {'read/stored':>11} {'peak/state':>10} {'extra/state':>11}")
+    before, after = (" ".join(f"{x:.2f}" for x in la) for la in (load0, load1))
+    print(f"load average (1/5/15 min) before: {before}, after: {after}")
+    print(
+        f"{'method':12} {'load s':>7} {'CPU s':>7} {'read/stored':>11} {'local/state':>11} "
+        f"{'peak/state':>10} {'extra/state':>11}"
+    )
     for name, rs in rows.items():
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
         print(
-            f"{name:8} {med['load_s']:7.2f} {med['read']:11.3f} {med['rss_peak']:10.2f} "
-            f"{med['rss_extra']:11.2f}   (temporary chunks held at most: {med['held']:.0f})"
+            f"{name:12} {med['load_s']:7.3f} {med['cpu_s']:7.3f} {med['read']:11.3f} "
+            f"{med['local']:11.3f} {med['rss_load']:10.3f} {med['rss_extra']:11.3f}"
+            f"   (temporary chunks held at most: {med['held']:.0f})"
         )
-    pairs = [c["load_s"] / p["load_s"] for c, p in zip(rows["coop2"], rows["plain"], strict=True)]
-    print(f"coop2 / plain load time (paired median): {statistics.median(pairs):.2f}")
-    print("pairs:", " ".join(f"{x:.2f}" for x in pairs))
+    for ref in ("plain", "plain2"):
+        for name in [m for m in rows if m.startswith("coop") and ref in rows]:
+            pairs = [c["load_s"] / p["load_s"] for c, p in zip(rows[name], rows[ref], strict=True)]
+            print(
+                f"{name} / {ref} load time (paired median): {statistics.median(pairs):.2f}"
+                "   pairs: " + " ".join(f"{x:.2f}" for x in pairs)
+            )
     return 0
 
 

@@ -81,7 +81,7 @@ class Checkpointer:
         pack_kib: int = 1024,
         process_group=None,
         storage: Storage | None = None,
-        cooperative: bool = True,
+        cooperative: bool | str = True,
     ):
         compat.check_options(
             full_every=full_every,
@@ -91,6 +91,10 @@ class Checkpointer:
         )
         if threads is not None:
             compat.check_options(threads=threads)
+        if not (cooperative is True or cooperative is False or cooperative == "broadcast"):
+            raise ValueError(
+                f"cooperative must be True, False or 'broadcast', got {cooperative!r:.40}"
+            )
         if not (compress is True or compress is False or compress == "auto"):
             raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
@@ -323,6 +327,7 @@ class Checkpointer:
                 reader.stats.bytes_received,
                 time.perf_counter() - t0,
                 reader.stats.chunks_held_peak,
+                getattr(reader.exchange, "bytes_local", 0),
             )
             if fell_back:
                 log.warning(
@@ -345,7 +350,14 @@ class Checkpointer:
                 raise self._slimmed_error(step, m, exc) from None
             raise
         exchange = (
-            coop.Exchange(self._pg, self.rank, self.world_size, self.threads, self._nccl_group())
+            coop.Exchange(
+                self._pg,
+                self.rank,
+                self.world_size,
+                self.threads,
+                self._nccl_group(),
+                local=self.cooperative is True,
+            )
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
@@ -363,7 +375,10 @@ class Checkpointer:
                 storage_reader=reader,
                 planner=SafeLoadPlanner(),
                 process_group=self._pg,
-                no_dist=not self._distributed,
+                # A cooperative load plans per rank (a load's global plan is the local ones)
+                # and agrees on failures in its own exchange: DCP's plan gather and scatter
+                # over the group would only add two collectives and the coordinator's wait.
+                no_dist=not self._distributed or exchange is not None,
             )
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
@@ -373,7 +388,11 @@ class Checkpointer:
         }
         # Only the latest valid step is never collected: deduplicating against an older one
         # could reference objects that a concurrent GC is deleting.
-        if located is not self.storage or step != self.latest():
+        # (the newest committed step's manifest was just read and validated: it is the latest
+        # valid one, without reading its manifest a second time)
+        committed = self.committed_steps()
+        newest = committed[-1] if committed else None
+        if located is not self.storage or (step != newest and step != self.latest()):
             self._prior = {}
         self._prior = {**self._inherited, **self._prior}
         return reader

@@ -17,6 +17,7 @@ process group (NCCL) when one is given; everything else goes over the Checkpoint
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 import torch.distributed as dist
+from ckptflow.steps.checkpoint import coop_local
 
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint
@@ -81,6 +83,11 @@ class _Dests:
         self._lock = threading.Lock()
         self._held = 0
 
+    def host_ptr(self, key: str) -> int:
+        """Address of the chunk's host destination bytes when it is filled directly, else 0."""
+        found = self.direct.get(self.by_key[key])
+        return 0 if found is None or found[0].is_cuda else found[0].data_ptr()
+
     def on_gpu(self, key: str) -> bool:
         found = self.direct.get(self.by_key[key])
         return found is not None and found[0].is_cuda
@@ -116,14 +123,21 @@ class _Dests:
 
 
 class Exchange:
-    """The `exchange` hook of CkptStorageReader for a process group of `world` ranks."""
+    """The `exchange` hook of CkptStorageReader for a process group of `world` ranks.
 
-    def __init__(self, group, rank: int, world: int, threads: int = 4, device_group=None):
+    `local`: parts whose owner and needers share a host are copied out of the owner's memory
+    (coop_local.py) instead of broadcast over the group; False broadcasts everything."""
+
+    def __init__(
+        self, group, rank: int, world: int, threads: int = 4, device_group=None, local=True
+    ):
         self.group, self.rank, self.world, self.threads = group, rank, world, threads
         self.device_group = device_group  # the training's NCCL group, for GPU destinations
+        self.local = local
+        self.bytes_local = 0  # of the last load: bytes copied from same-host peers' memory
 
     def __call__(self, records: dict, items: dict, read_part, direct, scatter, stats) -> None:
-        """Fill every needed chunk: read the parts this rank owns, broadcast the shared ones.
+        """Fill every needed chunk: read the parts this rank owns, exchange the shared ones.
 
         `read_part(part, out)` decodes a part into a uint8 array; `direct(rec, items)` gives
         the uint8 view of the destination a chunk fills exactly (and its commit), or None;
@@ -131,30 +145,51 @@ class Exchange:
         dests = _Dests(records, items, direct, scatter, stats, self.device_group is not None)
         by_key = {_key(rec): rec for rec in records.values()}
         mine = {
-            k: ([p["raw_size"] for p in rec["parts"]], dests.on_gpu(k)) for k, rec in by_key.items()
+            k: ([p["raw_size"] for p in rec["parts"]], dests.on_gpu(k), dests.host_ptr(k))
+            for k, rec in by_key.items()
         }
+        info, token = coop_local.probe_info() if self.local else (None, None)
         announced: list = [None] * self.world
-        dist.all_gather_object(announced, mine, group=self.group)
-        sizes, gpu, needs = {}, {}, [[] for _ in range(self.world)]
-        for rank, chunks in enumerate(announced):
-            for k, (part_sizes, on_gpu) in chunks.items():
-                for i, n in enumerate(part_sizes):
-                    sizes[(k, i)] = n
-                    gpu[(k, i)] = gpu.get((k, i), True) and on_gpu
-                    needs[rank].append((k, i))
-        owners = assign_owners(needs, sizes)
-        count: dict = {}
-        for n in needs:
-            for u in n:
-                count[u] = count.get(u, 0) + 1
-        shared = _interleave(sorted(u for u in owners if count[u] > 1), owners)
-        own = [u for u in shared if owners[u] == self.rank]
-        own += sorted(u for u in owners if count[u] == 1 and owners[u] == self.rank)
+        dist.all_gather_object(announced, (mine, info), group=self.group)
+        plan = _Plan(self.world, [a[0] for a in announced])
+        shared = [u for u in plan.owners if plan.count[u] > 1]
+        local = self._local(plan, shared, announced, by_key) if self.local else None
+        del token  # every peer has probed it (the gather in _local)
+        is_local = set() if local is None else local[0]
+        bcast = _interleave(sorted(u for u in shared if u not in is_local), plan.owners)
+        own = [u for u in bcast if plan.owners[u] == self.rank]
+        own += sorted(u for u in plan.owners if plan.count[u] == 1 and plan.owners[u] == self.rank)
         run = _Run(self, dests, by_key, read_part, stats)
-        error = run.go(own, shared, owners, sizes, gpu, set(by_key))
+        error = run.go(own, bcast, plan, set(by_key), None if local is None else local[1])
+        self.bytes_local = run.bytes_local
         self._agree_or_raise(error)
 
+    def _local(self, plan: _Plan, shared: list, announced: list, by_key: dict):
+        """(the parts copied by memory, LocalPhase's arguments but the run and pool) — every
+        rank computes the same set from what all announced and probed."""
+        row = coop_local.probe_row([a[1] for a in announced], self.rank)
+        own_local = [u for u in sorted(shared) if plan.owners[u] == self.rank]
+        flags = np.zeros(len(own_local) + 1, dtype=np.uint8)  # candidates; trimmed below
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, (row, os.getpid(), flags.ctypes.data), group=self.group)
+        reach = coop_local.reach([g[0] for g in gathered])
+        units = sorted(u for u in shared if plan.by_memory(u, reach))
+        per_owner: dict = {}
+        for u in units:
+            per_owner.setdefault(plan.owners[u], []).append(u)
+        own = [(u, pos) for pos, u in enumerate(per_owner.get(self.rank, []))]
+        flags = flags[: len(own) + 1]  # the first len(own) flags, then the error flag
+        needed, remote = {}, {}
+        for o, us in per_owner.items():
+            want = [(u, pos, plan.ptrs[(o, u)]) for pos, u in enumerate(us) if u[0] in by_key]
+            if o != self.rank and want:
+                needed[o] = want
+                remote[o] = (gathered[o][1], gathered[o][2], len(us) + 1)
+        return set(units), (own, flags, needed, remote)
+
     def _agree_or_raise(self, error: Exception | None) -> None:
+        if isinstance(error, coop_local.PeerFailed):
+            error = None  # the failing rank reports its own error: raise that one below
         errors: list = [None] * self.world
         dist.all_gather_object(errors, None if error is None else str(error), group=self.group)
         if error is not None:
@@ -162,6 +197,45 @@ class Exchange:
         bad = [(r, e) for r, e in enumerate(errors) if e]
         if bad:
             raise CorruptCheckpoint(f"rank {bad[0][0]} could not read its share: {bad[0][1]}")
+
+
+class _Plan:
+    """What every rank announced, as every rank sees it: each part's size, owner, needers,
+    whether its destinations are on GPU, and where each rank's destination bytes are."""
+
+    def __init__(self, world: int, announced: list):
+        self.sizes, self.gpu, self.any_gpu, self.ptrs = {}, {}, {}, {}
+        self.needers: dict = {}
+        self.agreed: dict = {}  # part -> every needer announced the same size
+        needs: list = [[] for _ in range(world)]
+        for rank, chunks in enumerate(announced):
+            for k, (part_sizes, on_gpu, ptr) in chunks.items():
+                pos = 0
+                for i, n in enumerate(part_sizes):
+                    u = (k, i)
+                    self.agreed[u] = self.agreed.get(u, True) and self.sizes.get(u, n) == n
+                    self.sizes[u] = n
+                    self.gpu[u] = self.gpu.get(u, True) and on_gpu
+                    self.any_gpu[u] = self.any_gpu.get(u, False) or on_gpu
+                    self.needers.setdefault(u, []).append(rank)
+                    needs[rank].append(u)
+                    if ptr:
+                        self.ptrs[(rank, u)] = ptr + pos
+                    pos += n
+        self.owners = assign_owners(needs, self.sizes)
+        self.count = {u: len(r) for u, r in self.needers.items()}
+
+    def by_memory(self, u, reach: list[list[bool]]) -> bool:
+        """Whether a shared part is copied out of its owner's memory: the owner decodes it into
+        its own host destination, and every needer (on the host) can read that memory."""
+        o = self.owners[u]
+        return (
+            (o, u) in self.ptrs
+            and self.agreed[u]
+            and self.sizes[u] > 0
+            and not self.any_gpu[u]
+            and all(reach[r][o] for r in self.needers[u])
+        )
 
 
 class _Run:
@@ -187,6 +261,7 @@ class _Run:
                 self.offsets[(k, i)] = pos
                 pos += p["raw_size"]
         self._scratch: dict = {}
+        self.bytes_local = 0  # copied out of same-host peers' memory (coop_local.py)
 
     def _slice(self, u) -> torch.Tensor:
         k, i = u
@@ -229,10 +304,18 @@ class _Run:
             return host, (None if owner else lambda: view.copy_(host))
         return view, None
 
-    def go(self, own: list, shared: list, owners: dict, sizes: dict, gpu: dict, mine) -> None:
+    def go(self, own: list, shared: list, plan: _Plan, mine: set, local) -> Exception | None:
+        """The parts copied by memory first (LocalPhase, when `local` is given), then the
+        broadcast ones in `shared` order, then the parts only this rank needs."""
         ex, window = self.ex, max(1, self.ex.threads)
+        owners, sizes = plan.owners, plan.sizes
         work, inflight = deque(own), deque()
         with ThreadPoolExecutor(max_workers=ex.threads, thread_name_prefix="ckpt-coop") as pool:
+            if local is not None:
+                phase = coop_local.LocalPhase(self, pool, *local)
+                phase.go()
+                self.bytes_local = phase.bytes_copied
+                self.stats.bytes_received += phase.bytes_copied
 
             def top_up():
                 while work and len(inflight) < window:
@@ -244,7 +327,7 @@ class _Run:
                 owner = owners[u] == ex.rank
                 if owner:  # owned shared parts were queued in this same order
                     inflight.popleft()[1].result()
-                on_dev = gpu[u] and ex.device_group is not None
+                on_dev = plan.gpu[u] and ex.device_group is not None
                 buf, after = self._buffer(u, owner, sizes[u], on_dev, u[0] in mine)
                 if sizes[u]:
                     group = ex.device_group if on_dev else ex.group

@@ -59,3 +59,4 @@ class LoadInfo:
     bytes_received: int = 0
     seconds: float = 0.0
     chunks_held_peak: int = 0  # cooperative load: temporary chunk buffers held at once
+    bytes_received_local: int = 0  # of bytes_received: copied from same-host ranks' memory

@@ -189,23 +189,28 @@ def load_worker(rank, world, root, out_path):
 
 
 def coop_load_worker(rank, world, root, out_path, cooperative):
-    """Every rank loads the whole (replicated) state; report bytes read from storage."""
+    """Every rank loads the whole (replicated) state; report bytes read from storage. A
+    cooperative run loads twice: by same-host memory copies, then over the gloo broadcast."""
     from ckptflow.steps.checkpoint import Checkpointer
 
-    sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
-    sd["step"] = None
-    ck = Checkpointer(root, cooperative=cooperative)
-    ck.load(sd)
+    rows = []
+    for mode in [cooperative, "broadcast"] if cooperative is True else [cooperative]:
+        sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
+        sd["step"] = None
+        ck = Checkpointer(root, cooperative=mode)
+        ck.load(sd)
+        rows.append(
+            {
+                "mode": mode,
+                "read": ck.last_load.bytes_read,
+                "received": ck.last_load.bytes_received,
+                "local": ck.last_load.bytes_received_local,
+                "sum": float(sum(v.double().sum() for k, v in sd.items() if k != "step")),
+                "step": sd["step"],
+            }
+        )
     info = [None] * world
-    dist.all_gather_object(
-        info,
-        {
-            "read": ck.last_load.bytes_read,
-            "received": ck.last_load.bytes_received,
-            "sum": float(sum(v.double().sum() for k, v in sd.items() if k != "step")),
-            "step": sd["step"],
-        },
-    )
+    dist.all_gather_object(info, rows)
     if rank == 0:
         torch.save(info, out_path)
 
@@ -235,6 +240,7 @@ def coop_reshard_worker(rank, world, root, out_path, threads):
             "step": sd["step"],
             "held": ck.last_load.chunks_held_peak,
             "read": ck.last_load.bytes_read,
+            "local": ck.last_load.bytes_received_local,
         },
     )
     if rank == 0:
@@ -243,16 +249,26 @@ def coop_reshard_worker(rank, world, root, out_path, threads):
 
 def coop_fallback_worker(rank, world, root, out_path):
     """A cooperative load of the newest step, one of whose objects is corrupt: every rank
-    falls back to the step before (none waits forever for a part its owner could not read)."""
+    falls back to the step before (none waits forever for a part its owner could not read),
+    by same-host memory copies and then over the gloo broadcast."""
     from ckptflow.steps.checkpoint import Checkpointer
 
-    sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
-    sd["step"] = None
-    ck = Checkpointer(root)
-    step = ck.load(sd)
+    rows = []
+    for mode in (True, "broadcast"):
+        sd = {f"layer{i}": torch.zeros(64 * (i + 1), 64) for i in range(8)}
+        sd["step"] = None
+        ck = Checkpointer(root, cooperative=mode)
+        step = ck.load(sd)
+        rows.append(
+            {
+                "step": step,
+                "value": sd["step"],
+                "fell": ck.last_load.fell_back_from,
+                "local": ck.last_load.bytes_received_local,
+                "sum": float(sum(v.double().sum() for k, v in sd.items() if k != "step")),
+            }
+        )
     info = [None] * world
-    dist.all_gather_object(
-        info, {"step": step, "value": sd["step"], "fell": ck.last_load.fell_back_from}
-    )
+    dist.all_gather_object(info, rows)
     if rank == 0:
         torch.save(info, out_path)

@@ -30,19 +30,26 @@ def replicated_root(tmp_path_factory):
 
 @pytest.mark.parametrize("cooperative", [True, False])
 def test_two_ranks_each_read_about_half(replicated_root, tmp_path, cooperative):
+    """Cooperative: each rank reads about half from storage and gets the rest from the other,
+    on one host by copying out of its memory, with "broadcast" over gloo."""
     root, state = replicated_root
     out = str(tmp_path / "info.pt")
     dw.spawn(2, dw.coop_load_worker, root, out, cooperative)
     info = torch.load(out)
     expected = float(sum(v.double().sum() for v in state.values()))
     stored = Checkpointer(root).manifest(4)["stats"]["stored_bytes"]
-    for r in info:
+    rows = [row for rank in info for row in rank]
+    for r in rows:
         assert r["sum"] == pytest.approx(expected, rel=0, abs=1e-9) and r["step"] == 4
     if cooperative:
-        assert all(r["read"] <= 0.55 * stored for r in info), (info, stored)
-        assert all(r["received"] > 0 for r in info)
+        assert all(r["read"] <= 0.55 * stored for r in rows), (info, stored)
+        assert all(r["received"] > 0 for r in rows)
+        same_host = [r for r in rows if r["mode"] is True]
+        # every tensor part went by memory copy; only the tiny step value was broadcast
+        assert all(r["received"] - 64 <= r["local"] <= r["received"] for r in same_host), info
+        assert all(r["local"] == 0 for r in rows if r["mode"] == "broadcast"), info
     else:
-        assert all(r["read"] >= stored for r in info)
+        assert all(r["read"] >= stored and r["received"] == 0 for r in rows)
 
 
 def test_resharded_coop_load_is_exact_and_holds_few_buffers(tmp_path):
@@ -64,6 +71,9 @@ def test_resharded_coop_load_is_exact_and_holds_few_buffers(tmp_path):
         assert r["whole"] == pytest.approx(float(whole.sum()), abs=1e-4)
         assert 1 <= r["held"] <= threads + 2, info
         assert r["read"] <= 0.65 * stored, (info, stored)
+    # the replicated tensor is copied by memory (to the rank that does not own it), the row
+    # shards (not a destination their owner fills directly) go over the broadcast
+    assert sorted(r["local"] for r in info) == [0, whole.numel() * 4], info
 
 
 def test_a_part_its_owner_cannot_read_fails_every_rank_alike(replicated_root, tmp_path):
@@ -83,5 +93,8 @@ def test_a_part_its_owner_cannot_read_fails_every_rank_alike(replicated_root, tm
     out = str(tmp_path / "info.pt")
     dw.spawn(2, dw.coop_fallback_worker, root, out)
     info = torch.load(out)
-    assert [(r["step"], r["value"]) for r in info] == [(4, 4), (4, 4)], info
-    assert all(r["fell"] and r["fell"][0][0] == 5 for r in info), info
+    expected = float(sum(v.double().sum() for v in state.values()))
+    rows = [row for rank in info for row in rank]
+    assert [(r["step"], r["value"]) for r in rows] == [(4, 4)] * 4, info
+    assert all(r["fell"] and r["fell"][0][0] == 5 for r in rows), info
+    assert all(r["sum"] == pytest.approx(expected, rel=0, abs=1e-9) for r in rows), info
