@@ -65,13 +65,17 @@ def start_writeback(fd: int) -> None:
         _sfr(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # best effort: fdatasync still guarantees it
 
 
-def datasync(path: str) -> None:
-    """fdatasync one file by path (its data and size; its directory entry: sync_dirs)."""
+def _synced(path: str, sync) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fdatasync(fd)
+        sync(fd)
     finally:
         os.close(fd)
+
+
+def datasync(path: str) -> None:
+    """fdatasync one file by path (its data and size; its directory entry: sync_dirs)."""
+    _synced(path, os.fdatasync)
 
 
 def dirs_of(paths: list[str]) -> list[str]:
@@ -86,11 +90,7 @@ def dirs_of(paths: list[str]) -> list[str]:
 
 def fsync_dir(d: str) -> None:
     """fsync one folder (its entries: the names of files created in it)."""
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _synced(d, os.fsync)
 
 
 def sync_dirs(paths: list[str]) -> None:

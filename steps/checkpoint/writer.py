@@ -24,6 +24,7 @@ from ckptflow.steps.checkpoint.durability import Durability
 from ckptflow.steps.checkpoint.packing import PACK_PART, Packer, group_of
 from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
+from ckptflow.steps.checkpoint.save_intent import Heartbeat, clear_stray_archived
 from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -37,7 +38,6 @@ from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists, Storage
 from ckptflow.core.uris import OBJECT_STORES
 
-HEARTBEAT_S = layout.SAVE_LEASE_S / 4  # how often a save in progress refreshes its intent
 log = logging.getLogger("ckptflow.checkpoint")
 
 
@@ -141,7 +141,7 @@ class CkptStorageWriter(StorageWriter):
         self.job = job
         self.is_coordinator = False
         self._lock = threading.Lock()
-        self._heartbeat: _Heartbeat | None = None
+        self._heartbeat: Heartbeat | None = None
 
     def reset(self, checkpoint_id=None) -> None:
         pass
@@ -163,10 +163,10 @@ class CkptStorageWriter(StorageWriter):
                 f"step {step} is already committed under {st.uri}; checkpoints are immutable: "
                 "save under a new step number (or delete it with `ckptflow ckpt gc`)"
             )
-        _clear_stray_archived(st, step)
+        clear_stray_archived(st, step)
         # GC reads the intent to tell a live save: it must never be torn (atomic writes)
         rel, blob = intent.write_intent(st, step, self.job.save_id, self.job.world_size)
-        self._heartbeat = _Heartbeat(st, rel, blob)
+        self._heartbeat = Heartbeat(st, rel, blob)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -180,6 +180,7 @@ class CkptStorageWriter(StorageWriter):
         # Object stores are latency-bound: more uploads in flight than CPU threads.
         workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
         self._syncs = Durability(job)
+        self._packer = Packer(self._write_object)
         try:
             results = self._write_items(plan, planner, workers)
             # Every object durable before the coordinator writes the manifest: each was synced
@@ -187,13 +188,15 @@ class CkptStorageWriter(StorageWriter):
             self._syncs.finish()
         finally:
             self._syncs.close()
+            # The packer holds this writer (its store): left in place, the cycle would keep
+            # every save's writer, and the delta base it captured, alive until a full GC.
+            self._packer = None
         fut: Future = Future()
         fut.set_result(results)
         return fut
 
     def _write_items(self, plan: SavePlan, planner: SavePlanner, workers: int) -> list:
         job = self.job
-        self._packer = Packer(self._write_object)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write") as pool:
             pending = []
             for item in plan.items:
@@ -419,43 +422,3 @@ class CkptStorageWriter(StorageWriter):
         hb.stop()
         if failed:
             hb.end()
-
-
-class _Heartbeat:
-    """Refreshes a save's intent every HEARTBEAT_S until stopped, so GC sees the save live
-    (ckptflow.core.intent) however long it runs and whatever GC's grace period."""
-
-    def __init__(self, storage: Storage, rel: str, blob: bytes):
-        self.storage, self.rel, self.blob = storage, rel, blob
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ckpt-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            try:
-                self.storage.touch(self.rel, self.blob)
-            except Exception as exc:  # the commit's object check still guards the save
-                log.warning("could not refresh the save intent %s: %s", self.rel, exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def end(self) -> None:
-        """Mark the intent ended (a failed save); best effort: a lapsed lease ends it too."""
-        try:
-            intent.end_intent(self.storage, self.rel, self.blob)
-        except Exception as exc:
-            log.warning("could not mark the save intent %s ended: %s", self.rel, exc)
-
-
-def _clear_stray_archived(st, step: int) -> None:
-    """Remove an ARCHIVED marker from the folder of a step that is not committed: the archiver
-    marks only committed steps and never removes COMMIT, so such a marker is debris or forged,
-    and left in place it would send every load of the new step to another root (which holds
-    no copy of it): the save would report success for a step that never loads."""
-    rel = f"{layout.step_dir(step)}/{layout.ARCHIVED}"
-    if st.exists(rel):
-        log.warning("removing %s: an archive marker in an uncommitted step folder", st.url(rel))
-        st.delete([rel])

@@ -446,9 +446,9 @@ def test_gc_with_zero_grace_leaves_a_live_save_whole(tmp_path, where):
 
 
 def test_a_save_stays_live_past_its_lease_while_it_heartbeats(tmp_path, monkeypatch):
-    from ckptflow.steps.checkpoint import writer
+    from ckptflow.steps.checkpoint import save_intent
 
-    monkeypatch.setattr(writer, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(save_intent, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr(layout, "SAVE_LEASE_S", 0.5)
     root = str(tmp_path / "ckpt")
     save_steps(root, range(1, 3), full_every=1)
@@ -487,9 +487,9 @@ def test_a_commit_over_a_missing_object_fails_the_save(tmp_path):
 
 @pytest.mark.s3
 def test_gc_with_zero_grace_on_s3_leaves_a_heartbeating_save_whole(s3_bucket, monkeypatch):
-    from ckptflow.steps.checkpoint import writer
+    from ckptflow.steps.checkpoint import save_intent
 
-    monkeypatch.setattr(writer, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(save_intent, "HEARTBEAT_S", 0.2)
     monkeypatch.setattr(layout, "SAVE_LEASE_S", 1.5)  # S3 times have whole seconds
     root = f"s3://{s3_bucket}/run/ckpt"
     save_steps(root, range(1, 3), full_every=1)
