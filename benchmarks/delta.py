@@ -30,7 +30,9 @@ def group(name: str) -> str:
 
 def repeat(sd32: dict, names: list[str], seed: int, work: str) -> dict:
     root = os.path.join(work, f"r{seed}")
-    ck = Checkpointer(root, full_every=11)
+    # both saves compressed: the full save is the codec's (auto may store it raw on a fast disk,
+    # which would flatter the ratio)
+    ck = Checkpointer(root, full_every=11, compress=True)
     sd = {k: v.clone() for k, v in sd32.items()}
     base = {k: v.clone() for k, v in sd.items()}
     t0 = time.process_time()
