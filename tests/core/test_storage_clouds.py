@@ -60,6 +60,16 @@ def quick_retry_azure(conn_str: str):
     )
 
 
+@pytest.mark.parametrize("tail", [b"\r", b"\r\n", b"\n"])
+def test_bytes_that_end_like_a_line_break_round_trip(cloud, tail):
+    """Objects end in any byte (a pack whose last part ends in `\r`: one in 256): the GCS
+    emulator's upload parser dropped such a `\r` (fixed in tests/conftest.py), GCS keeps it."""
+    st = _root(cloud)
+    blob = bytes(range(256)) + tail
+    st.write("obj", blob)
+    assert st.size("obj") == len(blob) and st.read("obj") == blob
+
+
 def test_every_operation(cloud):
     st = _root(cloud)
     st.write("step-00000001/a.bin", b"hello")
