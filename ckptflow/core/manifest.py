@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
-
-from ckptflow.core import codec, jsonfile, layout
+from ckptflow.core import codec, jsonfile, layout, tiling
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024
@@ -323,66 +321,9 @@ def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
         boxes.append((offs, sizes))
     # Chunks that overlap or leave a gap would leave part of the tensor unloaded, silently
     # (volumes alone add up with a chunk listed twice).
-    problem = _tiling(size, boxes)
+    problem = tiling.problem(size, boxes)
     if problem:
         _fail(f"{where}.chunks", problem)
-
-
-def _tiling(size: list[int], boxes: list) -> str | None:
-    """None when the boxes (offsets, sizes) inside a tensor of `size` tile it exactly, else
-    what is wrong. The tensor is cut into slabs at every box edge along each dimension but
-    one; each box is listed once per slab it spans, and within every slab the boxes' extents
-    along the uncut dimension must follow each other from 0 to its end. A grid (as DTensor
-    shards make) costs one entry per box; layouts needing over 4 per box are refused."""
-    if math.prod(size) == 0:
-        return None  # nothing to cover: every chunk inside is empty
-    boxes = [b for b in boxes if all(b[1])]  # an empty chunk holds no element
-    if not size:
-        return None if len(boxes) == 1 else "chunks overlap or leave the tensor uncovered"
-    n = len(size)
-    lo = np.array([o for o, _ in boxes], dtype=np.int64).reshape(-1, n)
-    hi = lo + np.array([s for _, s in boxes], dtype=np.int64).reshape(-1, n)
-    # Cut along the cheapest dimensions first and leave the costliest one uncut (a layout of
-    # full-height columns is cut into columns, one of full-width rows into rows).
-    edges = [np.unique(np.concatenate([lo[:, d], hi[:, d], [0, size[d]]])) for d in range(n)]
-    cost = [
-        int((np.searchsorted(e, hi[:, d]) - np.searchsorted(e, lo[:, d])).sum())
-        for d, e in enumerate(edges)
-    ]
-    dims = sorted(range(n), key=lambda d: cost[d])
-    lo, hi, size, edges = (
-        lo[:, dims],
-        hi[:, dims],
-        [size[d] for d in dims],
-        [edges[d] for d in dims],
-    )
-    box = np.arange(len(boxes))
-    group = np.zeros(len(boxes), dtype=np.int64)
-    slabs = 1
-    for d in range(n - 1):
-        first = np.searchsorted(edges[d], lo[box, d])
-        count = np.searchsorted(edges[d], hi[box, d]) - first
-        total = int(count.sum())
-        if total > 4 * len(boxes) + 1024:
-            return f"chunks too irregular to check ({total} slab pieces of {len(boxes)} chunks)"
-        slab = np.repeat(first - np.cumsum(count) + count, count) + np.arange(total)
-        cut = np.repeat(group, count) * (len(edges[d]) - 1) + slab
-        group = np.unique(cut, return_inverse=True)[1]
-        box = np.repeat(box, count)
-        slabs *= len(edges[d]) - 1
-    order = np.lexsort((lo[box, n - 1], group))
-    g, a, b = group[order], lo[box, n - 1][order], hi[box, n - 1][order]
-    inner = g[1:] == g[:-1]  # consecutive pieces within one slab
-    if (a[1:] < b[:-1])[inner].any():
-        return "chunks overlap"
-    covered = (
-        len(g) > 0
-        and int(g[-1]) + 1 == slabs  # every slab has a piece (g is sorted)
-        and not (a[1:] > b[:-1])[inner].any()
-        and (a[np.r_[True, ~inner]] == 0).all()
-        and (b[np.r_[~inner, True]] == size[-1]).all()
-    )
-    return None if covered else "chunks leave part of the tensor uncovered"
 
 
 def _planner_data(v) -> None:
