@@ -20,6 +20,8 @@ def problem(size: list[int], boxes: list) -> str | None:
     boxes = [b for b in boxes if all(b[1])]  # an empty chunk holds no element
     if not size:
         return None if len(boxes) == 1 else "chunks overlap or leave the tensor uncovered"
+    if all(list(o[1:]) == [0] * (len(size) - 1) and list(s[1:]) == size[1:] for o, s in boxes):
+        return _rows(size[0], boxes)
     n = len(size)
     lo = np.array([o for o, _ in boxes], dtype=np.int64).reshape(-1, n)
     hi = lo + np.array([s for _, s in boxes], dtype=np.int64).reshape(-1, n)
@@ -64,3 +66,17 @@ def problem(size: list[int], boxes: list) -> str | None:
         and (b[np.r_[~inner, True]] == size[-1]).all()
     )
     return None if covered else "chunks leave part of the tensor uncovered"
+
+
+def _rows(height: int, boxes: list) -> str | None:
+    """`problem` for chunks of whole rows (one rank's whole tensor, dim-0 shards: nearly every
+    save), in plain Python: the general check's numpy costs ~0.1 ms a tensor, 40 ms of every
+    save's commit and every load of a 400-tensor model."""
+    end = 0
+    for o, s in sorted((o[0], s[0]) for o, s in boxes):
+        if o < end:
+            return "chunks overlap"
+        if o > end:
+            return "chunks leave part of the tensor uncovered"
+        end = o + s
+    return None if end == height else "chunks leave part of the tensor uncovered"
