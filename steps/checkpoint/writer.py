@@ -281,25 +281,40 @@ class CkptStorageWriter(StorageWriter):
                 return False
         return True
 
-    def _packed(self, size: int, delta: bool, like: dict | None) -> bool:
+    def _decision(self, size: int, delta: bool, like: dict | None) -> adaptive.Decision:
         """Whether the next part is compressed: forced, or chosen by the root's estimates. A
         delta is always compressed where compression is allowed: unchanged bits are zero
         bytes, and only compressed do they cost nothing (the reason for incremental saves).
-        So is a small part (what it costs is its file, either way) and bytes equal to an
-        object found damaged (encoded as it was, the rewrite repairs it)."""
+        Bytes equal to an object found damaged are encoded as they were (the rewrite repairs
+        it); a part too small to measure goes the way the estimates favour."""
         job = self.job
         if job.compress != "auto" or job.policy is None:
-            return bool(job.compress)
+            return adaptive.Decision(bool(job.compress))
         if like is not None:
-            return like["planes"] != [["raw", like["raw_size"]]]
-        return delta or size < adaptive.MIN_PART or job.policy.compress()
+            return adaptive.Decision(like["planes"] != [["raw", like["raw_size"]]])
+        if delta:
+            return adaptive.Decision(True)
+        if size < adaptive.MIN_PART:
+            return adaptive.Decision(job.policy.favoured())
+        return job.policy.decide()
+
+    def _sample(self, raw: np.ndarray, width: int) -> None:
+        """Measure what compressing a part stored raw would have cost, on its first bytes
+        (encoded and thrown away; adaptive.py)."""
+        n = min(len(raw), adaptive.SAMPLE)
+        n -= n % max(width, 1)
+        t0 = time.perf_counter()
+        enc = codec.encode(raw[:n], width, self.job.level, True)
+        enc.digest()  # a compressed object is hashed too (its name)
+        self.job.policy.observe_sample(len(raw), n, time.perf_counter() - t0, enc.nbytes)
 
     def _encode_and_write(
         self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
     ) -> dict:
         job = self.job
         t0 = time.perf_counter()
-        packed = self._packed(len(raw), base is not None, like)
+        decision = self._decision(len(raw), base is not None, like)
+        packed = decision.compress
         kind = None
         if packed and base is not None and len(base.raw) == len(raw):
             kind = codec.choose_delta(raw, base.raw, width, job.level)
@@ -331,6 +346,8 @@ class CkptStorageWriter(StorageWriter):
         wrote = self._write_object(key, enc)
         if wrote and job.policy is not None and base is None:
             job.policy.observe(packed, len(raw), time.perf_counter() - t0)
+            if decision.sample:
+                self._sample(raw, width)
         return rec
 
     def _write_object(self, key: str, enc: codec.Encoded) -> bool:

@@ -1,5 +1,6 @@
 """The adaptive codec's decision: a part is compressed only when that costs a writer thread
-less, end to end, than storing it raw on this root (estimates measured per mode)."""
+less, end to end, than storing it raw on this root (estimates measured per mode; compressing
+measured on a sample of a part stored raw, so finding out costs little)."""
 
 from __future__ import annotations
 
@@ -15,27 +16,47 @@ def _policy(raw_s: float | None, packed_s: float | None, evidence: int = adaptiv
     return adaptive.Policy(est(raw_s), est(packed_s))
 
 
+def _decisions(p: adaptive.Policy, n: int = 64) -> list[adaptive.Decision]:
+    return [p.decide() for _ in range(n)]
+
+
 def _choices(p: adaptive.Policy, n: int = 64) -> list[bool]:
-    return [p.compress() for _ in range(n)]
+    return [d.compress for d in _decisions(p, n)]
 
 
 def test_the_cheaper_mode_is_chosen_and_the_other_still_explored():
-    slow_disk = _choices(_policy(raw_s=10e-9, packed_s=3e-9))  # the bytes saved outweigh zstd
-    fast_disk = _choices(_policy(raw_s=0.5e-9, packed_s=2e-9))  # storage outruns the encoder
+    slow_disk = _decisions(_policy(raw_s=10e-9, packed_s=3e-9))  # bytes saved outweigh zstd
+    fast_disk = _decisions(_policy(raw_s=0.5e-9, packed_s=2e-9))  # storage outruns the encoder
     n = len(slow_disk)
-    assert sum(slow_disk) == n - n // adaptive.EXPLORE
-    assert sum(fast_disk) == n // adaptive.EXPLORE
+    # Compressing wins: one part in EXPLORE is stored raw (measured whole, end to end).
+    assert sum(d.compress for d in slow_disk) == n - n // adaptive.EXPLORE
+    assert not any(d.sample for d in slow_disk)
+    # Raw wins: every part raw, one in EXPLORE also sampled (compressing measured cheaply).
+    assert not any(d.compress for d in fast_disk)
+    assert sum(d.sample for d in fast_disk) == n // adaptive.EXPLORE
 
 
-def test_until_both_modes_are_measured_parts_alternate_between_them():
+def test_until_both_modes_are_measured_parts_go_raw_and_are_sampled():
     p = _policy(raw_s=None, packed_s=None)
-    seen = []
-    for _ in range(4):
-        c = p.compress()
-        seen.append(c)
-        p.observe(c, adaptive.MIN_EVIDENCE // 2, 0.01)
-    assert seen == [True, False, True, False]
+    assert p.decide() == adaptive.Decision(False, sample=True)
+    p.observe(False, adaptive.MIN_EVIDENCE // 2, 0.01)
+    p.observe_sample(adaptive.MIN_EVIDENCE // 2, adaptive.SAMPLE, 1e-3, adaptive.SAMPLE // 2)
+    assert p.decide() == adaptive.Decision(False, sample=True)  # half the evidence of each
+    p.observe(False, adaptive.MIN_EVIDENCE // 2, 0.01)
+    p.observe_sample(adaptive.MIN_EVIDENCE // 2, adaptive.SAMPLE, 1e-3, adaptive.SAMPLE // 2)
     assert p.raw.value(adaptive.MIN_EVIDENCE) and p.packed.value(adaptive.MIN_EVIDENCE)
+    assert p.decide().sample is False  # decided now
+
+
+def test_a_sample_stands_for_its_part_encoding_time_plus_the_raw_cost_of_what_it_stores():
+    p = _policy(raw_s=None, packed_s=None)
+    p.observe_sample(64 << 20, 1 << 20, 1e-3, 1 << 19)
+    assert p.packed.value() is None  # nothing to weigh it against before raw is measured
+    p.observe(False, 64 << 20, 64 * 0.004)  # raw: 4 ms per MiB
+    p.observe_sample(64 << 20, 1 << 20, 0.001, 1 << 19)  # 1 ms per MiB, half the bytes left
+    assert p.packed.evidence == 64 << 20
+    assert abs(p.packed.value() * (1 << 20) - (0.001 + 0.004 / 2)) < 1e-9
+    assert p.decide().compress  # 3 ms per MiB compressed beats 4 raw
 
 
 def test_a_mode_that_becomes_cheaper_takes_over_through_exploration():
@@ -73,3 +94,10 @@ def test_a_part_stored_uncompressed_is_raw_and_ungrouped_and_compressed_ones_ski
     assert [c for c, _ in packed.planes] == ["raw", "raw", "raw", "zstd"]  # mantissas: noise
     for enc in (plain, packed):
         assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
+
+
+def test_parts_too_small_to_measure_follow_the_favoured_mode_compressed_until_known():
+    assert _policy(raw_s=None, packed_s=None).favoured() is True
+    assert _policy(raw_s=10e-9, packed_s=3e-9).favoured() is True
+    p = _policy(raw_s=0.5e-9, packed_s=2e-9)
+    assert [p.favoured() for _ in range(2 * adaptive.EXPLORE)] == [False] * 2 * adaptive.EXPLORE

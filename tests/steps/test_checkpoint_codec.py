@@ -83,7 +83,10 @@ def _primed(root: str, raw_s: float, packed_s: float) -> None:
 
 
 def test_auto_stores_raw_on_storage_faster_than_the_encoder_and_compresses_on_slow(tmp_path):
-    state = {"w": torch.randn(1024, 512, generator=torch.Generator().manual_seed(1)) * 0.02}
+    state = {
+        "w": torch.randn(1024, 512, generator=torch.Generator().manual_seed(1)) * 0.02,
+        "b": torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 0.02,
+    }
     fast, slow = str(tmp_path / "fast"), str(tmp_path / "slow")
     _primed(fast, raw_s=1e-12, packed_s=1e-9)  # storage far faster than any compressor
     _primed(slow, raw_s=1e-3, packed_s=1e-6)  # a kilobyte per second: compressing pays
@@ -92,15 +95,31 @@ def test_auto_stores_raw_on_storage_faster_than_the_encoder_and_compresses_on_sl
     ck_slow.save(1, state)
     assert _planes(ck_fast) == [[["raw", 1024 * 512 * 4]]]  # stored whole, ungrouped
     assert _planes(ck_slow)[0][-1][0] == "zstd"  # the sign/exponent plane
+    # A part too small to measure (packed) goes the way the root's estimates favour.
+    assert _planes(ck_fast, "b") == [[["raw", 4000]]]
+    assert len(_planes(ck_slow, "b")[0]) == 4  # grouped into its four byte planes
     forced = Checkpointer(fast, compress=True)  # True forces compression whatever the speed
     forced.save(2, state)
     assert [it for it in forced.manifest(2)["items"].values()][0]["parts"][0]["planes"][-1][
         0
     ] == "zstd"
     for ck in (ck_fast, ck_slow):
-        t = {"w": torch.zeros(1024, 512)}
+        t = {"w": torch.zeros(1024, 512), "b": torch.zeros(1000)}
         ck.load(t, step=1)
-        assert torch.equal(t["w"], state["w"])
+        assert torch.equal(t["w"], state["w"]) and torch.equal(t["b"], state["b"])
+
+
+def test_auto_measures_compression_on_samples_of_raw_parts_not_whole_compressed_ones(tmp_path):
+    """A fresh root (a fresh process: every save of a job that restarts) knows neither cost:
+    its parts go raw while a sample of each is encoded to measure compressing (compressing
+    whole parts only to measure them cost a first save ~20% of its bytes compressed)."""
+    root = str(tmp_path / "fresh")
+    state = {"w": torch.randn(1024, 1024, generator=torch.Generator().manual_seed(2)) * 0.02}
+    ck = Checkpointer(root, part_mib=1)  # four 1 MiB parts: under MIN_EVIDENCE, all measuring
+    ck.save(1, state)
+    assert _planes(ck) == [[["raw", 1 << 20]]] * 4
+    p = adaptive.policy_for(Storage(root).location(), 1)
+    assert p.raw.evidence == 4 << 20 and p.packed.evidence == 4 << 20  # each sample: its part
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])

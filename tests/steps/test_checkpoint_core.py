@@ -94,7 +94,7 @@ def test_saving_a_committed_step_is_refused(root):
 
 
 def test_compression_float_byte_grouping_and_raw_fallback(tmp_path):
-    ck = Checkpointer(str(tmp_path / "r"))
+    ck = Checkpointer(str(tmp_path / "r"), compress=True)  # the codec's choices, not auto's
     g = torch.Generator().manual_seed(0)
     ck.save(
         1,
