@@ -145,7 +145,12 @@ class Exchange:
         dests = _Dests(records, items, direct, scatter, stats, self.device_group is not None)
         by_key = {_key(rec): rec for rec in records.values()}
         mine = {
-            k: ([p["raw_size"] for p in rec["parts"]], dests.on_gpu(k), dests.host_ptr(k))
+            k: (
+                [p["raw_size"] for p in rec["parts"]],
+                dests.on_gpu(k),
+                dests.host_ptr(k),
+                [p["object"] if p.get("span") is not None else None for p in rec["parts"]],
+            )
             for k, rec in by_key.items()
         }
         info, token = coop_local.probe_info() if self.local else (None, None)
@@ -201,18 +206,24 @@ class Exchange:
 
 class _Plan:
     """What every rank announced, as every rank sees it: each part's size, owner, needers,
-    whether its destinations are on GPU, and where each rank's destination bytes are."""
+    whether its destinations are on GPU, and where each rank's destination bytes are.
+
+    The parts of one pack (small parts sharing an object, packing.py) have one owner: owned
+    part by part, every rank would read every pack whole."""
 
     def __init__(self, world: int, announced: list):
         self.sizes, self.gpu, self.any_gpu, self.ptrs = {}, {}, {}, {}
         self.needers: dict = {}
         self.agreed: dict = {}  # part -> every needer announced the same size
+        self.pack: dict = {}  # part -> the pack object holding it (packed parts)
         needs: list = [[] for _ in range(world)]
         for rank, chunks in enumerate(announced):
-            for k, (part_sizes, on_gpu, ptr) in chunks.items():
+            for k, (part_sizes, on_gpu, ptr, *packs) in chunks.items():
                 pos = 0
                 for i, n in enumerate(part_sizes):
                     u = (k, i)
+                    if packs and i < len(packs[0]) and packs[0][i]:
+                        self.pack[u] = packs[0][i]
                     self.agreed[u] = self.agreed.get(u, True) and self.sizes.get(u, n) == n
                     self.sizes[u] = n
                     self.gpu[u] = self.gpu.get(u, True) and on_gpu
@@ -222,8 +233,20 @@ class _Plan:
                     if ptr:
                         self.ptrs[(rank, u)] = ptr + pos
                     pos += n
-        self.owners = assign_owners(needs, self.sizes)
+        self.owners = self._owners(needs)
         self.count = {u: len(r) for u, r in self.needers.items()}
+
+    def _owners(self, needs: list) -> dict:
+        """assign_owners over bundles: a pack's parts together, every other part alone."""
+        # (a pack's bundle is keyed like a part, (str, int), so bundles sort with parts; no
+        # part has index -1)
+        bundle = {u: ("\0pack:" + self.pack[u], -1) if u in self.pack else u for u in self.sizes}
+        sizes: dict = {}
+        for u, b in bundle.items():
+            sizes[b] = sizes.get(b, 0) + self.sizes[u]
+        wanted = [sorted({bundle[u] for u in units}) for units in needs]
+        owner_of = assign_owners(wanted, sizes)
+        return {u: owner_of[b] for u, b in bundle.items()}
 
     def by_memory(self, u, reach: list[list[bool]]) -> bool:
         """Whether a shared part is copied out of its owner's memory: the owner decodes it into

@@ -72,6 +72,7 @@ class ObjectFetcher:
         self.trust = trust  # told of verified local objects, so saves need not re-read them
         self._lock = threading.Lock()
         self._packs: dict[str, np.ndarray] = {}
+        self._pack_reads: dict[str, threading.Lock] = {}  # one read of a pack at a time
 
     def _fingerprint(self, rel: str) -> tuple | None:
         if self.storage.protocol != "file":  # elsewhere a fingerprint costs a request
@@ -113,15 +114,23 @@ class ObjectFetcher:
 
     def _pack(self, key: str, size: int) -> np.ndarray:
         """A verified pack (an object small parts share), read once per load and kept while
-        its parts are decoded (at most PACKS_HELD of MAX_PACK bytes each, oldest dropped)."""
+        its parts are decoded (at most PACKS_HELD of MAX_PACK bytes each, oldest dropped).
+        Threads decoding parts of one pack at once wait for one read of it (each reading it
+        itself would read every pack about `threads` times)."""
         with self._lock:
             blob = self._packs.get(key)
-        if blob is None:
-            blob = self.stored(key, size, into=np.empty(size, dtype=np.uint8))
+            pending = self._pack_reads.setdefault(key, threading.Lock()) if blob is None else None
+        if blob is not None:
+            return blob
+        with pending:
             with self._lock:
-                while len(self._packs) >= PACKS_HELD:
-                    self._packs.pop(next(iter(self._packs)))
-                self._packs[key] = blob
+                blob = self._packs.get(key)
+            if blob is None:
+                blob = self.stored(key, size, into=np.empty(size, dtype=np.uint8))
+                with self._lock:
+                    while len(self._packs) >= PACKS_HELD:
+                        self._packs.pop(next(iter(self._packs)))
+                    self._packs[key] = blob
         return blob
 
     def _decode(self, ref: dict, out: np.ndarray | None = None) -> np.ndarray:

@@ -215,6 +215,25 @@ def coop_load_worker(rank, world, root, out_path, cooperative):
         torch.save(info, out_path)
 
 
+def coop_ref_worker(rank, world, root, out_path):
+    """Every rank loads the whole state of `{root}.ref.pt` cooperatively; report bytes read
+    from storage and whether the load is exact."""
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    ref = torch.load(f"{root}.ref.pt")
+    sd = {k: torch.zeros_like(v) for k, v in ref.items()}
+    ck = Checkpointer(root)
+    ck.load(sd)
+    row = {
+        "read": ck.last_load.bytes_read,
+        "ok": all(torch.equal(sd[k], v) for k, v in ref.items()),
+    }
+    info = [None] * world
+    dist.all_gather_object(info, row)
+    if rank == 0:
+        torch.save(info, out_path)
+
+
 def coop_reshard_worker(rank, world, root, out_path, threads):
     """Load whole saved tensors as row shards (DTensors over a CPU mesh) cooperatively: every
     stored chunk is needed by both ranks, each for other rows (temporary buffers); report

@@ -52,6 +52,24 @@ def test_two_ranks_each_read_about_half(replicated_root, tmp_path, cooperative):
         assert all(r["read"] >= stored and r["received"] == 0 for r in rows)
 
 
+def test_the_small_parts_of_one_pack_have_one_owner(tmp_path):
+    """Small tensors share packs (one object per group): were their parts owned one by one,
+    alternately, every rank would read every pack whole (each reading all the state)."""
+    root = str(tmp_path / "ckpt")
+    g = torch.Generator().manual_seed(5)
+    ref = {f"{grp}.{i}": torch.randn(64, 64, generator=g) for grp in "ab" for i in range(8)}
+    Checkpointer(root).save(1, ref)
+    m = Checkpointer(root).manifest(1)
+    assert len({p["object"] for it in m["items"].values() for p in it["parts"]}) == 2  # packs
+    torch.save(ref, f"{root}.ref.pt")
+    out = str(tmp_path / "info.pt")
+    dw.spawn(2, dw.coop_ref_worker, root, out)
+    info = torch.load(out)
+    packs = sorted(o["size"] for o in m["objects"].values())
+    assert all(r["ok"] for r in info), info
+    assert sorted(r["read"] for r in info) == packs, (info, packs)  # one pack each
+
+
 def test_resharded_coop_load_is_exact_and_holds_few_buffers(tmp_path):
     """Each rank needs other rows of every stored chunk: the bytes go through temporary
     buffers, freed as each chunk is complete (never all 16 held until the end)."""

@@ -3,12 +3,15 @@ biases and norms, each part a verified span of its pack; large parts keep their 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
 from ckptflow.steps.checkpoint.packing import PACK_BYTES
 
 from ckptflow.core import layout
+from ckptflow.core.storage import Storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -64,6 +67,27 @@ def test_a_full_pack_is_stored_and_a_new_one_begun(tmp_path):
     t = {k: torch.zeros_like(v) for k, v in state.items()}
     ck.load(t)
     assert all(torch.equal(t[k], state[k]) for k in state)
+
+
+class SlowObjects(Storage):
+    """A root whose object reads take a while: every thread decoding a packed part misses
+    the pack cache at once, as on a slow store."""
+
+    def read(self, rel: str, *args, **kwargs):
+        if rel.startswith("objects/"):
+            time.sleep(0.05)
+        return super().read(rel, *args, **kwargs)
+
+
+def test_threads_decoding_parts_of_one_pack_read_it_once(tmp_path):
+    state = {f"model.norm{i}": torch.randn(256) for i in range(16)}
+    ck = Checkpointer("unused", storage=SlowObjects(f"memory://{tmp_path.name}/r"), threads=4)
+    ck.save(1, state)
+    (pack,) = {p["object"] for ps in _parts(ck.manifest(1)).values() for p in ps}
+    t = {k: torch.zeros(256) for k in state}
+    ck.load(t)
+    assert all(torch.equal(t[k], v) for k, v in state.items())
+    assert ck.last_load.bytes_read == ck.manifest(1)["objects"][pack]["size"]
 
 
 def test_a_damaged_pack_fails_every_part_in_it_and_the_load_falls_back(tmp_path):
