@@ -7,7 +7,10 @@ runs, interleaved in a rotating order, each method in fresh processes, warm page
 - plain2: two ranks each load the whole state without cooperating, at the same time (what a
   cooperative load replaces on a host; on a machine with few cores they share the cores);
 - coop2: two ranks load it cooperatively (same host: parts copied out of the owner's memory);
-- coop2-bcast: the same with every part broadcast over gloo (what ranks on different hosts do).
+- coop2-bcast: the same with every part broadcast over gloo (what ranks on different hosts do);
+- plain-1core, coop2-1core: plain and coop2 with each process pinned to a core of its own and
+  one thread (the CPU each rank of a real host has to itself; unpinned, two ranks share the
+  two cores one plain load has alone here, so coop2 / plain mostly measures that sharing).
 Reported per method: medians of the load wall time (the slower rank), paired ratios against
 plain and plain2, CPU-seconds of all ranks, bytes each rank read from storage over the stored
 bytes, how many bytes came from a peer's memory, and the load's peak RSS over the state size:
@@ -53,12 +56,16 @@ def child(spec: dict) -> dict:
     from benchmarks import checkpoint_methods as cm
 
     torch.set_num_threads(1)
+    if spec.get("pinned"):  # this rank alone on one core, as ranks of a host have their own
+        os.sched_setaffinity(0, {spec["rank"] % os.cpu_count()})
     world = spec["world"]
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
         dist.init_process_group("gloo", rank=spec["rank"], world_size=world)
     expect = cm.read_json(spec["expect"])
-    ck = Checkpointer(spec["root"], cooperative=spec.get("cooperative", True))
+    ck = Checkpointer(
+        spec["root"], cooperative=spec.get("cooperative", True), threads=spec.get("threads", 4)
+    )
     base = _rss("VmRSS")
     sd = cm.template(expect)
     for v in sd.values():  # the destination is resident before the load (as a model is)
@@ -106,21 +113,27 @@ def collect(procs: list) -> list[dict]:
     return out
 
 
-# name -> (ranks, Checkpointer's `cooperative`)
+# name -> (ranks, Checkpointer's `cooperative`, each rank pinned to its own core)
 METHODS = {
-    "plain": (1, True),
-    "plain2": (2, False),
-    "coop2": (2, True),
-    "coop2-bcast": (2, "broadcast"),
+    "plain": (1, True, False),
+    "plain2": (2, False, False),
+    "coop2": (2, True, False),
+    "coop2-bcast": (2, "broadcast", False),
+    # Each process on one core of its own with one thread: the CPU budget each rank of a real
+    # host has, where the unpinned ranks above share this machine's two cores.
+    "plain-1core": (1, True, True),
+    "coop2-1core": (2, True, True),
 }
 
 
 def run(base: dict, method: str) -> dict:
-    world, cooperative = METHODS[method]
+    world, cooperative, pinned = METHODS[method]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     spec = base | {"world": world, "port": port, "cooperative": cooperative}
+    if pinned:
+        spec |= {"pinned": True, "threads": 1}
     ranks = collect([spawn(spec | {"rank": r}) for r in range(world)])
     state, stored = base["state_bytes"], base["stored_bytes"]
     return {
@@ -194,8 +207,10 @@ def report(a, rows: dict, load0, load1) -> None:
             f"{med['local']:11.3f} {med['rss_load']:10.3f} {med['rss_extra']:11.3f}"
             f"   (temporary chunks held at most: {med['held']:.0f})"
         )
-    for ref in ("plain", "plain2"):
-        for name in [m for m in rows if m.startswith("coop") and ref in rows]:
+    pinned = {m for m in rows if METHODS[m][2]}
+    for ref in ("plain", "plain2", "plain-1core"):
+        same = [m for m in rows if m.startswith("coop") and (m in pinned) == (ref in pinned)]
+        for name in [m for m in same if ref in rows]:
             pairs = [c["load_s"] / p["load_s"] for c, p in zip(rows[name], rows[ref], strict=True)]
             print(
                 f"{name} / {ref} load time (paired median): {statistics.median(pairs):.2f}"

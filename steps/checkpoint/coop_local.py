@@ -165,14 +165,21 @@ class LocalPhase:
         self.needed[owner] = [w for w in self.needed[owner] if not seen[w[1]]]
         return True
 
+    def _idle(self, seconds: float) -> None:
+        """Wait for a peer's flag (nothing of this rank's own is in flight)."""
+        time.sleep(seconds)
+
     def go(self) -> None:
         work, inflight = list(self.own), []
         window, idle = max(1, self.run.ex.threads), 0.0001
         try:
             while True:
+                # Finished decodes are dropped before topping up: dropped after, a slot freed
+                # by a decode that just finished stayed empty until the next round, and with
+                # none in flight the round slept (every part waited up to 2 ms).
+                inflight = [f for f in inflight if not f.done()]
                 while work and len(inflight) < window:
                     inflight.append(self.pool.submit(self._decode, *work.pop(0)))
-                inflight = [f for f in inflight if not f.done()]
                 got = any(self._poll(o) for o in list(self.needed) if self.needed[o])
                 if self.run.error is not None:
                     break
@@ -184,7 +191,7 @@ class LocalPhase:
                 if not got and inflight:
                     wait(inflight, timeout=idle, return_when=FIRST_COMPLETED)
                 elif not got:
-                    time.sleep(idle)
+                    self._idle(idle)
         except (OSError, PeerFailed) as exc:  # reported to every rank at the end (coop.py)
             self.run.error = self.run.error or exc
             self.flags[-1] = 1
