@@ -47,6 +47,7 @@ from checkpoint_report import docs, markdown, summarize, targets  # noqa: E402
 GIB = float(1 << 30)
 METHODS = [
     "raw",
+    "raw-direct",
     "torch.save",
     "safetensors",
     "dcp",
@@ -64,6 +65,7 @@ METHODS = [
 # What a run measures unless --only says otherwise: what the targets need.
 DEFAULT = [
     "raw",
+    "raw-direct",
     "dcp",
     "dcp-async",
     "dcp-async-reused",
@@ -73,12 +75,16 @@ DEFAULT = [
     "ckptflow-incremental",
     "ckptflow-coop2",
 ]
-LOCAL_ONLY = {"ckptflow-nohash"}  # an A/B of CPU cost: the S3 server's noise would hide it
+LOCAL_ONLY = {
+    "ckptflow-nohash",
+    "raw-direct",
+}  # an A/B of CPU cost: the S3 server's noise would hide it
 # In a default run (no --only), what the targets do not need is not measured, to keep a run of
 # >= 5 rounds within an hour on 2 cores: these methods only in fp32, these without loads, and
 # bf16 only for the codec's stored/raw (a save with compress=True).
 FP32_ONLY = {
     "raw",
+    "raw-direct",
     "ckptflow-sync",
     "dcp",
     "dcp-async",
@@ -269,9 +275,9 @@ def derive(row: dict) -> dict:
     row["gib"] = gib
     if row["method"].startswith("ckptflow"):
         row["stored_bytes"] = row["manifest"]["new_bytes"]  # what the measured save wrote
-    if row["method"] not in ("raw", "dcp-async", "dcp-async-reused"):  # those save twice
+    if row["method"] not in (*cm.RAW, "dcp-async", "dcp-async-reused"):  # those save twice
         row["stored_raw"] = row["stored_bytes"] / row["raw_bytes"]
-    if row["method"] != "raw":
+    if row["method"] not in cm.RAW:
         row.setdefault("stall_s", row["save_s"])  # a synchronous save stalls for all of it
     for k in ("save_cpu_s", "load_cpu_s_warm", "load_cpu_s_cold"):
         if k in row:
@@ -289,8 +295,8 @@ def plan(cfg: Config) -> list[tuple[str, str, str]]:
         for method in cfg.only or DEFAULT:
             if backend != "local" and method in LOCAL_ONLY:
                 continue
-            dtypes = ("-",) if method == "raw" else cfg.dtypes
-            if method in FP32_ONLY and method != "raw" and not cfg.only:
+            dtypes = ("-",) if method in cm.RAW else cfg.dtypes
+            if method in FP32_ONLY and method not in cm.RAW and not cfg.only:
                 dtypes = tuple(d for d in dtypes if d == "fp32")
             out += [(method, backend, d) for d in dtypes]
     return out
