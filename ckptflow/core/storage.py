@@ -15,6 +15,7 @@ credentials, see ckptflow.core.storage_clouds).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import time
@@ -29,12 +30,12 @@ import ckptflow.core.storage_clouds as storage_clouds
 from ckptflow.core.storage_errors import (
     AlreadyExists,
     StorageError,
-    absent,
     missing_bucket,
     precondition_failed,
     range_unsatisfiable,
     transient,
     translate,
+    translated,
 )
 from ckptflow.core.uris import OBJECT_STORES, PROTOCOLS, join_path, split_uri
 
@@ -170,19 +171,25 @@ class Storage:
     def read(self, rel: str, limit: int | None = None) -> bytes:
         """A whole file, or its first `limit` bytes: a reader of a small untrusted file asks
         for one byte more than it accepts, so a huge file costs no more than that."""
+        try:
+            with translated(self.url(rel)):
+                return self._cat(rel, limit)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
+            if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
+                self.check_reachable()
+            raise
+
+    def _cat(self, rel: str, limit: int | None) -> bytes:
+        """The backend's read of a whole file or its first `limit` bytes, untranslated."""
         span = {} if limit is None else {"start": 0, "end": limit}
         try:
             return self._io(self.fs.cat_file, self.path(rel), **span)
-        except FileNotFoundError as exc:
-            if absent(exc):
-                if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
-                    self.check_reachable()
-                raise
-            raise translate(exc, self.url(rel)) from exc
+        except FileNotFoundError:
+            raise
         except Exception as exc:
             if limit is not None and range_unsatisfiable(exc):
                 return b""  # the first bytes of an empty object (a damaged one, say)
-            raise translate(exc, self.url(rel)) from exc
+            raise
 
     def open(self, rel: str, mode: str = "rb", **kw):
         return self.fs.open(self.path(rel), mode, **kw)
@@ -217,14 +224,8 @@ class Storage:
             return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
         field = _VERSION_FIELDS.get(self.protocol)
         if field:
-            try:
+            with translated(self.url(rel)):
                 info = self._io(self.fs.info, path, refresh=True)
-            except FileNotFoundError as exc:
-                if absent(exc):
-                    raise
-                raise translate(exc, self.url(rel)) from exc
-            except Exception as exc:
-                raise translate(exc, self.url(rel)) from exc
             version = info.get(field)
             return (int(info.get("size") or 0), str(version)) if version else None
         return None
@@ -241,16 +242,13 @@ class Storage:
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:
-            entries = self._io(self.fs.ls, self.path(rel), detail=False, refresh=True)
-        except FileNotFoundError as exc:
-            if not absent(exc):
-                raise translate(exc, self.url(rel)) from exc
+            with translated(self.url(rel)):
+                entries = self._io(self.fs.ls, self.path(rel), detail=False, refresh=True)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             if not rel.strip("/"):
                 # An empty root is fine; a missing bucket must not read as "no checkpoints".
                 self.check_reachable()
             return []
-        except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
         names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
         return sorted(n for n in names if not localfs.is_temporary(n))
 
@@ -258,13 +256,10 @@ class Storage:
         """Every file below `rel`, recursively, with size and modification time."""
         base = self.path(rel)
         try:
-            found = self._io(self.fs.find, base, detail=True, withdirs=False)
-        except FileNotFoundError as exc:
-            if not absent(exc):
-                raise translate(exc, self.url(rel)) from exc
+            with translated(self.url(rel)):
+                found = self._io(self.fs.find, base, detail=True, withdirs=False)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             return []
-        except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
         out = []
         prefix = self._base.rstrip("/") + "/"
         for name, info in found.items():
@@ -380,13 +375,9 @@ class Storage:
     def delete(self, rels: list[str]) -> None:
         """Delete files; missing ones are ignored (so an interrupted delete can be repeated)."""
         for rel in rels:
-            try:
+            # translated() names a missing bucket; only an absent file is passed over
+            with contextlib.suppress(FileNotFoundError), translated(self.url(rel)):
                 self._io(self.fs.rm_file, self.path(rel))
-            except FileNotFoundError as exc:
-                if not absent(exc):
-                    raise translate(exc, self.url(rel)) from exc
-            except Exception as exc:
-                raise translate(exc, self.url(rel)) from exc
 
     def check_reachable(self) -> None:
         """Fail early with a clear message when the bucket is missing or credentials are wrong."""
