@@ -8,8 +8,8 @@ not exist yet (O_EXCL plus a hard link locally, `If-None-Match: *` on S3 and Azu
 `atomic=True` replaces a small marker file whole (a local temporary file put in place with
 os.replace; an object store's put is atomic already).
 Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
-How to reach S3 or a GCS emulator is given as `StorageOptions` by the caller; this module reads
-no environment (ckptflow.env does, for the entry points; the cloud libraries read their own
+How to reach S3 or a GCS emulator is given as `StorageOptions` by the caller (see
+ckptflow.core.storage_fs, which opens the filesystem for a URI); this module reads no environment (ckptflow.env does, for the entry points; the cloud libraries read their own
 credentials, see ckptflow.core.storage_clouds).
 """
 
@@ -19,7 +19,7 @@ import contextlib
 import os
 import posixpath
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import fsspec
 
@@ -37,7 +37,8 @@ from ckptflow.core.storage_errors import (
     translate,
     translated,
 )
-from ckptflow.core.uris import OBJECT_STORES, PROTOCOLS, join_path, split_uri
+from ckptflow.core.storage_fs import StorageOptions, filesystem_for
+from ckptflow.core.uris import OBJECT_STORES, join_path, split_uri
 
 MULTIPART_CHUNK = 8 << 20
 # File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
@@ -54,57 +55,9 @@ class Entry:
     mtime: float
 
 
-@dataclass(frozen=True)
-class StorageOptions:
-    """How to reach S3 (and a GCS emulator): deployment wiring the caller passes in
-    (ckptflow.env reads it). Without `credentials`, botocore's own chain finds them
-    (environment, profile, instance role); GCS and Azure credentials are always their
-    libraries' own (see ckptflow.core.storage_clouds)."""
-
-    endpoint_url: str | None = None  # S3 endpoint (MinIO, moto, ...); None: AWS itself
-    region: str | None = None  # S3 region; None: botocore's default
-    # (key id, secret) for a private server whose keys are not in this process's environment
-    credentials: tuple[str, str] | None = field(default=None, repr=False)
-    # how long an unreachable or throttling object store is retried before a call fails
-    retry_seconds: float = 120.0
-    # GCS endpoint (an emulator: reached without credentials); None: Google Cloud itself
-    gcs_endpoint: str | None = None
-
-    def s3_kwargs(self) -> dict:
-        """The fsspec/s3fs options these stand for."""
-        # No listings cache: fsspec shares one S3 filesystem per option set, so a listing made
-        # earlier in this process (ls, gc, an evaluator) would hide an object written since and
-        # a save that committed would not load ("data file is missing").
-        opts: dict = {"use_listings_cache": False}
-        client = {"endpoint_url": self.endpoint_url, "region_name": self.region}
-        if any(client.values()):
-            opts["client_kwargs"] = {k: v for k, v in client.items() if v}
-        if self.credentials:
-            opts["key"], opts["secret"] = self.credentials
-        return opts
-
-
 def is_temporary(name: str) -> bool:
     """True for the hidden temporary file of an atomic write (left behind by a crash)."""
     return localfs.is_temporary(name)
-
-
-def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
-    protocol, _ = split_uri(uri)
-    options = options or StorageOptions()
-    if protocol == "s3":
-        return fsspec.filesystem("s3", **options.s3_kwargs())
-    if protocol == "gs":
-        return storage_clouds.gcs_filesystem(options.gcs_endpoint, bool(options.gcs_endpoint))
-    if protocol in storage_clouds.AZURE:
-        return storage_clouds.azure_filesystem()
-    if protocol in PROTOCOLS:
-        return fsspec.filesystem(protocol)
-    raise StorageError(
-        f"unsupported storage URI {uri!r}: use a local path, file://, memory://, "
-        "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
-    )
 
 
 class Storage:
