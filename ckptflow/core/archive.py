@@ -26,7 +26,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, gc, layout, listing, locator, rootreader, runroot
+from ckptflow.core import codec, gc, gc_objects, layout, listing, locator, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.progress import Progress
 from ckptflow.core.retention import select_for_archive
@@ -231,7 +231,7 @@ def archive(
             by_step[step].tier = "archive"
             moved |= set(by_step[step].objects)
             bar.add(by_step[step].stored_bytes)  # its stored size, copied or already there
-    report.objects, report.bytes_freed = gc.free_objects(
+    report.objects, report.bytes_freed = gc_objects.free_objects(
         st, rows, set(), now - grace_s, report.warnings, apply=True, only=moved, now=now
     )
     return report

@@ -11,7 +11,7 @@ from ckptflow.core import codec, jsonfile, layout, localio
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.rootreader import MAX_MARKER, read_commit, read_parent, read_root_id
 from ckptflow.core.storage import Storage, StorageError
-from ckptflow.core.storage_errors import absent, translate
+from ckptflow.core.storage_errors import translated
 from ckptflow.core.uris import supported
 
 
@@ -73,15 +73,8 @@ def _read_into(st: Storage, rel: str, expect: int, get_buf) -> tuple:
         buf = get_buf(expect)
         buf[:] = memoryview(data).cast("B")
         return expect, buf
-    try:
-        with st.fs.open(st.path(rel), "rb") as f:
-            return localio.read_into(f, expect, get_buf)
-    except FileNotFoundError as exc:
-        if absent(exc):
-            raise
-        raise translate(exc, st.url(rel)) from exc
-    except Exception as exc:
-        raise translate(exc, st.url(rel)) from exc
+    with translated(st.url(rel)), st.fs.open(st.path(rel), "rb") as f:
+        return localio.read_into(f, expect, get_buf)
 
 
 def will_need(storage: Storage, keys: list[str]) -> None:

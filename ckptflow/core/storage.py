@@ -8,17 +8,18 @@ not exist yet (O_EXCL plus a hard link locally, `If-None-Match: *` on S3 and Azu
 `atomic=True` replaces a small marker file whole (a local temporary file put in place with
 os.replace; an object store's put is atomic already).
 Errors a user can cause (missing bucket, wrong credentials) become `StorageError` naming the fix.
-How to reach S3 or a GCS emulator is given as `StorageOptions` by the caller; this module reads
-no environment (ckptflow.env does, for the entry points; the cloud libraries read their own
+How to reach S3 or a GCS emulator is given as `StorageOptions` by the caller (see
+ckptflow.core.storage_fs, which opens the filesystem for a URI); this module reads no environment (ckptflow.env does, for the entry points; the cloud libraries read their own
 credentials, see ckptflow.core.storage_clouds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import fsspec
 
@@ -29,14 +30,15 @@ import ckptflow.core.storage_clouds as storage_clouds
 from ckptflow.core.storage_errors import (
     AlreadyExists,
     StorageError,
-    absent,
     missing_bucket,
     precondition_failed,
     range_unsatisfiable,
     transient,
     translate,
+    translated,
 )
-from ckptflow.core.uris import OBJECT_STORES, PROTOCOLS, join_path, split_uri
+from ckptflow.core.storage_fs import StorageOptions, filesystem_for
+from ckptflow.core.uris import OBJECT_STORES, join_path, split_uri
 
 MULTIPART_CHUNK = 8 << 20
 # File timestamps advance in clock ticks, not nanoseconds: a file changed later than this after
@@ -53,57 +55,9 @@ class Entry:
     mtime: float
 
 
-@dataclass(frozen=True)
-class StorageOptions:
-    """How to reach S3 (and a GCS emulator): deployment wiring the caller passes in
-    (ckptflow.env reads it). Without `credentials`, botocore's own chain finds them
-    (environment, profile, instance role); GCS and Azure credentials are always their
-    libraries' own (see ckptflow.core.storage_clouds)."""
-
-    endpoint_url: str | None = None  # S3 endpoint (MinIO, moto, ...); None: AWS itself
-    region: str | None = None  # S3 region; None: botocore's default
-    # (key id, secret) for a private server whose keys are not in this process's environment
-    credentials: tuple[str, str] | None = field(default=None, repr=False)
-    # how long an unreachable or throttling object store is retried before a call fails
-    retry_seconds: float = 120.0
-    # GCS endpoint (an emulator: reached without credentials); None: Google Cloud itself
-    gcs_endpoint: str | None = None
-
-    def s3_kwargs(self) -> dict:
-        """The fsspec/s3fs options these stand for."""
-        # No listings cache: fsspec shares one S3 filesystem per option set, so a listing made
-        # earlier in this process (ls, gc, an evaluator) would hide an object written since and
-        # a save that committed would not load ("data file is missing").
-        opts: dict = {"use_listings_cache": False}
-        client = {"endpoint_url": self.endpoint_url, "region_name": self.region}
-        if any(client.values()):
-            opts["client_kwargs"] = {k: v for k, v in client.items() if v}
-        if self.credentials:
-            opts["key"], opts["secret"] = self.credentials
-        return opts
-
-
 def is_temporary(name: str) -> bool:
     """True for the hidden temporary file of an atomic write (left behind by a crash)."""
     return localfs.is_temporary(name)
-
-
-def filesystem_for(uri: str, options: StorageOptions | None = None) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem for a URI (`options`: how to reach S3; default: botocore's)."""
-    protocol, _ = split_uri(uri)
-    options = options or StorageOptions()
-    if protocol == "s3":
-        return fsspec.filesystem("s3", **options.s3_kwargs())
-    if protocol == "gs":
-        return storage_clouds.gcs_filesystem(options.gcs_endpoint, bool(options.gcs_endpoint))
-    if protocol in storage_clouds.AZURE:
-        return storage_clouds.azure_filesystem()
-    if protocol in PROTOCOLS:
-        return fsspec.filesystem(protocol)
-    raise StorageError(
-        f"unsupported storage URI {uri!r}: use a local path, file://, memory://, "
-        "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
-    )
 
 
 class Storage:
@@ -170,19 +124,25 @@ class Storage:
     def read(self, rel: str, limit: int | None = None) -> bytes:
         """A whole file, or its first `limit` bytes: a reader of a small untrusted file asks
         for one byte more than it accepts, so a huge file costs no more than that."""
+        try:
+            with translated(self.url(rel)):
+                return self._cat(rel, limit)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
+            if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
+                self.check_reachable()
+            raise
+
+    def _cat(self, rel: str, limit: int | None) -> bytes:
+        """The backend's read of a whole file or its first `limit` bytes, untranslated."""
         span = {} if limit is None else {"start": 0, "end": limit}
         try:
             return self._io(self.fs.cat_file, self.path(rel), **span)
-        except FileNotFoundError as exc:
-            if absent(exc):
-                if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
-                    self.check_reachable()
-                raise
-            raise translate(exc, self.url(rel)) from exc
+        except FileNotFoundError:
+            raise
         except Exception as exc:
             if limit is not None and range_unsatisfiable(exc):
                 return b""  # the first bytes of an empty object (a damaged one, say)
-            raise translate(exc, self.url(rel)) from exc
+            raise
 
     def open(self, rel: str, mode: str = "rb", **kw):
         return self.fs.open(self.path(rel), mode, **kw)
@@ -217,14 +177,8 @@ class Storage:
             return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
         field = _VERSION_FIELDS.get(self.protocol)
         if field:
-            try:
+            with translated(self.url(rel)):
                 info = self._io(self.fs.info, path, refresh=True)
-            except FileNotFoundError as exc:
-                if absent(exc):
-                    raise
-                raise translate(exc, self.url(rel)) from exc
-            except Exception as exc:
-                raise translate(exc, self.url(rel)) from exc
             version = info.get(field)
             return (int(info.get("size") or 0), str(version)) if version else None
         return None
@@ -241,16 +195,13 @@ class Storage:
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
         try:
-            entries = self._io(self.fs.ls, self.path(rel), detail=False, refresh=True)
-        except FileNotFoundError as exc:
-            if not absent(exc):
-                raise translate(exc, self.url(rel)) from exc
+            with translated(self.url(rel)):
+                entries = self._io(self.fs.ls, self.path(rel), detail=False, refresh=True)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             if not rel.strip("/"):
                 # An empty root is fine; a missing bucket must not read as "no checkpoints".
                 self.check_reachable()
             return []
-        except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
         names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
         return sorted(n for n in names if not localfs.is_temporary(n))
 
@@ -258,13 +209,10 @@ class Storage:
         """Every file below `rel`, recursively, with size and modification time."""
         base = self.path(rel)
         try:
-            found = self._io(self.fs.find, base, detail=True, withdirs=False)
-        except FileNotFoundError as exc:
-            if not absent(exc):
-                raise translate(exc, self.url(rel)) from exc
+            with translated(self.url(rel)):
+                found = self._io(self.fs.find, base, detail=True, withdirs=False)
+        except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             return []
-        except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
         out = []
         prefix = self._base.rstrip("/") + "/"
         for name, info in found.items():
@@ -380,13 +328,9 @@ class Storage:
     def delete(self, rels: list[str]) -> None:
         """Delete files; missing ones are ignored (so an interrupted delete can be repeated)."""
         for rel in rels:
-            try:
+            # translated() names a missing bucket; only an absent file is passed over
+            with contextlib.suppress(FileNotFoundError), translated(self.url(rel)):
                 self._io(self.fs.rm_file, self.path(rel))
-            except FileNotFoundError as exc:
-                if not absent(exc):
-                    raise translate(exc, self.url(rel)) from exc
-            except Exception as exc:
-                raise translate(exc, self.url(rel)) from exc
 
     def check_reachable(self) -> None:
         """Fail early with a clear message when the bucket is missing or credentials are wrong."""

@@ -8,6 +8,8 @@ Split from ckptflow.core.storage (the module that wraps fsspec), which raises th
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class StorageError(RuntimeError):
@@ -240,3 +242,20 @@ def absent(exc: FileNotFoundError) -> bool:
     missing bucket or container too, which must never read as "no such file": a root would
     look empty)."""
     return classify(exc) not in ("no-bucket", "az-no-container")
+
+
+@contextmanager
+def translated(url: str) -> Iterator[None]:
+    """Backend errors of the block as the caller must see them: a FileNotFoundError that means
+    the file is absent passes as itself (the caller decides what absence means); one that
+    means a missing bucket or container, and every other error, goes through `translate`
+    naming `url` (so a missing bucket never reads as "no such file": a root would look empty).
+    """
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if absent(exc):
+            raise
+        raise translate(exc, url) from exc
+    except Exception as exc:
+        raise translate(exc, url) from exc

@@ -31,7 +31,9 @@ def hourly(n: int, **kw) -> list[CatalogEntry]:
     return [CatalogEntry(i, i * H, **kw) for i in range(n)]
 
 
-@pytest.mark.parametrize("module", ["retention", "policy_syntax", "planner", "recovery"])
+@pytest.mark.parametrize(
+    "module", ["retention", "policy_syntax", "planner", "footprint", "recovery"]
+)
 def test_pure_python_modules_import_no_torch(module):
     # static check: the package __init__ (not ours) may import torch, these modules must not
     path = Path(__file__).parents[2] / "ckptflow" / "core" / f"{module}.py"
@@ -46,6 +48,7 @@ def test_pure_python_modules_import_no_torch(module):
         "ckptflow.core.retention",
         "ckptflow.core.policy_syntax",
         "ckptflow.core.planner",
+        "ckptflow.core.footprint",
         "ckptflow.core.recovery",
     }
 

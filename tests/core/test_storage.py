@@ -34,12 +34,13 @@ def test_options_become_s3fs_kwargs():
     assert "very-secret" not in repr(keyed)  # options may be logged; keys never are
 
 
-# The storage module and the two it was split into (its errors, its URIs): together they read
-# no environment and import nothing else of ckptflow.
+# The storage module and those it was split into (its errors, its URIs, its filesystems):
+# together they read no environment and import nothing else of ckptflow.
 STORAGE_MODULES = (
     "storage",
     "storage_clouds",
     "storage_errors",
+    "storage_fs",
     "uris",
     "localfs",
     "localio",

@@ -18,7 +18,7 @@ import pytest
 
 from ckptflow.core import layout
 from ckptflow.core.storage import AlreadyExists, Storage, StorageError, StorageOptions
-from ckptflow.core.storage_errors import classify, precondition_failed
+from ckptflow.core.storage_errors import classify, precondition_failed, translated
 from tests.cloud_proxy import Fault
 
 STORES = ("gs", "az")
@@ -281,3 +281,33 @@ def test_gcs_and_azure_errors_are_classified_by_type_and_code():
     # a message that happens to contain a code means nothing
     assert not precondition_failed(OSError("412 Precondition Failed"))
     assert classify(OSError("403 AuthorizationFailure")) is None
+
+
+def test_translated_passes_an_absent_file_and_names_a_missing_container():
+    """The one absent-or-translate idiom: "no such blob" stays a FileNotFoundError, "no such
+    container" (adlfs raises FileNotFoundError for both) and other fixable errors become a
+    StorageError naming the URL, and an error the user cannot fix passes as itself."""
+    import errno
+
+    from azure.core.exceptions import HttpResponseError
+
+    def not_found(code):
+        try:  # adlfs raises FileNotFoundError while handling the service's 404
+            exc = HttpResponseError(message="run-20250412-job403")
+            exc.error_code, exc.status_code = code, 404
+            raise exc
+        except HttpResponseError:
+            raise FileNotFoundError("c/ckpt/x") from None
+
+    url = "az://c/ckpt/x"
+    with pytest.raises(FileNotFoundError) as info, translated(url):
+        not_found("BlobNotFound")
+    assert not isinstance(info.value, StorageError)
+    with pytest.raises(StorageError, match="container does not exist") as info, translated(url):
+        not_found("ContainerNotFound")
+    assert info.value.kind == "az-no-container" and str(info.value).startswith(url)
+    with pytest.raises(StorageError, match="no space left") as info, translated(url):
+        raise OSError(errno.ENOSPC, "full")
+    assert str(info.value).startswith(url)
+    with pytest.raises(ValueError, match="other"), translated(url):
+        raise ValueError("other")

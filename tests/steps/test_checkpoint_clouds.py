@@ -1,6 +1,7 @@
 """The engine on gs:// and az://, as test_checkpoint_s3.py runs it on S3: a save that loads
 bitwise, large objects uploaded in pieces (GCS resumable chunks, Azure parallel blocks),
-credentials never in what is stored, and the dedup check never trusting an overwritten object.
+credentials never in what is stored, and the dedup check never trusting an overwritten object
+(that one on S3 too, the reference: moto runs in this process).
 
 GCS: gcp-storage-emulator behind tests/cloud_proxy.py (which enforces ifGenerationMatch=0, as
 GCS does); Azure: azurite. See tests/core/test_storage_clouds.py for the storage guarantees.
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 @pytest.fixture(params=("gs", "az"))
 def cloud(request):
-    """(root URI, proxy in front of the emulator)."""
+    """(root URI, proxy in front of the emulator; None on S3, reached directly)."""
+    if request.param == "s3":
+        return f"s3://{request.getfixturevalue('s3_bucket')}/runs/r1/ckpt", None
     if request.param == "gs":
         bucket, proxy = request.getfixturevalue("gcs_bucket"), request.getfixturevalue("gcs_env")
     else:
@@ -80,7 +83,15 @@ def test_azure_blobs_over_64_mib_go_up_as_parallel_blocks(az_container, az_env):
     assert st.size("obj") == len(blob)
 
 
-@pytest.mark.slow  # tens of MiB through an emulator: seconds each
+@pytest.mark.parametrize(
+    "cloud",
+    [
+        pytest.param("s3", marks=pytest.mark.s3),  # in this process: runs by default
+        # tens of MiB through an emulator: seconds each
+        *(pytest.param(p, marks=pytest.mark.slow) for p in ("gs", "az")),
+    ],
+    indirect=True,
+)
 def test_dedup_never_references_an_overwritten_object(cloud):
     """The reuse check: (size, ETag or generation) by HEAD, the bytes once per process."""
     root, _ = cloud
