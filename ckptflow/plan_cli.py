@@ -25,6 +25,7 @@ from ckptflow.core.planner import (
     precision_bytes,
 )
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
+from ckptflow.core.progress import Progress
 from ckptflow.core.recovery import Recovery
 
 
@@ -203,12 +204,6 @@ def recovery_rows(v: Recovery) -> list[tuple[str, str]]:
     return rows
 
 
-def _terminal_progress(done: int, total: int) -> None:
-    """Progress of the footprint simulation on a terminal (nothing in logs)."""
-    end = "\n" if done == total else ""
-    print(f"\rsimulating saves: {done}/{total}", end=end, file=sys.stderr, flush=True)
-
-
 # options whose value may start with "-" (a negative number or duration, refused with its fix)
 _VALUE_OPTIONS = {
     "--params",
@@ -242,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(args, int):  # argparse already printed the problem (or the help)
         return args
     try:
-        progress = _terminal_progress if sys.stderr.isatty() else None
-        result = plan(inputs_from_args(args), progress)
+        # tqdm on a terminal, a plain line every 10 s elsewhere (a long simulation only)
+        with Progress(0, desc="simulating saves", unit="save") as bar:
+            result = plan(inputs_from_args(args), lambda done, total: bar.add(done - bar.n, total))
     except (ValueError, PolicyError) as exc:
         print(f"ckptflow plan: error: {exc}", file=sys.stderr)
         return 2

@@ -236,6 +236,7 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         i.run_s,
         i.policy,
         slim_ratio=i.weight_bytes / bpp,
+        progress=progress,
     )
     wall = chosen.expected_wall_s
     recovery = rec.recovery(

@@ -32,9 +32,9 @@ from ckptflow.core.storage_errors import (
     StorageError,
     missing_bucket,
     precondition_failed,
+    raise_translated,
     range_unsatisfiable,
     transient,
-    translate,
     translated,
 )
 from ckptflow.core.storage_fs import StorageOptions, filesystem_for
@@ -151,14 +151,14 @@ class Storage:
         try:
             return self._io(self.fs.exists, self.path(rel))
         except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
+            raise_translated(exc, self.url(rel))
 
     def is_file(self, rel: str = "") -> bool:
         """True when `rel` (default: the root itself) is a regular file, not a folder/prefix."""
         try:
             return bool(self._io(self.fs.isfile, self.path(rel)))
         except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
+            raise_translated(exc, self.url(rel))
 
     def size(self, rel: str) -> int:
         return int(self._io(self.fs.size, self.path(rel)))
@@ -190,7 +190,7 @@ class Storage:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise translate(exc, self.url(rel)) from exc
+            raise_translated(exc, self.url(rel))
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
@@ -251,7 +251,7 @@ class Storage:
                 if localio.write_direct(path, data, sync=durable):
                     return
             except Exception as exc:
-                raise translate(exc, self.url(rel)) from exc
+                raise_translated(exc, self.url(rel))
         if isinstance(data, list) and self.protocol != "file":
             data = b"".join(data)
         try:
@@ -288,7 +288,7 @@ class Storage:
             if isinstance(exc, FileNotFoundError) and self.protocol in OBJECT_STORES:
                 # A put finds no file missing but its bucket: name that, not "no such file".
                 self.check_reachable()
-            raise translate(exc, self.url(rel)) from exc
+            raise_translated(exc, self.url(rel))
 
     def _landed(self, rel: str, data: bytes | memoryview) -> bool:
         """True when an exclusive create on an object store lost only its reply: the client
@@ -316,7 +316,7 @@ class Storage:
             try:
                 os.utime(self.path(rel))
             except OSError as exc:
-                raise translate(exc, self.url(rel)) from exc
+                raise_translated(exc, self.url(rel))
             return
         self.write(rel, data)
 
@@ -343,7 +343,7 @@ class Storage:
         except FileNotFoundError as exc:
             raise StorageError(f"{where}: {missing_bucket(self.protocol, bucket)}") from exc
         except Exception as exc:
-            raise translate(exc, where) from exc
+            raise_translated(exc, where)
 
 
 # The info field that changes whenever an object is rewritten (see Storage.fingerprint).

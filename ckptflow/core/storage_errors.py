@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 
 class StorageError(RuntimeError):
@@ -256,6 +257,15 @@ def translated(url: str) -> Iterator[None]:
     except FileNotFoundError as exc:
         if absent(exc):
             raise
-        raise translate(exc, url) from exc
+        raise_translated(exc, url)
     except Exception as exc:
-        raise translate(exc, url) from exc
+        raise_translated(exc, url)
+
+
+def raise_translated(exc: Exception, url: str) -> NoReturn:
+    """Raise `translate(exc, url)`, caused by `exc`; an error translate leaves as it is is
+    raised as itself (raised "from" itself, its own cause would be lost)."""
+    err = translate(exc, url)
+    if err is exc:
+        raise exc
+    raise err from exc

@@ -386,3 +386,12 @@ def test_cli_grace_warning(capsys):
     assert "warning: a preemption save takes about 63 s" in err
     assert plan_cli.main([*BRIEF_ARGV, "--grace=2m"]) == 0
     assert "(fits the grace period)" in capsys.readouterr().out
+
+
+def test_plan_reports_the_footprint_simulation_s_progress():
+    """`ckptflow plan` shows a bar while the saves are simulated: plan() must pass its
+    progress on (it took the callback and never called it)."""
+    seen = []
+    plan(brief_run(), lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1][0] == seen[-1][1] > 0
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)

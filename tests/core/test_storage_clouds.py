@@ -311,3 +311,17 @@ def test_translated_passes_an_absent_file_and_names_a_missing_container():
     assert str(info.value).startswith(url)
     with pytest.raises(ValueError, match="other"), translated(url):
         raise ValueError("other")
+
+
+def test_an_error_translate_leaves_as_it_is_keeps_its_own_cause():
+    """translate() hands back errors it does not classify; raised "from" themselves, their
+    real cause (the backend's own error) was lost."""
+    from ckptflow.core.storage_errors import translated
+
+    inner = KeyError("backend detail")
+    with pytest.raises(ValueError) as info, translated("memory://r/x"):
+        try:
+            raise inner
+        except KeyError as exc:
+            raise ValueError("unclassified") from exc
+    assert info.value.__cause__ is inner

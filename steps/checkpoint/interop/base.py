@@ -18,7 +18,7 @@ from ckptflow.core import jsonfile
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.manifest import MAX_BYTES, MAX_CHUNKS, MAX_DIMS
 from ckptflow.core.storage import Storage
-from ckptflow.core.storage_errors import translate
+from ckptflow.core.storage_errors import raise_translated
 
 MAX_TENSORS = 1 << 20  # entries one checkpoint may declare
 MAX_NAME = 4096  # characters of one tensor or value name
@@ -111,7 +111,7 @@ def read_range(st: Storage, rel: str, start: int, end: int) -> bytes:
     except FileNotFoundError:
         raise ForeignFormatError(f"{st.url(rel)}: file is missing") from None
     except Exception as exc:
-        raise translate(exc, st.url(rel)) from exc
+        raise_translated(exc, st.url(rel))
     if len(blob) != end - start:
         fail(st.url(rel), f"truncated: bytes {start}..{end} asked, {len(blob)} read")
     return blob
@@ -123,4 +123,4 @@ def file_size(st: Storage, rel: str) -> int:
     except FileNotFoundError:
         raise ForeignFormatError(f"{st.url(rel)}: file is missing") from None
     except Exception as exc:
-        raise translate(exc, st.url(rel)) from exc
+        raise_translated(exc, st.url(rel))
