@@ -30,7 +30,7 @@ from ckptflow.steps.checkpoint.interop.base import (
 )
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from ckptflow.core.manifest import _tiling
+from ckptflow.core import tiling
 
 
 def _path(*parts) -> str:
@@ -110,7 +110,7 @@ def _chunks(sm, where: str, shape: tuple[int, ...]) -> list[tuple[tuple, tuple]]
         if any(o + s > d for o, s, d in zip(offs, sizes, shape, strict=True)):
             fail(where, f"chunk {list(offs)}+{list(sizes)} lies outside {list(shape)}")
         out.append((offs, sizes))
-    problem = _tiling(list(shape), [(list(o), list(s)) for o, s in out])
+    problem = tiling.problem(list(shape), [(list(o), list(s)) for o, s in out])
     if problem:
         fail(where, problem)
     return out
