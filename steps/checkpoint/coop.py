@@ -237,10 +237,14 @@ class _Plan:
         self.count = {u: len(r) for u, r in self.needers.items()}
 
     def _owners(self, needs: list) -> dict:
-        """assign_owners over bundles: a pack's parts together, every other part alone."""
-        # (a pack's bundle is keyed like a part, (str, int), so bundles sort with parts; no
-        # part has index -1)
-        bundle = {u: ("\0pack:" + self.pack[u], -1) if u in self.pack else u for u in self.sizes}
+        """assign_owners over bundles: the parts of a pack that the same ranks need together
+        (its owner must need every part it reads), every other part alone."""
+        # (a bundle is keyed like a part, (str, int), so bundles sort with parts; no part has
+        # index -1)
+        bundle = {
+            u: (f"\0pack:{self.pack[u]}:{self.needers[u]}", -1) if u in self.pack else u
+            for u in self.sizes
+        }
         sizes: dict = {}
         for u, b in bundle.items():
             sizes[b] = sizes.get(b, 0) + self.sizes[u]
