@@ -133,14 +133,6 @@ def _part_ranges(n: int, step_: int, cuts: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _in_flight(protocol: str) -> int:
-    """Writes in flight per CPU thread: uploads to an object store wait on the network (4);
-    local objects go with O_DIRECT, so a thread waits on the device for each write (2: the
-    other one gathers and hashes meanwhile; paired with 1, 0.79-0.94 of the save's wall time
-    here); other filesystems write into the page cache (1)."""
-    return 4 if protocol in OBJECT_STORES else 2 if protocol == "file" else 1
-
-
 class CkptStorageWriter(StorageWriter):
     """Writes one step under a ckptflow root; see the module docstring."""
 
@@ -185,7 +177,9 @@ class CkptStorageWriter(StorageWriter):
     # -- data ----------------------------------------------------------------------------------
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         job = self.job
-        workers = job.threads * _in_flight(job.storage.protocol)
+        # Object stores are latency-bound: more uploads in flight than CPU threads. (Local
+        # O_DIRECT writes with two in flight per thread: 0.96-0.98 of the wall time, +17% CPU.)
+        workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
         self._syncs = Durability(job)
         self._packer = Packer(self._write_object)
         try:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
 import tracemalloc
 
 import numpy as np
@@ -128,40 +126,6 @@ def test_auto_measures_compression_on_samples_of_raw_parts_not_whole_compressed_
 def test_compress_must_be_true_false_or_auto(tmp_path, bad):
     with pytest.raises(ValueError, match="compress"):
         Checkpointer(str(tmp_path / "r"), compress=bad)
-
-
-class SlowDisk(Storage):
-    """A local root whose object writes take a while; records how many run at once."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.lock, self.running, self.peak = threading.Lock(), 0, 0
-
-    def write(self, rel, data, **kwargs):
-        if not rel.startswith("objects/"):
-            return super().write(rel, data, **kwargs)
-        with self.lock:
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-        time.sleep(0.02)
-        try:
-            return super().write(rel, data, **kwargs)
-        finally:
-            with self.lock:
-                self.running -= 1
-
-
-def test_local_writes_keep_two_in_flight_per_thread(tmp_path):
-    """Local objects go with O_DIRECT: a thread waits on the device for each write, so two per
-    thread are in flight (one gathers and hashes while the other waits)."""
-    st = SlowDisk(str(tmp_path / "r"))
-    ck = Checkpointer("unused", storage=st, threads=1, compress=False, part_mib=1)
-    state = {"w": torch.randn(1024, 1024)}  # four 1 MiB parts, each its own object
-    ck.save(1, state)
-    assert st.peak == 2
-    t = {"w": torch.zeros(1024, 1024)}
-    ck.load(t)
-    assert torch.equal(t["w"], state["w"])
 
 
 class NoWholeHostSync(Storage):
