@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from ckptflow.core import codec, health, layout, listing, marks, rootreader
 from ckptflow.core import manifest as mf
-from ckptflow.core.errors import CheckpointError
+from ckptflow.core.errors import CheckpointError, SlimmedCheckpoint
 from ckptflow.core.storage import Storage
 
 DEFAULT_KEEP = ("model", "step")
@@ -236,3 +236,17 @@ def full_state_steps(st: Storage) -> list[int]:
     return [
         r.step for r in listing.build_rows(st, now=now, check=False) if r.valid and not r.slimmed_at
     ]
+
+
+def slimmed_error(storage: Storage, step: int, m: dict, exc: Exception) -> SlimmedCheckpoint:
+    """What a load into a full training state of a weights-only step says: which step,
+    when it was slimmed, what it kept, and which steps still hold everything."""
+    s = m["slimmed"]
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(s["at"]))
+    full = full_state_steps(storage)
+    return SlimmedCheckpoint(
+        f"step {step} under {storage.uri} was slimmed to weights only at {when} (kept "
+        f"{', '.join(s['kept'])}): it holds no optimizer state, RNG or data position; "
+        f"steps with their full state: {full or 'none'}; load one of those, or load only "
+        f"the weights from step {step}\n{exc}"
+    )

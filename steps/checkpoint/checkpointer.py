@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import compat, coop, events
+from ckptflow.steps.checkpoint import compat, coop, events, parent_root
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
+from ckptflow.steps.checkpoint.save_job import SaveJob
 from ckptflow.steps.checkpoint.staging import Stager, default_copy_threads
-from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner, SaveJob
+from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
@@ -30,7 +31,6 @@ from ckptflow.core import manifest as mf
 from ckptflow.core.errors import (
     CheckpointError,
     CorruptCheckpoint,
-    SlimmedCheckpoint,
     StateDictMismatch,
 )
 from ckptflow.core.storage import Storage
@@ -45,25 +45,6 @@ def _unwrap(exc: CheckpointException) -> BaseException:
         if isinstance(inner, BaseException):
             return inner
     return exc
-
-
-def _part_bounds(m: dict) -> dict[str, list[int]]:
-    """fqn -> sorted global byte offsets where a manifest's parts of that tensor start and end,
-    for tensors stored in chunks of whole rows (dim-0 shards, as FSDP2 saves them)."""
-    out: dict[str, set] = {}
-    for it in m["items"].values():
-        t = m["tensors"].get(it["fqn"])
-        if it.get("offset") is None or t is None:
-            continue
-        size, offs, sizes = t["size"], it["offset"], it["sizes"]
-        if any(offs[1:]) or sizes[1:] != size[1:]:
-            continue
-        n = sum(p["raw_size"] for p in it["parts"])
-        start = offs[0] * (n // sizes[0]) if offs and sizes[0] else 0
-        bounds = out.setdefault(it["fqn"], set())
-        for p in it["parts"]:
-            bounds |= {start + p["raw_offset"], start + p["raw_offset"] + p["raw_size"]}
-    return {k: sorted(v) for k, v in out.items()}
 
 
 class Checkpointer:
@@ -83,20 +64,15 @@ class Checkpointer:
         storage: Storage | None = None,
         cooperative: bool | str = True,
     ):
-        compat.check_options(
+        compat.check_checkpointer_options(
             full_every=full_every,
             compression_level=compression_level,
             part_mib=part_mib,
             pack_kib=pack_kib,
+            threads=threads,
+            cooperative=cooperative,
+            compress=compress,
         )
-        if threads is not None:
-            compat.check_options(threads=threads)
-        if not (cooperative is True or cooperative is False or cooperative == "broadcast"):
-            raise ValueError(
-                f"cooperative must be True, False or 'broadcast', got {cooperative!r:.40}"
-            )
-        if not (compress is True or compress is False or compress == "auto"):
-            raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
         self.storage = storage or env.open_storage(root)
         self.root = self.storage.uri
@@ -347,7 +323,7 @@ class Checkpointer:
             compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         except StateDictMismatch as exc:
             if m.get("slimmed"):
-                raise self._slimmed_error(step, m, exc) from None
+                raise slim.slimmed_error(self.storage, step, m, exc) from None
             raise
         exchange = (
             coop.Exchange(
@@ -355,7 +331,7 @@ class Checkpointer:
                 self.rank,
                 self.world_size,
                 self.threads,
-                self._nccl_group(),
+                coop.nccl_group(self.world_size),
                 local=self.cooperative is True,
             )
             if (self.cooperative and self._distributed and self.world_size > 1)
@@ -397,29 +373,6 @@ class Checkpointer:
         self._prior = {**self._inherited, **self._prior}
         return reader
 
-    def _slimmed_error(self, step: int, m: dict, exc: StateDictMismatch) -> SlimmedCheckpoint:
-        """What a load into a full training state of a weights-only step says: which step,
-        when it was slimmed, what it kept, and which steps still hold everything."""
-        s = m["slimmed"]
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(s["at"]))
-        full = slim.full_state_steps(self.storage)
-        return SlimmedCheckpoint(
-            f"step {step} under {self.root} was slimmed to weights only at {when} (kept "
-            f"{', '.join(s['kept'])}): it holds no optimizer state, RNG or data position; "
-            f"steps with their full state: {full or 'none'}; load one of those, or load only "
-            f"the weights from step {step}\n{exc}"
-        )
-
-    def _nccl_group(self):
-        """The training's NCCL group when it spans the same ranks as ours: a cooperative load
-        exchanges GPU tensors over it (untested without GPUs); None on CPU-only runs."""
-        try:
-            if dist.get_backend() != "nccl" or dist.get_world_size() != self.world_size:
-                return None
-        except (RuntimeError, ValueError):
-            return None
-        return dist.group.WORLD
-
     # -- parent roots (fine-tuning) ------------------------------------------------------------
     def inherit(self, parent: Checkpointer, step: int) -> None:
         """Deduplicate this root's saves against committed step `step` of another root.
@@ -433,25 +386,12 @@ class Checkpointer:
         """
         m = parent.manifest(step)
         ref = {"uri": parent.storage.url(), "step": step, "root_id": m["root_id"]}
-        existing = rootreader.read_parent(self.storage)
-        if existing is None and rootreader.committed_steps(self.storage):
-            raise CheckpointError(
-                f"{self.root} already holds checkpoints not derived from {ref['uri']} step "
-                f"{step}; use a new root for this fine-tune"
-            )
-        if existing is not None and (existing.get("uri"), existing.get("step")) != (
-            ref["uri"],
-            step,
-        ):
-            raise CheckpointError(
-                f"{self.root} was created from {existing.get('uri')} step {existing.get('step')}, "
-                f"not {ref['uri']} step {step}; use a new root for this fine-tune"
-            )
+        parent_root.check_derivable(self.storage, self.root, ref)
         self._parent = ref
         # Delta parts are kept too: reusing one references its base object as well.
         self._inherited = {p["raw_hash"]: p for it in m["items"].values() for p in it["parts"]}
         self._prior = {**self._inherited, **self._prior}
-        self._cuts = _part_bounds(m)
+        self._cuts = parent_root.part_bounds(m)
 
     def close(self) -> None:
         """Wait for the save in flight (raising its failure) and release the worker."""

@@ -103,3 +103,15 @@ def check_compatible(
         + ("; to convert to the model's dtypes, load with cast=True" if dtypes else "")
     )
     raise StateDictMismatch("\n".join(lines))
+
+
+def check_checkpointer_options(*, threads, cooperative, compress, **options) -> None:
+    """ValueError naming the first of Checkpointer's arguments that is out of range or not
+    one of its allowed values (before anything is opened or spawned)."""
+    check_options(**options)
+    if threads is not None:
+        check_options(threads=threads)
+    if not (cooperative is True or cooperative is False or cooperative == "broadcast"):
+        raise ValueError(f"cooperative must be True, False or 'broadcast', got {cooperative!r:.40}")
+    if not (compress is True or compress is False or compress == "auto"):
+        raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")

@@ -122,6 +122,17 @@ class _Dests:
             self._held -= 1
 
 
+def nccl_group(world_size: int):
+    """The training's NCCL group when it spans the same ranks as ours: a cooperative load
+    exchanges GPU tensors over it (untested without GPUs); None on CPU-only runs."""
+    try:
+        if dist.get_backend() != "nccl" or dist.get_world_size() != world_size:
+            return None
+    except (RuntimeError, ValueError):
+        return None
+    return dist.group.WORLD
+
+
 class Exchange:
     """The `exchange` hook of CkptStorageReader for a process group of `world` ranks.
 

@@ -20,7 +20,7 @@ from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import Storage
 
 if TYPE_CHECKING:  # annotation only: writer.py imports this module
-    from ckptflow.steps.checkpoint.writer import SaveJob
+    from ckptflow.steps.checkpoint.save_job import SaveJob
 
 VERSION = "0.1.0"
 

@@ -16,15 +16,19 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from ckptflow.steps.checkpoint.durability import Durability
-from ckptflow.steps.checkpoint.packing import PACK_PART, Packer, group_of
-from ckptflow.steps.checkpoint.reuse import TRUST, ObjectTrust
+from ckptflow.steps.checkpoint.packing import Packer, group_of
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
 from ckptflow.steps.checkpoint.save_intent import Heartbeat, clear_stray_archived
+from ckptflow.steps.checkpoint.save_job import (
+    BasePart,
+    SaveJob,
+    local_cuts,
+    part_ranges,
+    raw_view,
+)
 from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -35,7 +39,7 @@ from torch.futures import Future
 from ckptflow.core import adaptive, codec, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
-from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.storage import AlreadyExists
 from ckptflow.core.uris import OBJECT_STORES
 
 log = logging.getLogger("ckptflow.checkpoint")
@@ -51,86 +55,6 @@ class SafeSavePlanner(DefaultSavePlanner):
             except UnsafeValueError as exc:
                 raise CheckpointError(f"cannot save {write_item.index.fqn!r}: {exc}") from exc
         return object
-
-
-@dataclass
-class BasePart:
-    """A part of the in-memory base (full) checkpoint that deltas are taken against."""
-
-    raw: np.ndarray
-    record: dict
-
-
-@dataclass
-class SaveJob:
-    """Everything one save needs; shared by the writer on each rank."""
-
-    storage: Storage
-    step: int
-    save_id: str
-    root_id: str
-    world_size: int
-    level: int = 1
-    compress: bool | str = "auto"  # True/False force; "auto": per part, where it pays
-    policy: adaptive.Policy | None = None  # the root's cost estimates ("auto"; None: as True)
-    threads: int = 4
-    part_bytes: int = 64 << 20
-    pack_bytes: int = PACK_PART  # parts smaller than this share objects (packing.py)
-    kind: str = "full"
-    base_step: int | None = None
-    base: dict = field(default_factory=dict)  # (item key, part index) -> BasePart (delta saves)
-    capture_base: dict | None = None  # filled on full saves when deltas will follow
-    # (item key, part index) of parts whose delta did not pay: stored full from then on,
-    # without delta work (shared across saves by the Checkpointer; AdamW's exp_avg is one)
-    never_delta: set = field(default_factory=set)
-    prior: dict = field(default_factory=dict)  # raw hash -> part record (deduplication)
-    trust: ObjectTrust = TRUST  # which existing objects may be referenced unwritten
-    fallbacks: list = field(default_factory=list)  # parent roots' stores (see rootreader)
-    sound: dict = field(default_factory=dict)  # object key -> verified/written in this save
-    written: set = field(default_factory=set)  # object keys this save wrote (or kept)
-    cuts: dict = field(default_factory=dict)  # fqn -> global byte offsets where parts must end
-    metadata: dict = field(default_factory=dict)
-    raw_bytes: int = 0
-    written_bytes: int = 0
-    reused_bytes: int = 0
-    part_records: list = field(default_factory=list)  # every part this rank referenced
-
-
-def _raw_view(data) -> tuple[np.ndarray, int]:
-    """Raw bytes of a tensor or BytesIO as uint8 numpy, and the byte-group width."""
-    if isinstance(data, io.BytesIO):
-        return np.frombuffer(data.getbuffer(), dtype=np.uint8), 1
-    t = data.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    # A conjugate or negative view holds its values only lazily: its bytes are not them.
-    t = t.resolve_conj().resolve_neg().contiguous().reshape(-1)
-    width = t.element_size() if t.is_floating_point() else 1
-    return t.view(torch.uint8).numpy(), width
-
-
-def _local_cuts(cuts: list[int] | None, item, n: int) -> list[int]:
-    """Cut points inside this item from global byte offsets of a tensor (`Checkpointer.inherit`),
-    so parts line up with another checkpoint's parts of the same tensor, saved by another
-    world size, and deduplicate against them. Only for chunks of whole rows (dim-0 shards)."""
-    td = item.tensor_data
-    if not cuts or td is None or n == 0:
-        return []
-    size, offs, sizes = list(td.size), list(item.index.offset), list(td.chunk.sizes)
-    if any(offs[1:]) or sizes[1:] != size[1:]:
-        return []
-    start = offs[0] * (n // max(sizes[0], 1)) if offs else 0
-    return [c - start for c in cuts if start < c < start + n]
-
-
-def _part_ranges(n: int, step_: int, cuts: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each part: at most `step_` bytes, ending at every cut point."""
-    if n == 0:
-        return [(0, 0)]
-    out, bounds = [], [0, *sorted(set(cuts)), n]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        out += [(o, min(o + step_, b)) for o in range(a, b, step_)]
-    return out
 
 
 class CkptStorageWriter(StorageWriter):
@@ -202,14 +126,14 @@ class CkptStorageWriter(StorageWriter):
             pending = []
             for item in plan.items:
                 data = planner.resolve_data(item)
-                raw, width = _raw_view(data)
+                raw, width = raw_view(data)
                 offset = None if item.type == WriteItemType.BYTE_IO else list(item.index.offset)
                 key = mf.item_key(item.index.fqn, offset)
                 step_ = max(job.part_bytes - job.part_bytes % max(width, 1), width)
-                cuts = _local_cuts(job.cuts.get(item.index.fqn), item, len(raw))
+                cuts = local_cuts(job.cuts.get(item.index.fqn), item, len(raw))
                 futs = [
                     pool.submit(self._store_part, key, i, raw[o:e], o, width)
-                    for i, (o, e) in enumerate(_part_ranges(len(raw), step_, cuts))
+                    for i, (o, e) in enumerate(part_ranges(len(raw), step_, cuts))
                 ]
                 rec = {"fqn": item.index.fqn, "offset": offset}
                 if item.tensor_data is not None:

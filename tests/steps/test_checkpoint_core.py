@@ -413,7 +413,8 @@ def test_metadata_that_is_not_json_is_refused_before_anything_is_written(tmp_pat
 def test_a_manifest_no_reader_accepts_is_never_committed(tmp_path):
     """The writer validates the manifest it built before claiming the commit marker (a save
     used to commit a manifest its load then refused)."""
-    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SaveJob
+    from ckptflow.steps.checkpoint.save_job import SaveJob
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
     from torch.distributed.checkpoint.storage import WriteResult
 
