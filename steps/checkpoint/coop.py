@@ -51,6 +51,14 @@ def assign_owners(needs: list[list[str]], sizes: dict[str, int]) -> dict[str, in
     return owners
 
 
+def largest_first(units: list, sizes: dict) -> list:
+    """Parts copied by memory, in the order their owners decode them: largest first, so what
+    is left to copy once an owner's last decode is done is a small part (sorted by key, the
+    last could be the largest: its whole copy after everything else). The same on every
+    rank (the sizes are what all announced)."""
+    return sorted(units, key=lambda u: (-sizes[u], u))
+
+
 def _interleave(units: list, owners: dict) -> list:
     """Units in an order that alternates owners (each owner's in its own order), so every
     owner's reads are needed early and run while the others' parts are broadcast."""
@@ -189,7 +197,7 @@ class Exchange:
         gathered: list = [None] * self.world
         dist.all_gather_object(gathered, (row, os.getpid(), flags.ctypes.data), group=self.group)
         reach = coop_local.reach([g[0] for g in gathered])
-        units = sorted(u for u in shared if plan.by_memory(u, reach))
+        units = largest_first([u for u in shared if plan.by_memory(u, reach)], plan.sizes)
         per_owner: dict = {}
         for u in units:
             per_owner.setdefault(plan.owners[u], []).append(u)

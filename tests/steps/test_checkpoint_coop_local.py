@@ -160,3 +160,11 @@ def test_a_part_is_copied_once_its_owner_flags_it_and_a_failed_owner_stops_the_w
     phase, flags = _phase(run, [], dict(needed), remote)
     assert isinstance(run.error, coop_local.PeerFailed) and phase.bytes_copied == 0
     assert run.bufs[("a", 7)].numpy().sum() == 0 and flags[-1] == 1
+
+
+def test_parts_copied_by_memory_go_largest_first_in_one_order_for_every_rank():
+    from ckptflow.steps.checkpoint.coop import largest_first
+
+    sizes = {("a", 0): 10, ("a", 1): 300, ("b", 0): 300, ("c", 0): 5}
+    assert largest_first(list(sizes), sizes) == [("a", 1), ("b", 0), ("a", 0), ("c", 0)]
+    assert largest_first(list(reversed(sizes)), sizes) == largest_first(list(sizes), sizes)
