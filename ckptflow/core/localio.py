@@ -1,5 +1,5 @@
 """Local-disk I/O primitives of the checkpoint engine: early writeback, per-file durability,
-O_DIRECT writes, reads into caller buffers and read-ahead.
+O_DIRECT writes and reads into caller buffers.
 
 Every function degrades to a portable equivalent where the platform lacks the primitive
 (`sync_file_range` is Linux-only and not in Python's `os`; O_DIRECT is refused by tmpfs and
@@ -204,19 +204,3 @@ def read_into(f, expect: int, get_buf) -> tuple[int, np.ndarray | None]:
             return got, None  # shrank while being read
         got += k
     return got, buf
-
-
-def will_need(path: str) -> None:
-    """Hint the kernel to read a file ahead (async), so its read overlaps decoding others."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # the real read reports it
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

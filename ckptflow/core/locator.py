@@ -77,13 +77,6 @@ def _read_into(st: Storage, rel: str, expect: int, get_buf) -> tuple:
         return localio.read_into(f, expect, get_buf)
 
 
-def will_need(storage: Storage, keys: list[str]) -> None:
-    """Start reading these objects ahead (local disk: kernel read-ahead; elsewhere nothing)."""
-    if storage.protocol == "file":
-        for key in keys:
-            localio.will_need(storage.path(layout.object_path(key)))
-
-
 def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:
     """Read every object a manifest needs, check size and checksum; return the bad files."""
     bad = []

@@ -84,10 +84,8 @@ def test_scratch_buffers_are_aligned_reused_and_grown():
     assert len(localio.scratch("t", 1 << 20)) == 1 << 20
 
 
-def test_sync_files_and_read_ahead_accept_a_fresh_file(tmp_path):
+def test_sync_files_accepts_a_fresh_file(tmp_path):
     p = tmp_path / "ab" / "obj"
     p.parent.mkdir()
     p.write_bytes(b"y" * 10)
     localio.sync_files([str(p)])
-    localio.will_need(str(p))
-    localio.will_need(str(tmp_path / "missing"))  # best effort: the real read reports it
