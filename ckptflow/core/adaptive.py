@@ -30,7 +30,9 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-MIN_PART = 1 << 20  # smaller parts are not measured: they follow Policy.favoured()
+# Smaller parts are not measured: they follow Policy.favoured(). (The same 1 MiB as
+# packing.PACK_PART, for another reason: that is where a part is worth an object of its own.)
+MIN_PART = 1 << 20
 MIN_EVIDENCE = 8 << 20  # raw bytes measured per mode before the estimates decide
 HALF_BYTES = 256 << 20  # an observation of this many bytes moves an estimate halfway
 EXPLORE = 16  # one decided part in this many takes the other mode (keeps its estimate fresh)

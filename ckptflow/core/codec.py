@@ -296,14 +296,13 @@ def _sample(raw: np.ndarray, width: int) -> np.ndarray:
     return np.concatenate([raw[s : s + win] for s in starts])
 
 
-def choose_delta(
-    raw: np.ndarray, base: np.ndarray, width: int, level: int, compress: bool = True
-) -> str | None:
+def choose_delta(raw: np.ndarray, base: np.ndarray, width: int, level: int) -> str | None:
     """The delta kind that stores `raw` smallest, or None when storing it full pays better.
 
-    Judged on samples of each candidate encoded as the part would be: costs a few small
-    compressions per part, against encoding the whole part once per candidate."""
-    if not compress or len(raw) != len(base) or not len(raw):
+    Judged on samples of each candidate encoded (compressed) as the part would be: costs a
+    few small compressions per part, against encoding the whole part once per candidate. (A
+    delta is only worth it compressed: the writer asks only for parts it compresses.)"""
+    if len(raw) != len(base) or not len(raw):
         return None
     s_raw, s_base = _sample(raw, width), _sample(base, width)
     kinds = [k for k in DELTA_KINDS if k == "xor" or sub_ok(width, len(raw))]

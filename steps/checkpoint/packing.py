@@ -17,7 +17,9 @@ import threading
 
 from ckptflow.core import codec
 
-PACK_PART = 1 << 20  # parts smaller than this are packed (Checkpointer(pack_kib=...))
+# Parts smaller than this are packed (Checkpointer(pack_kib=...)); the same 1 MiB as
+# core.adaptive.MIN_PART, for another reason: that is where a part is too small to measure.
+PACK_PART = 1 << 20
 PACK_BYTES = 4 << 20  # a pack is stored once it holds this much (at most MAX_PACK, manifest.py)
 
 

@@ -52,7 +52,6 @@ def test_the_choice_is_the_smallest_or_full_when_no_delta_pays():
     b = base.view(np.uint8)
     assert codec.choose_delta(stepped.view(np.uint8), b, 4, 1) == "sub"
     assert codec.choose_delta(fresh.view(np.uint8), b, 4, 1) is None
-    assert codec.choose_delta(stepped.view(np.uint8), b, 4, 1, compress=False) is None
     assert codec.choose_delta(stepped.view(np.uint8)[:-1], b[:-1], 16, 1) in ("xor", None)
 
 
