@@ -115,7 +115,9 @@ class ObjectFetcher:
         itself would read every pack about `threads` times)."""
         with self._lock:
             blob = self._packs.get(key)
-            pending = self._pack_reads.setdefault(key, threading.Lock()) if blob is None else None
+            pending = None if blob is not None else self._pack_reads.get(key)
+            if blob is None and pending is None:
+                pending = self._pack_reads[key] = threading.Lock()
         if blob is not None:
             return blob
         with pending:

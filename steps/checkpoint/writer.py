@@ -259,10 +259,8 @@ class CkptStorageWriter(StorageWriter):
             keep = ("object", "stored_size", "raw_size", "width", "planes", "span")
             rec["base"] = {k: b[k] for k in keep if k in b}
             rec["delta"] = kind  # format version 3 (older readers knew only XOR)
-        if len(raw) < job.pack_bytes:
-            self._packer.add(
-                group_of(item_key), enc, rec
-            )  # object, stored_size and span: when its pack is stored
+        if len(raw) < job.pack_bytes:  # object, stored_size and span: when its pack is stored
+            self._packer.add(group_of(item_key), enc, rec)
             return rec
         # Stored raw whole, its bytes are the raw bytes: their hash is already known.
         key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
