@@ -131,10 +131,15 @@ def make_state(total_bytes: int, path: str, warm_steps: int = 5, seed: int = 0) 
 
 
 def load_state(work: str, dtype: str) -> tuple[dict, dict]:
-    """(fp32 state, the state to save in `dtype`) read from the parent's state file."""
+    """(fp32 state, the state to save in `dtype`) read from the parent's state file into the
+    process's own memory, as a training state lives (and aligned as torch allocates).
+
+    load_file's tensors view a private mapping of the file: after a cold load dropped the
+    page cache, a save read the whole state back from the disk through page faults, and
+    the saves and async stalls timed that read."""
     from safetensors.torch import load_file
 
-    sd32 = load_file(os.path.join(work, "state.safetensors"))
+    sd32 = {k: v.clone() for k, v in load_file(os.path.join(work, "state.safetensors")).items()}
     return sd32, as_dtype(sd32, dtype)
 
 
