@@ -32,6 +32,10 @@ from ckptflow.core.localio import scratch
 from ckptflow.core.storage import Storage
 
 PACKS_HELD = 16  # verified packs a load keeps at once (manifest.MAX_PACK bytes each at most)
+# Reads in flight per decode thread of a local load: a thread verifying and placing what it
+# read leaves the disk idle unless another read is under way (cold 1 GiB here: 0.89 of the
+# time with 2, 0.86 with 4; warm unchanged with 2, 1.10x with 4 on two cores).
+LOCAL_READ_DEPTH = 2
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -250,8 +254,9 @@ class CkptStorageReader(StorageReader):
                 idx = order[pos]
                 self._load_one(records[idx], by_storage[idx], planner)
 
+            depth = LOCAL_READ_DEPTH if self.storage.protocol == "file" else 1
             with ThreadPoolExecutor(
-                max_workers=self.threads, thread_name_prefix="ckpt-read"
+                max_workers=self.threads * depth, thread_name_prefix="ckpt-read"
             ) as pool:
                 for f in [pool.submit(one, pos) for pos in range(len(order))]:
                     f.result()

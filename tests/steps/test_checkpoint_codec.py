@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
 
-from ckptflow.core import adaptive, layout
+from ckptflow.core import adaptive, layout, localio
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.storage import Storage
 from tests.core.test_codec import _plain_decode
@@ -232,3 +234,31 @@ def test_auto_on_storage_faster_than_the_encoder_never_stores_a_delta_raw(tmp_pa
     t = {"w": torch.zeros(1024, 512)}
     Checkpointer(root).load(t, step=2)
     assert torch.equal(t["w"], state["w"])
+
+
+def test_a_local_load_keeps_more_reads_in_flight_than_its_decode_threads(tmp_path, monkeypatch):
+    """A cold local load waits on the disk: with only `threads` reads in flight the device sat
+    idle while each thread verified and placed what it had read (1 GiB cold here: 2 reads in
+    flight 0.83 s, 4 in flight 0.74 s; warm loads alike, 0.131 / 0.134 s)."""
+    ck = Checkpointer(str(tmp_path / "r"), compress=False, threads=1, part_mib=1)
+    state = {f"w{i}": torch.randn(1 << 18) for i in range(6)}  # 1 MiB each: 6 objects
+    ck.save(1, state)
+    inflight, peak, lock = [0], [0], threading.Lock()
+    real = localio.read_into
+
+    def slow_read_into(f, expect, get_buf):
+        with lock:
+            inflight[0] += 1
+            peak[0] = max(peak[0], inflight[0])
+        time.sleep(0.05)  # a disk read long enough for another to start meanwhile
+        try:
+            return real(f, expect, get_buf)
+        finally:
+            with lock:
+                inflight[0] -= 1
+
+    monkeypatch.setattr(localio, "read_into", slow_read_into)
+    got = {k: torch.zeros_like(v) for k, v in state.items()}
+    ck.load(got, step=1)
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    assert peak[0] == 2, peak
