@@ -95,6 +95,9 @@ FP32_ONLY = {
 }
 SAVE_ONLY = {"ckptflow-async", "ckptflow-incremental", "ckptflow-compressed"}
 LOADS = ("warm", "cold")
+# Loads that also run with each process's disk reads capped (its own storage link, cold cache:
+# storage_link.py), for the cooperative load against a plain one where reads cost bandwidth.
+LINKED = {"ckptflow-sync", "ckptflow-coop2"}
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class Config:
     threads: int  # ckptflow writer/reader threads and DCP thread_count
     torch_threads: int  # torch intra-op threads in every child (0: torch's default)
     timeout_s: int  # per child process
+    link_mib_s: float  # each loading process's own storage link (MiB/s), linked loads; 0: none
     write_docs: bool  # also write docs/benchmarks.md
     keep: bool  # keep the scratch folder
 
@@ -128,6 +132,12 @@ def parse(argv=None) -> Config:
     p.add_argument("--threads", type=int, default=min(8, max(2, os.cpu_count() or 2)))
     p.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     p.add_argument("--timeout-s", type=int, default=1800)
+    p.add_argument(
+        "--link-mib-s",
+        type=float,
+        default=256,
+        help="per-rank storage link of the linked loads, MiB/s (root; 0: skip them)",
+    )
     p.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
     p.add_argument("--keep", action="store_true", help="keep the scratch checkpoints")
     a = p.parse_args(argv)
@@ -146,6 +156,7 @@ def parse(argv=None) -> Config:
         threads=a.threads,
         torch_threads=a.torch_threads,
         timeout_s=a.timeout_s,
+        link_mib_s=a.link_mib_s,
         write_docs=a.write_docs,
         keep=a.keep,
     )
@@ -236,11 +247,20 @@ def measure(cfg: Config, method: str, backend: str, dtype: str, base: str, work:
         row.update(saved)
         if not saved.get("no_load") and not save_only:
             spec |= {"phase": "load", "step": saved.get("step")}
+            caches = list(LOADS if backend == "local" else ("warm",))
             if method == "ckptflow-coop2":
-                row.update(coop_load(cfg, spec | {"cache": "warm"}, saved))
-            else:
-                for cache in LOADS if backend == "local" else ("warm",):
-                    got = run_child(spec | {"cache": cache}, cfg.timeout_s)
+                caches = ["warm"]
+            if method in LINKED and backend == "local" and cfg.link_mib_s > 0:
+                caches.append("link")
+            for cache in caches:
+                one = spec | {"cache": cache, "link_mib_s": cfg.link_mib_s}
+                if method == "ckptflow-coop2":
+                    # ranks with links of their own are on hosts of their own: no shared
+                    # memory between them, the parts go over the process group's broadcast
+                    bcast = {"cooperative": "broadcast"} if cache == "link" else {}
+                    row.update(coop_load(cfg, one | bcast, saved))
+                else:
+                    got = run_child(one, cfg.timeout_s)
                     row.update({f"{k}_{cache}": v for k, v in got.items()})
     except Exception as exc:  # one broken method must not lose the rest of the run
         row["error"] = str(exc)[-600:]
@@ -255,15 +275,17 @@ def coop_load(cfg: Config, spec: dict, saved: dict) -> dict:
         port = s.getsockname()[1]
     procs = [child(spec | {"rank": r, "world": 2, "port": port}, cfg.timeout_s) for r in range(2)]
     ranks = [result(p, cfg.timeout_s) for p in procs]
-    stored = saved["manifest"]["stored_bytes"]
+    stored, c = saved["manifest"]["stored_bytes"], spec["cache"]
     return {
-        "load_s_warm": max(r["load_s"] for r in ranks),
-        "load_cpu_s_warm": sum(r["load_cpu_s"] for r in ranks),
-        "rss_peak_gib_warm": max(r["rss_peak_gib"] for r in ranks),
-        "rss_extra_gib_warm": max(r["rss_extra_gib"] for r in ranks),
-        "read_fraction": [r["bytes_read"] / stored for r in ranks],
+        f"load_s_{c}": max(r["load_s"] for r in ranks),
+        f"load_cpu_s_{c}": sum(r["load_cpu_s"] for r in ranks),
+        f"rss_peak_gib_{c}": max(r["rss_peak_gib"] for r in ranks),
+        f"rss_extra_gib_{c}": max(r["rss_extra_gib"] for r in ranks),
+        f"read_fraction{'' if c == 'warm' else '_' + c}": [r["bytes_read"] / stored for r in ranks],
         # of what each rank got from the other: the part copied out of its memory (same host)
-        "local_fraction": [r["bytes_local"] / max(1, r["bytes_received"]) for r in ranks],
+        f"local_fraction{'' if c == 'warm' else '_' + c}": [
+            r["bytes_local"] / max(1, r["bytes_received"]) for r in ranks
+        ],
     }
 
 
@@ -357,7 +379,7 @@ def short(row: dict) -> str:
     if "error" in row:
         return "ERROR " + row["error"][-300:]
     out = f"save {row['save_s']:.2f}s"
-    for c in LOADS:
+    for c in (*LOADS, "link"):
         if row.get(f"load_s_{c}"):
             out += f" load-{c} {row[f'load_s_{c}']:.2f}s"
     return out + f" stored/raw {row.get('stored_raw', 1):.3f}"

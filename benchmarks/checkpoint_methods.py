@@ -10,6 +10,7 @@ safetensors file outside any timed region. A bf16 run casts every tensor to bf16
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -26,6 +27,8 @@ if ROOT not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import xxhash  # noqa: E402
+
+from benchmarks import storage_link  # noqa: E402
 
 GIB = float(1 << 30)
 BLOCK = 8 << 20  # dd-like block size for the raw disk / raw S3 ceiling
@@ -712,11 +715,21 @@ LOADERS = {
 
 
 def _cache(spec: dict) -> bool:
-    """Warm (every file read once) or cold (page cache dropped); True when it is cold."""
+    """Warm (every file read once) or cold (page cache dropped; also for "link"); True when it
+    is cold."""
     if spec.get("cache") == "warm":
         pre_read(spec["path"])
         return False
     return drop_caches()
+
+
+def _link(spec: dict):
+    """For cache "link": this process's disk reads capped at spec["link_mib_s"] (a storage link
+    of its own, as each rank's host has on a cluster: storage_link.py); else nothing."""
+    if spec.get("cache") != "link":
+        return contextlib.nullcontext()
+    name = f"ckptflow-bench-{os.getpid()}"
+    return storage_link.capped(name, spec["path"], spec["link_mib_s"])
 
 
 def run_load(spec: dict) -> dict:
@@ -730,12 +743,13 @@ def run_load(spec: dict) -> dict:
     warm_up(spec, load=True)
     dst = None if raw else template(expect)
     cold = _cache(spec)
-    reset_peak_rss()
-    base = rss_gib("VmRSS")
-    t0 = clock()
-    sd = load(spec, expect, dst)
-    got = {} if raw else digests(sd)  # touches every byte of every tensor, for every method
-    timed = since(t0, "load")
+    with _link(spec):
+        reset_peak_rss()
+        base = rss_gib("VmRSS")
+        t0 = clock()
+        sd = load(spec, expect, dst)
+        got = {} if raw else digests(sd)  # touches every byte of every tensor, for every method
+        timed = since(t0, "load")
     bad = sorted(k for k in expect.get("digests", {}) if got.get(k) != expect["digests"][k])
     if bad or set(got) != set(expect.get("digests", {})):
         raise SystemExit(f"{spec['method']}: loaded state differs from the saved one: {bad[:5]}")
@@ -759,17 +773,18 @@ def run_coop_rank(spec: dict) -> dict:
         expect = read_json(spec["expect"])
         import ckptflow.steps.checkpoint.checkpointer  # noqa: F401  (imported before the cache is dropped)
 
-        ck = _ck(spec, cooperative=True)
+        ck = _ck(spec, cooperative=spec.get("cooperative", True))
         sd = template(expect)
         if spec["rank"] == 0:
             cold = _cache(spec)
-        dist.barrier()
-        reset_peak_rss()
-        base = rss_gib("VmRSS")
-        t0 = clock()
-        ck.load(sd, spec["step"])
-        got = digests(sd)
-        timed = since(t0, "load")
+        with _link(spec):  # each rank its own link
+            dist.barrier()
+            reset_peak_rss()
+            base = rss_gib("VmRSS")
+            t0 = clock()
+            ck.load(sd, spec["step"])
+            got = digests(sd)
+            timed = since(t0, "load")
         if got != expect["digests"]:
             raise SystemExit(f"rank {spec['rank']}: loaded state differs from the saved one")
         ck.close()

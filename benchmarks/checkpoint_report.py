@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 GIB = float(1 << 30)
+LINK_RATIO = "coop load (2 ranks) / plain load, each rank its own storage link (cold)"
 # (name, numerator (method, field), denominator (method, field)) of the paired ratios
 RATIOS = [
     ("sync save wall / DCP", ("ckptflow-sync", "save_s"), ("dcp", "save_s")),
@@ -34,6 +35,11 @@ RATIOS = [
         "coop load (2 ranks) / plain load, warm",
         ("ckptflow-coop2", "load_s_warm"),
         ("ckptflow-sync", "load_s_warm"),
+    ),
+    (
+        LINK_RATIO,
+        ("ckptflow-coop2", "load_s_link"),
+        ("ckptflow-sync", "load_s_link"),
     ),
 ]
 
@@ -146,6 +152,14 @@ def targets(summary: dict) -> list[dict]:
             r("coop load (2 ranks) / plain load, warm", b, "fp32"),
             1.0,
         )
+        add(
+            "coop load (2 ranks) / plain load, each rank its own storage link",
+            b,
+            "fp32",
+            r(LINK_RATIO, b, "fp32"),
+            1.0,
+            "cold; every loading process's disk reads capped alike (storage_link.py)",
+        )
         extra = m("ckptflow-coop2", b, "fp32", "rss_extra_per_gib_warm")
         add(
             "coop peak RSS / state (1 + extra per GiB)",
@@ -182,6 +196,14 @@ def _f(v, fmt="{:.2f}"):
 
 
 def _notes(method: str, x: dict) -> str:
+    link = x.get("load_s_link")
+    more = _base_notes(method, x)
+    if link is None:
+        return more
+    return (more + "; " if more else "") + f"load over its own storage link {link:.2f} s"
+
+
+def _base_notes(method: str, x: dict) -> str:
     if method in ("ckptflow-async", "dcp-async", "dcp-async-reused"):
         return f"first save's stall {_f(x.get('first_stall_s'), '{:.3f}')} s; save s = until done"
     if method == "ckptflow-incremental":
@@ -248,6 +270,17 @@ def _loads(xs) -> str:
 def docs(res: dict, table: str) -> str:
     m, c = res["machine"], res["config"]
     cold = {r.get("cold_cold") for r in res["rows"] if r["backend"] == "local" and "cold_cold" in r}
+    link = (
+        f"Linked loads (`load over its own storage link`): cold, and every loading process (each "
+        f"coop2 rank, the plain load) reads the disk over a link of its own capped at "
+        f"{c['link_mib_s']:g} MiB/s (a blkio cgroup per process, `benchmarks/storage_link.py`), "
+        "as each rank's host reaches the store over its own link on a cluster: one rank's "
+        "link, not this machine's one disk and page cache, bounds what it reads. Ranks with "
+        "links of their own stand for hosts of their own, so the coop2 ranks exchange their "
+        "parts over the gloo broadcast (loopback TCP), not by copying each other's memory."
+        if c.get("link_mib_s")
+        else ""
+    )
     return f"""# Checkpoint benchmark
 
 Produced by `.venv/bin/python benchmarks/checkpoint.py --size-gib {c["size_gib"]:g} --repeats {c["repeats"]} --write-docs`
@@ -291,7 +324,7 @@ results in `results.json` of its `--out-dir`.
   full save's stored bytes. coop2: two gloo ranks on
   this host each load the whole state cooperatively (warm): each reads about half and copies
   the rest out of the other's memory (same host); `benchmarks/coop_load.py` also times two
-  uncooperative ranks at once and the gloo broadcast.
+  uncooperative ranks at once and the gloo broadcast. {link}
 
 ## Results
 

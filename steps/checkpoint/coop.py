@@ -96,6 +96,10 @@ class _Dests:
         found = self.direct.get(self.by_key[key])
         return 0 if found is None or found[0].is_cuda else found[0].data_ptr()
 
+    def is_direct(self, key: str) -> bool:
+        """Whether the chunk is filled straight in its destination (no temporary buffer)."""
+        return self.by_key[key] in self.direct
+
     def on_gpu(self, key: str) -> bool:
         found = self.direct.get(self.by_key[key])
         return found is not None and found[0].is_cuda
@@ -363,16 +367,27 @@ class _Run:
                 self.bytes_local = phase.bytes_copied
                 self.stats.bytes_received += phase.bytes_copied
 
+            held = []  # owned parts in flight whose chunk needs a temporary buffer
+
             def top_up():
-                while work and len(inflight) < window:
+                # Reads into a chunk's own destination hold no memory: they run ahead of the
+                # broadcast as far as they go (limited to `threads` parts, a slow exchange
+                # stalled reads that a storage link could have served meanwhile). Only parts
+                # through a temporary buffer wait for the window.
+                while work and (self.dests.is_direct(work[0][0]) or sum(held) < window):
                     u = work.popleft()
+                    held.append(0 if self.dests.is_direct(u[0]) else 1)
                     inflight.append((u, pool.submit(self._read, u)))
+
+            def pop():
+                held.pop(0)
+                return inflight.popleft()
 
             for u in shared:
                 top_up()
                 owner = owners[u] == ex.rank
                 if owner:  # owned shared parts were queued in this same order
-                    inflight.popleft()[1].result()
+                    pop()[1].result()
                 on_dev = plan.gpu[u] and ex.device_group is not None
                 buf, after = self._buffer(u, owner, sizes[u], on_dev, u[0] in mine)
                 if sizes[u]:
@@ -385,7 +400,7 @@ class _Run:
                     self._done(u[0])
             while work or inflight:  # parts only this rank needs
                 top_up()
-                u, fut = inflight.popleft()
+                u, fut = pop()
                 fut.result()
                 self._done(u[0])
         return self.error

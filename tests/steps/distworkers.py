@@ -291,3 +291,43 @@ def coop_fallback_worker(rank, world, root, out_path):
     dist.all_gather_object(info, rows)
     if rank == 0:
         torch.save(info, out_path)
+
+
+def coop_readahead_worker(rank, world, root, out_path, gate_s):
+    """A broadcast cooperative load (one read thread) in which rank 1's first object read
+    takes `gate_s` seconds; report when each rank's object reads completed (wall clock, the
+    ranks share this host's) and when rank 1's slow read began returning."""
+    import time
+
+    import fsspec.implementations.local as fsl
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    from ckptflow.core.storage import Storage
+
+    done, gate = [], {}
+
+    class Timed(fsl.LocalFileSystem):
+        cachable = False  # an instance of its own, not fsspec's shared local filesystem
+
+        def _open(self, path, mode="rb", **kw):
+            if "objects/" in str(path) and "r" in mode:
+                if rank == 1 and not gate:
+                    time.sleep(gate_s)
+                    gate["end"] = time.time()
+                done.append(time.time())
+            return super()._open(path, mode, **kw)
+
+    ref = torch.load(f"{root}.ref.pt")
+    sd = {k: torch.zeros_like(v) for k, v in ref.items()}
+    storage = Storage(root, fs=Timed())
+    ck = Checkpointer(root, storage=storage, cooperative="broadcast", threads=1)
+    ck.load(sd)
+    row = {
+        "opened": done,
+        "gate": gate.get("end"),
+        "ok": all(torch.equal(sd[k], v) for k, v in ref.items()),
+    }
+    info = [None] * world
+    dist.all_gather_object(info, row)
+    if rank == 0:
+        torch.save(info, out_path)

@@ -116,3 +116,22 @@ def test_a_part_its_owner_cannot_read_fails_every_rank_alike(replicated_root, tm
     assert [(r["step"], r["value"]) for r in rows] == [(4, 4)] * 4, info
     assert all(r["fell"] and r["fell"][0][0] == 5 for r in rows), info
     assert all(r["sum"] == pytest.approx(expected, rel=0, abs=1e-9) for r in rows), info
+
+
+def test_owned_reads_run_ahead_of_a_stalled_broadcast(tmp_path):
+    """Parts read straight into their destination hold no memory, so an owner reads them
+    while the broadcast waits on a slow peer. Limited to `threads` parts ahead, an owner whose
+    peer's read stalled sat idle with its own storage link unused (over per-rank links,
+    a cooperative load of 1 GiB took 4.1 s, level with a plain load; 2.9 s without the cap)."""
+    root = str(tmp_path / "ckpt")
+    g = torch.Generator().manual_seed(7)
+    ref = {f"t{i}": torch.randn(64, 64, generator=g) for i in range(8)}
+    Checkpointer(root, pack_kib=0).save(1, ref)  # one object per tensor, none packed
+    torch.save(ref, f"{root}.ref.pt")
+    out = str(tmp_path / "info.pt")
+    dw.spawn(2, dw.coop_readahead_worker, root, out, 2.0)
+    fast, slow = torch.load(out)
+    assert fast["ok"] and slow["ok"], (fast, slow)
+    assert len(fast["opened"]) == 4, fast  # its half of the 8 objects
+    # every object rank 0 owns was read while rank 1's first read was still stalled
+    assert max(fast["opened"]) < slow["gate"], (fast, slow)
