@@ -223,15 +223,15 @@ class CkptStorageWriter(StorageWriter):
             return adaptive.Decision(job.policy.favoured())
         return job.policy.decide()
 
-    def _sample(self, raw: np.ndarray, width: int) -> None:
-        """Measure what compressing a part stored raw would have cost, on its first bytes
-        (encoded and thrown away; adaptive.py)."""
+    def _sample(self, raw: np.ndarray, width: int) -> tuple[int, float, int]:
+        """What compressing a part stored raw would have cost, measured on its first bytes
+        (encoded and thrown away; adaptive.py): (bytes, seconds, bytes they encoded to)."""
         n = min(len(raw), adaptive.SAMPLE)
         n -= n % max(width, 1)
         t0 = time.perf_counter()
         enc = codec.encode(raw[:n], width, self.job.level, True)
         enc.digest()  # a compressed object is hashed too (its name)
-        self.job.policy.observe_sample(len(raw), n, time.perf_counter() - t0, enc.nbytes)
+        return n, time.perf_counter() - t0, enc.nbytes
 
     def _encode_and_write(
         self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
@@ -266,15 +266,16 @@ class CkptStorageWriter(StorageWriter):
         key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
         rec["object"], rec["stored_size"] = key, enc.nbytes
         # (a delta's cost says nothing of what a full part costs either way)
-        wrote = self._write_object(key, enc)
-        if wrote and job.policy is not None and base is None:
-            job.policy.observe(packed, len(raw), time.perf_counter() - t0)
-            if decision.sample:
-                self._sample(raw, width)
+        measured = job.policy is not None and base is None
+        cost = adaptive.PartCost(job.policy, packed, len(raw)) if measured else None
+        if self._write_object(key, enc, cost) and cost is not None:
+            spent = time.perf_counter() - t0
+            cost.thread(spent, self._sample(raw, width) if decision.sample else None)
         return rec
 
-    def _write_object(self, key: str, enc: codec.Encoded) -> bool:
-        """Store one object unless it is there already, sound; True when bytes were written."""
+    def _write_object(self, key: str, enc: codec.Encoded, cost=None) -> bool:
+        """Store one object unless it is there already, sound; True when bytes were written
+        (then `cost`, an adaptive.PartCost, learns its share of the sync time)."""
         job = self.job
         st, rel = job.storage, layout.object_path(key)
         with self._lock:
@@ -288,7 +289,7 @@ class CkptStorageWriter(StorageWriter):
             os.utime(st.path(rel))
             wrote = False
         else:
-            self._store(rel, enc)
+            self._store(rel, enc, cost)
             wrote = True
             with self._lock:
                 job.written_bytes += enc.nbytes
@@ -297,16 +298,18 @@ class CkptStorageWriter(StorageWriter):
             job.written.add(key)
         return wrote
 
-    def _store(self, rel: str, enc: codec.Encoded) -> None:
+    def _store(self, rel: str, enc: codec.Encoded, cost=None) -> None:
         """Write one object. Local ones go with O_DIRECT where the filesystem allows (no
-        page-cache copy, and the write's time is the disk's: what the adaptive codec must
-        measure); the sync threads then make each durable (started now, so the save ends when
-        its last object is durable while the writer threads go on writing)."""
+        page-cache copy); the sync threads then make each durable (started now, so the save
+        ends when its last object is durable while the writer threads go on writing). `cost`
+        learns the object's share of its sync: with the write's time, what it cost to store."""
         st = self.job.storage
         local = st.protocol == "file"
         st.write(rel, enc.chunks, durable=not local, direct=local)
         if local:
-            self._syncs.submit(rel)
+            self._syncs.submit(rel, None if cost is None else cost.synced)
+        elif cost is not None:
+            cost.synced(0.0)  # durable when the write returned (its time is the thread's)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""

@@ -53,9 +53,11 @@ def test_each_cgroup_version_gets_its_own_line(tmp_path):
     assert sl._layout(str(v2)) == (str(v2), "io.max")
     (v2 / "cgroup.subtree_control").write_text("cpu memory\n")
     assert sl._layout(str(v2)) is None
-    with pytest.raises(sl.LinkUnavailable, match="no cgroup block-I/O controller"):
-        with sl.capped("x", str(tmp_path), 1, cgroup_root=str(v2)):
-            pass
+    with (
+        pytest.raises(sl.LinkUnavailable, match="no cgroup block-I/O controller"),
+        sl.capped("x", str(tmp_path), 1, cgroup_root=str(v2)),
+    ):
+        pass
 
 
 def _usable() -> bool:

@@ -5,6 +5,7 @@ measured on a sample of a part stored raw, so finding out costs little)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ckptflow.core import adaptive, codec
 
@@ -101,3 +102,27 @@ def test_parts_too_small_to_measure_follow_the_favoured_mode_compressed_until_kn
     assert _policy(raw_s=10e-9, packed_s=3e-9).favoured() is True
     p = _policy(raw_s=0.5e-9, packed_s=2e-9)
     assert [p.favoured() for _ in range(2 * adaptive.EXPLORE)] == [False] * 2 * adaptive.EXPLORE
+
+
+@pytest.mark.parametrize("sync_first", [True, False])
+def test_a_part_s_cost_is_its_thread_time_plus_its_sync_share_whichever_comes_last(sync_first):
+    """A local object is made durable by another thread after the write: the part is observed
+    once, when both halves are in, and a sample is priced against the raw cost with the sync
+    in it (a disk that takes writes into a cache and pays at the flush)."""
+    p = _policy(raw_s=None, packed_s=None)
+    cost = adaptive.PartCost(p, False, 1 << 20)
+
+    def thread():
+        cost.thread(0.010, (1 << 20, 0.005, 1 << 19))
+
+    def synced():
+        cost.synced(0.030)
+
+    first, second = (synced, thread) if sync_first else (thread, synced)
+    first()
+    assert p.raw.evidence == 0  # not observed on one half
+    second()
+    assert p.raw.s_per_byte == pytest.approx(0.040 / (1 << 20))
+    # the sample: its encoding plus the raw cost (sync included) of half the bytes
+    assert p.packed.s_per_byte == pytest.approx((0.005 + 0.020) / (1 << 20))
+    assert p.raw.evidence == p.packed.evidence == 1 << 20

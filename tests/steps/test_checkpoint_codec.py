@@ -262,3 +262,27 @@ def test_a_local_load_keeps_more_reads_in_flight_than_its_decode_threads(tmp_pat
     ck.load(got, step=1)
     assert all(torch.equal(got[k], v) for k, v in state.items())
     assert peak[0] == 2, peak
+
+
+def test_auto_counts_the_sync_a_raw_object_waits_for(tmp_path, monkeypatch):
+    """A virtual disk takes O_DIRECT writes into its host's cache at once and pays at the
+    flush: measured without the sync, storing raw looked nearly free, and `auto` stored raw
+    where compressing made the save 1.4x faster (1 GiB here: 2.64 s compressed, 3.83 s raw)."""
+    real = localio.datasync
+
+    def flush_paid_per_byte(path: str) -> None:  # 100 ms per MiB, at the sync
+        real(path)
+        time.sleep(os.path.getsize(path) / (1 << 20) * 0.1)
+
+    monkeypatch.setattr(localio, "datasync", flush_paid_per_byte)
+    g = torch.Generator().manual_seed(4)
+    # bf16 values held in fp32: the low mantissa bytes are zero, compressing halves them
+    state = {"w": (torch.randn(2048, 1024, generator=g) * 0.02).bfloat16().float()}
+    root = str(tmp_path / "flush-paid")
+    ck = Checkpointer(root, part_mib=1)  # 8 parts of 1 MiB: the first save measures
+    ck.save(1, state)
+    assert all(pl == [["raw", 1 << 20]] for pl in _planes(ck))  # measuring: raw, sampled
+    ck.save(2, {"w": state["w"] + 1.0})
+    planes = [it for it in ck.manifest(2)["items"].values() if it["fqn"] == "w"][0]["parts"]
+    compressed = sum(any(c == "zstd" for c, _ in p["planes"]) for p in planes)
+    assert compressed >= len(planes) - 1, planes  # all but an explored one
