@@ -128,9 +128,14 @@ class Storage:
             with translated(self.url(rel)):
                 return self._cat(rel, limit)
         except FileNotFoundError:  # absent (translated() names a missing bucket itself)
-            if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
-                self.check_reachable()
+            self._absent_not_unreachable()
             raise
+
+    def _absent_not_unreachable(self) -> None:
+        """Before a FileNotFoundError is taken as "absent": gcsfs says 404 alike for a missing
+        bucket, which must be named (StorageError), never read as a missing file."""
+        if self.protocol == "gs":
+            self.check_reachable()
 
     def _cat(self, rel: str, limit: int | None) -> bytes:
         """The backend's read of a whole file or its first `limit` bytes, untranslated."""
@@ -184,13 +189,15 @@ class Storage:
         return None
 
     def mtime(self, rel: str) -> float:
-        """A file's modification time by the storage's own clock (the clock GC compares)."""
+        """A file's modification time by the storage's own clock (the clock GC compares).
+        FileNotFoundError when the file is absent; a missing bucket is a StorageError naming
+        it (were it "absent", GC would take a root it cannot reach for one with nothing in it)."""
         try:
-            return _mtime(self._io(self.fs.info, self.path(rel)))
+            with translated(self.url(rel)):
+                return _mtime(self._io(self.fs.info, self.path(rel)))
         except FileNotFoundError:
+            self._absent_not_unreachable()
             raise
-        except Exception as exc:
-            raise_translated(exc, self.url(rel))
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names of the immediate children of `rel` (files and folders); [] when absent."""
