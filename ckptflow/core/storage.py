@@ -128,14 +128,9 @@ class Storage:
             with translated(self.url(rel)):
                 return self._cat(rel, limit)
         except FileNotFoundError:  # absent (translated() names a missing bucket itself)
-            self._absent_not_unreachable()
+            if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
+                self.check_reachable()
             raise
-
-    def _absent_not_unreachable(self) -> None:
-        """Before a FileNotFoundError is taken as "absent": gcsfs says 404 alike for a missing
-        bucket, which must be named (StorageError), never read as a missing file."""
-        if self.protocol == "gs":
-            self.check_reachable()
 
     def _cat(self, rel: str, limit: int | None) -> bytes:
         """The backend's read of a whole file or its first `limit` bytes, untranslated."""
@@ -196,7 +191,9 @@ class Storage:
             with translated(self.url(rel)):
                 return _mtime(self._io(self.fs.info, self.path(rel)))
         except FileNotFoundError:
-            self._absent_not_unreachable()
+            # gcsfs's and adlfs's info say "not found" alike for a missing bucket or container
+            # (no error code to classify): asked only here, where an absent file is rare
+            self.check_reachable()
             raise
 
     def listdir(self, rel: str = "") -> list[str]:
