@@ -276,16 +276,15 @@ def coop_load(cfg: Config, spec: dict, saved: dict) -> dict:
     procs = [child(spec | {"rank": r, "world": 2, "port": port}, cfg.timeout_s) for r in range(2)]
     ranks = [result(p, cfg.timeout_s) for p in procs]
     stored, c = saved["manifest"]["stored_bytes"], spec["cache"]
+    tail = "" if c == "warm" else "_" + c  # the warm fractions keep their historical names
     return {
         f"load_s_{c}": max(r["load_s"] for r in ranks),
         f"load_cpu_s_{c}": sum(r["load_cpu_s"] for r in ranks),
         f"rss_peak_gib_{c}": max(r["rss_peak_gib"] for r in ranks),
         f"rss_extra_gib_{c}": max(r["rss_extra_gib"] for r in ranks),
-        f"read_fraction{'' if c == 'warm' else '_' + c}": [r["bytes_read"] / stored for r in ranks],
+        f"read_fraction{tail}": [r["bytes_read"] / stored for r in ranks],
         # of what each rank got from the other: the part copied out of its memory (same host)
-        f"local_fraction{'' if c == 'warm' else '_' + c}": [
-            r["bytes_local"] / max(1, r["bytes_received"]) for r in ranks
-        ],
+        f"local_fraction{tail}": [r["bytes_local"] / max(1, r["bytes_received"]) for r in ranks],
     }
 
 

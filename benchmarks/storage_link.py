@@ -61,7 +61,7 @@ def limit_line(knob: str, disk: str, bytes_per_s: int) -> str:
 @contextlib.contextmanager
 def capped(name: str, path: str, mib_s: float, cgroup_root: str = CGROUP_ROOT, sys_root="/sys"):
     """Within the block, this process's reads from the disk under `path` are capped at `mib_s`
-    MiB/s (it sits in cgroup `name`); afterwards it is back in its parent cgroup and `name` is
+    MiB/s (it sits in cgroup `name`); afterwards it is back in the cgroup it came from and `name` is
     removed (a crash leaves an empty cgroup behind, which holds nothing)."""
     where = _layout(cgroup_root)
     if where is None:
@@ -70,6 +70,7 @@ def capped(name: str, path: str, mib_s: float, cgroup_root: str = CGROUP_ROOT, s
         )
     folder = os.path.join(where[0], name)
     disk = disk_of(path, sys_root)
+    home = os.path.join(where[0], _own_cgroup(where[1] == "io.max").lstrip("/"))
     try:
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, where[1]), "w") as f:
@@ -80,8 +81,18 @@ def capped(name: str, path: str, mib_s: float, cgroup_root: str = CGROUP_ROOT, s
     try:
         yield folder
     finally:
-        _move(where[0])
+        _move(home)
         os.rmdir(folder)
+
+
+def _own_cgroup(v2: bool, proc: str = "/proc/self/cgroup") -> str:
+    """This process's cgroup in the block-I/O hierarchy ("/" when not found)."""
+    with open(proc) as f:
+        for line in f:
+            _, controllers, where = line.rstrip("\n").split(":", 2)
+            if (v2 and controllers == "") or (not v2 and "blkio" in controllers.split(",")):
+                return where
+    return "/"
 
 
 def _move(folder: str) -> None:

@@ -70,6 +70,8 @@ def test_capped_puts_this_process_in_a_capped_cgroup_and_takes_it_out(tmp_path):
     cap names the disk under the path; afterwards it is back and the cgroup is gone."""
     name = f"ckptflow-test-{os.getpid()}"
     disk = sl.disk_of(str(tmp_path))
+    v2 = sl._layout(sl.CGROUP_ROOT)[1] == "io.max"
+    home = sl._own_cgroup(v2)
     with sl.capped(name, str(tmp_path), 64) as folder:
         knob = sl._layout(sl.CGROUP_ROOT)[1]
         with open(os.path.join(folder, knob)) as f:
@@ -78,3 +80,13 @@ def test_capped_puts_this_process_in_a_capped_cgroup_and_takes_it_out(tmp_path):
             assert str(os.getpid()) in f.read().split()
     assert disk in line and str(64 << 20) in line, line
     assert not os.path.exists(folder)
+    assert sl._own_cgroup(v2) == home  # back where it came from, not the hierarchy's root
+
+
+def test_a_process_s_own_cgroup_is_read_per_hierarchy(tmp_path):
+    proc = tmp_path / "cgroup"
+    proc.write_text("12:memory:/pods/a\n4:cpu,blkio:/pods/b\n0::/pods/c\n")
+    assert sl._own_cgroup(False, str(proc)) == "/pods/b"
+    assert sl._own_cgroup(True, str(proc)) == "/pods/c"
+    proc.write_text("12:memory:/pods/a\n")
+    assert sl._own_cgroup(False, str(proc)) == "/"
