@@ -50,11 +50,35 @@ def s3_bucket(s3_env):
     return name
 
 
+# Modules that run workflows as pods (namespaces, a bridge, cgroups, torch in every rank pod):
+# under pytest-xdist (`make test`) they run one at a time, on one worker, beside the rest of the
+# suite, so no two workflows of rank pods compete for 2 cores while the tests assert their
+# deadlines (the runner itself takes concurrent nodes: a subnet each, names by pid).
+POD_MODULES = {
+    "test_isolation",
+    "test_isolation_pretrain",
+    "test_isolation_spec",
+    "test_node_loss",
+    "test_pods_cleanup",
+    "test_pods_node",
+    "test_pods_podspec",
+    "test_preempt_pods",
+    "test_runner_argo_examples",
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip minio/cluster tests with a clear reason when their infrastructure is absent."""
+    """Skip minio/cluster tests with a clear reason when their infrastructure is absent; under
+    xdist's loadgroup, a module's tests stay on one worker (a module fixture that trains a run
+    was set up once per worker: the fine-tune suite's twice, 2 min each) and the pod modules
+    all on one (POD_MODULES)."""
     minio_up = bool(os.environ.get("CKPTFLOW_MINIO_ENDPOINT"))
     cluster_tools = all(shutil.which(t) for t in ("docker", "k3d", "kubectl"))
     for item in items:
+        mod = getattr(item, "module", None)
+        module = mod.__name__ if mod is not None else item.nodeid.split("::")[0]
+        pods = module.rsplit(".", 1)[-1] in POD_MODULES
+        item.add_marker(pytest.mark.xdist_group("pods" if pods else module))
         if "minio" in item.keywords and not minio_up:
             item.add_marker(
                 pytest.mark.skip(
