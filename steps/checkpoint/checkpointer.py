@@ -194,7 +194,7 @@ class Checkpointer:
             level=self.level,
             compress=self.compress,
             policy=(
-                adaptive.policy_for(self.storage.location(), self.level, self.threads)
+                adaptive.policy_for(self.storage.location(), self.level)
                 if self.compress == "auto"
                 else None
             ),

@@ -104,9 +104,7 @@ class CkptStorageWriter(StorageWriter):
         # Object stores are latency-bound: more uploads in flight than CPU threads. (Local
         # O_DIRECT writes with two in flight per thread: 0.96-0.98 of the wall time, +17% CPU.)
         workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
-        # Writes and syncs share the storage: each is charged its share of the time it was busy
-        self._device = adaptive.DeviceClock()
-        self._syncs = Durability(job, self._device)
+        self._syncs = Durability(job)
         self._packer = Packer(self._write_object)
         try:
             results = self._write_items(plan, planner, workers)
@@ -227,19 +225,19 @@ class CkptStorageWriter(StorageWriter):
 
     def _sample(self, raw: np.ndarray, width: int) -> tuple[int, float, int]:
         """What compressing a part stored raw would have cost, measured on its first bytes
-        (encoded and thrown away; adaptive.py): (bytes, CPU seconds, bytes they encoded to)."""
+        (encoded and thrown away; adaptive.py): (bytes, seconds, bytes they encoded to)."""
         n = min(len(raw), adaptive.SAMPLE)
         n -= n % max(width, 1)
-        c0 = time.thread_time()
+        t0 = time.perf_counter()
         enc = codec.encode(raw[:n], width, self.job.level, True)
         enc.digest()  # a compressed object is hashed too (its name)
-        return n, time.thread_time() - c0, enc.nbytes
+        return n, time.perf_counter() - t0, enc.nbytes
 
     def _encode_and_write(
         self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
     ) -> dict:
         job = self.job
-        c0 = time.thread_time()  # CPU, not wall: waiting for a core is not what a part costs
+        t0 = time.perf_counter()
         decision = self._decision(len(raw), base is not None, like)
         packed = decision.compress
         kind = None
@@ -270,16 +268,14 @@ class CkptStorageWriter(StorageWriter):
         # (a delta's cost says nothing of what a full part costs either way)
         measured = job.policy is not None and base is None
         cost = adaptive.PartCost(job.policy, packed, len(raw)) if measured else None
-        device = self._write_object(key, enc, cost)
-        if device is not None and cost is not None:
-            cpu = time.thread_time() - c0
-            cost.thread(cpu, device, self._sample(raw, width) if decision.sample else None)
+        if self._write_object(key, enc, cost) and cost is not None:
+            spent = time.perf_counter() - t0
+            cost.thread(spent, self._sample(raw, width) if decision.sample else None)
         return rec
 
-    def _write_object(self, key: str, enc: codec.Encoded, cost=None) -> float | None:
-        """Store one object unless it is there already, sound: the write's share of the
-        storage's time, None when nothing was written (when something was, `cost`, an
-        adaptive.PartCost, learns its share of the sync time)."""
+    def _write_object(self, key: str, enc: codec.Encoded, cost=None) -> bool:
+        """Store one object unless it is there already, sound; True when bytes were written
+        (then `cost`, an adaptive.PartCost, learns its share of the sync time)."""
         job = self.job
         st, rel = job.storage, layout.object_path(key)
         with self._lock:
@@ -291,38 +287,29 @@ class CkptStorageWriter(StorageWriter):
         if st.protocol == "file" and job.trust.sound([st], key, enc.nbytes):
             # Refresh its age: GC's grace period then protects it until this save commits.
             os.utime(st.path(rel))
-            device = None
+            wrote = False
         else:
-            device = self._store(rel, enc, cost)
+            self._store(rel, enc, cost)
+            wrote = True
             with self._lock:
                 job.written_bytes += enc.nbytes
         with self._lock:
             job.sound[key] = True
             job.written.add(key)
-        return device
+        return wrote
 
-    def _store(self, rel: str, enc: codec.Encoded, cost=None) -> float:
-        """Write one object; its share of the storage's time. Local ones go with O_DIRECT where
-        the filesystem allows (no page-cache copy); the sync threads then make each durable
-        (started now, so the save ends when its last object is durable while the writer
-        threads go on writing). `cost` learns the object's share of its sync: with the write's,
-        the storage's time it took to store."""
+    def _store(self, rel: str, enc: codec.Encoded, cost=None) -> None:
+        """Write one object. Local ones go with O_DIRECT where the filesystem allows (no
+        page-cache copy); the sync threads then make each durable (started now, so the save
+        ends when its last object is durable while the writer threads go on writing). `cost`
+        learns the object's share of its sync: with the write's time, what it cost to store."""
         st = self.job.storage
         local = st.protocol == "file"
-        started, c0, t0 = self._device.start(), time.thread_time(), time.perf_counter()
-        try:
-            st.write(rel, enc.chunks, durable=not local, direct=local)
-        finally:
-            share = self._device.stop(started)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        # Of its share, the time the write waited (its copying is CPU, counted as such: a
-        # write into memory, or a page cache, is not a slow device).
-        device = share * max(0.0, 1.0 - cpu / wall) if wall > 0 else 0.0
+        st.write(rel, enc.chunks, durable=not local, direct=local)
         if local:
             self._syncs.submit(rel, None if cost is None else cost.synced)
         elif cost is not None:
-            cost.synced(0.0)  # durable when the write returned (its wait is the write's)
-        return device
+            cost.synced(0.0)  # durable when the write returned (its time is the thread's)
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""
