@@ -18,6 +18,11 @@ from ckptflow.workflows.runner.pods import Node, available, leftovers, sweep
 WHY = available()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"pods unavailable: {WHY}")
 
+# The runners' Nodes take a prefix of their own: any Node made on this host sweeps what dead
+# owners left under the default one (by design). Under xdist (CI, once) the killed runner's
+# leftovers were gone 0.2 s after the kill, before this test's own sweep could be checked; a
+# Node made in a loop beside it does the same (default prefix: fails; this prefix: passes).
+PREFIX = "ckt"
 # A runner: a Node with two sleeping pods; prints what it made, then waits to be stopped.
 RUNNER = """
 import json, os, sys, time
@@ -38,10 +43,10 @@ def run(node):
     time.sleep(600)
 
 if sys.argv[2] == "with":
-    with Node(sweep_first=False) as node:
+    with Node(prefix=sys.argv[3], sweep_first=False) as node:
         run(node)
 else:  # no `with`: only the atexit hook can clean up
-    run(Node(sweep_first=False))
+    run(Node(prefix=sys.argv[3], sweep_first=False))
 """
 
 
@@ -52,7 +57,7 @@ def start_runner(tmp_path):
 
     def start(style: str) -> tuple[subprocess.Popen, dict]:
         proc = subprocess.Popen(
-            [sys.executable, "-c", RUNNER, str(tmp_path), style],
+            [sys.executable, "-c", RUNNER, str(tmp_path), style, PREFIX],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -112,7 +117,7 @@ def test_a_killed_runner_is_swept(start_runner):
     found = leftovers(made["tag"])
     assert found["links"] and found["cgroups"] and found["mounts"] and found["state"]
     assert all(os.path.exists(f"/proc/{pid}") for pid in made["pids"])  # pods outlive it
-    removed = sweep()
+    removed = sweep(PREFIX)
     assert any(made["tag"] in r for r in removed)
     assert_nothing_left(made)
 
