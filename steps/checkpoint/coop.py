@@ -367,21 +367,23 @@ class _Run:
                 self.bytes_local = phase.bytes_copied
                 self.stats.bytes_received += phase.bytes_copied
 
-            temp = [0]  # owned parts in flight whose chunk needs a temporary buffer
+            temp = 0  # owned parts in flight whose chunk needs a temporary buffer
 
             def top_up():
+                nonlocal temp
                 # Reads into a chunk's own destination hold no memory: they run ahead of the
                 # broadcast as far as they go (limited to `threads` parts, a slow exchange
                 # stalled reads that a storage link could have served meanwhile). Only parts
                 # through a temporary buffer wait for the window.
-                while work and (self.dests.is_direct(work[0][0]) or temp[0] < window):
+                while work and (self.dests.is_direct(work[0][0]) or temp < window):
                     u = work.popleft()
-                    temp[0] += not self.dests.is_direct(u[0])
+                    temp += not self.dests.is_direct(u[0])
                     inflight.append((u, pool.submit(self._read, u)))
 
             def pop():
+                nonlocal temp
                 u, fut = inflight.popleft()
-                temp[0] -= not self.dests.is_direct(u[0])
+                temp -= not self.dests.is_direct(u[0])
                 return u, fut
 
             for u in shared:
