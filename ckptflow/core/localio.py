@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
+import mmap
 import os
 import threading
 
@@ -18,6 +20,8 @@ import numpy as np
 
 ALIGN = 4096  # O_DIRECT wants buffers, lengths and offsets aligned to the logical block size
 DIRECT_BLOCK = 8 << 20  # bounce-buffer size of one O_DIRECT write
+READ_BLOCK = 16 << 20  # bounce-buffer size of one O_DIRECT read (read_into)
+DIRECT_READ_MIN = 1 << 20  # smaller files are read through the page cache
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
 
 _local = threading.local()
@@ -35,6 +39,25 @@ def _libc_sync_file_range():
 
 
 _sfr = _libc_sync_file_range() if os.uname().sysname == "Linux" else None
+
+
+def _libc_mincore():
+    """libc's mmap, mincore and munmap (the page-cache residency of a file: `cached`)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        mm, mc, mu = libc.mmap, libc.mincore, libc.munmap
+    except (OSError, AttributeError):
+        return None, None, None
+    mm.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    mm.argtypes += [ctypes.c_int64]
+    mm.restype = ctypes.c_void_p
+    mc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    mu.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return mm, mc, mu
+
+
+_mmap, _mincore, _munmap = _libc_mincore()
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def aligned_empty(n: int) -> np.ndarray:
@@ -161,8 +184,6 @@ def _direct_body(fd: int, chunks: list[np.ndarray], flag: int) -> None:
     else:
         tail = _bounced(fd, chunks, body)
     if len(tail):
-        import fcntl
-
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~flag)
         _write_all(fd, memoryview(tail))
 
@@ -187,20 +208,117 @@ def _bounced(fd: int, chunks: list[np.ndarray], body: int) -> np.ndarray:
     return np.concatenate(rest) if rest else np.empty(0, dtype=np.uint8)
 
 
-def read_into(f, expect: int, get_buf) -> tuple[int, np.ndarray | None]:
-    """Read an open file of `expect` bytes into `get_buf(expect)` with no intermediate copy.
+def read_into(f, expect: int, get_buf, block: int = READ_BLOCK) -> tuple[int, np.ndarray | None]:
+    """Read an open local file `f` of `expect` bytes into `get_buf(expect)`, with no
+    intermediate copy of the whole.
 
     Returns (the file's size, the filled buffer); when the size differs from `expect` nothing
     is read or allocated and the buffer is None (a manifest that declares a huge object never
-    makes the reader allocate it)."""
-    size = os.fstat(f.fileno()).st_size
+    makes the reader allocate it), and likewise when the file shrank while being read.
+
+    A file of DIRECT_READ_MIN bytes or more that is not in the page cache (the saves write
+    with O_DIRECT, so a checkpoint's objects usually are not) is read with O_DIRECT: large
+    requests straight to the device, nothing copied into the cache or evicted from it. A cold
+    GiB of 64 MiB objects read here in 0.54-0.64 s, against 1.0-1.5 s through the page cache,
+    whose read-ahead keeps fewer requests in flight. An unaligned destination (a tensor:
+    torch aligns to 64 bytes) is filled through a per-thread bounce buffer of `block` bytes
+    (16 MiB, with 4 reads in flight, was as fast as reading straight into aligned memory; 8
+    MiB blocks 1.0 s). A cached file, or one the filesystem will not read directly, is read
+    the ordinary way. Reads are positional: `f`'s own position and buffer are not used."""
+    fd = f.fileno()
+    size = os.fstat(fd).st_size
     if size != expect:
         return size, None
     buf = get_buf(expect)
-    view, got = memoryview(buf), 0
-    while got < expect:
-        k = f.readinto(view[got:])
+    got = None
+    if expect >= DIRECT_READ_MIN and not cached(fd) and _direct(fd, True):
+        try:
+            got = _read_direct(fd, buf, block)
+        finally:
+            _direct(fd, False)  # the descriptor is the caller's: left as it came
+    if got is None:  # not direct, or refused: from the start, through the page cache
+        got = _read_full(fd, memoryview(buf), 0)
+    return (got, buf) if got == expect else (got, None)
+
+
+def cached(fd: int) -> bool:
+    """Whether the file's first page is in the page cache, asked with mincore() on a mapping
+    that is never touched. (A read with RWF_NOWAIT would answer too, but on a miss it starts
+    the read-ahead it declines to wait for: the file went through the cache after all.) False
+    where the platform cannot tell."""
+    if _mincore is None:
+        return False
+    addr = _mmap(None, ALIGN, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        return False
+    try:
+        vec = ctypes.create_string_buffer(1)
+        return _mincore(addr, ALIGN, vec) == 0 and bool(vec.raw[0] & 1)
+    finally:
+        _munmap(addr, ALIGN)
+
+
+def is_direct(fd: int) -> bool:
+    """Whether reads and writes of this descriptor bypass the page cache (O_DIRECT)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    return bool(flag) and bool(fcntl.fcntl(fd, fcntl.F_GETFL) & flag)
+
+
+def _direct(fd: int, on: bool) -> bool:
+    """Turn O_DIRECT on or off for an open descriptor; False where it is refused."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        fl = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, (fl | flag) if on else (fl & ~flag))
+    except OSError:
+        return False
+    return True
+
+
+def _pread(fd: int, view: memoryview, offset: int) -> int:
+    return os.preadv(fd, [view], offset)
+
+
+def _read_full(fd: int, view: memoryview, offset: int) -> int:
+    """Read into all of `view` from `offset` on; the bytes read (fewer at the end of file)."""
+    got = 0
+    while got < len(view):
+        k = _pread(fd, view[got:], offset + got)
         if not k:
-            return got, None  # shrank while being read
+            break
         got += k
-    return got, buf
+    return got
+
+
+def _read_direct(fd: int, buf: np.ndarray, block: int) -> int | None:
+    """Read the whole file into `buf` with O_DIRECT on: straight into it when it is aligned
+    (its unaligned tail through the bounce buffer), else one bounce block at a time. The bytes
+    read, or None when the kernel refused (EINVAL: alignment or filesystem)."""
+    n = len(buf)
+    straight = buf.ctypes.data % ALIGN == 0
+    try:
+        pos = n - n % ALIGN if straight else 0
+        if straight and pos:
+            got = _read_full(fd, memoryview(buf[:pos]), 0)
+            if got < pos:
+                return got
+        bounce = scratch("direct-read", min(block, _round_up(n - pos)))
+        while pos < n:
+            want = min(len(bounce), _round_up(n - pos))
+            got = _read_full(fd, memoryview(bounce[:want]), pos)
+            k = min(got, n - pos)
+            buf[pos : pos + k] = bounce[:k]
+            pos += k
+            if got < want:
+                break  # the end of the file: its last block, or it shrank (then pos < n)
+        return pos
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
