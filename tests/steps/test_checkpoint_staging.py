@@ -59,8 +59,8 @@ def test_a_large_snapshot_is_copied_by_several_threads_bitwise_and_into_the_same
         stager.close()
 
 
-def test_copy_threads_default_to_half_the_cores_at_most_four(monkeypatch):
-    for cores, want in ((None, 1), (1, 1), (2, 1), (4, 2), (16, 4), (192, 4)):
+def test_copy_threads_default_to_the_cores_at_most_four(monkeypatch):
+    for cores, want in ((None, 1), (1, 1), (2, 2), (4, 4), (16, 4), (192, 4)):
         monkeypatch.setattr(staging.os, "cpu_count", lambda c=cores: c)
         assert staging.default_copy_threads() == want, cores
 
@@ -89,7 +89,7 @@ class GatedStorage(Storage):
 def test_an_async_save_copied_in_parallel_holds_the_state_of_its_call(tmp_path):
     st = GatedStorage(str(tmp_path / "r"))
     ck = Checkpointer("unused", storage=st)
-    ck._stager.copy_threads = 2  # (a 2-core host defaults to one copy thread)
+    ck._stager.copy_threads = 2  # (as a 2-core host has it: a 1-core one copies alone)
     state = _state()
     expect = {k: v.clone() for k, v in _flat(state).items()}
     handle = ck.save(1, state, block=False)
