@@ -127,7 +127,12 @@ def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> En
     `compress=True` groups the bytes and compresses every plane whose sample compresses (the
     others are stored raw); False stores the part raw and ungrouped, so a load reads it in one
     piece straight into its destination. (`compress="auto"` is decided per part by the writer,
-    ckptflow.core.adaptive.)"""
+    ckptflow.core.adaptive.)
+
+    A compressed part's stored bytes are assembled in this thread's aligned gather buffer, in
+    stored order (raw planes gathered into place, frames copied after their plane was
+    compressed), so a local object is written with O_DIRECT straight from it: as a list of
+    planes, every byte went through the write's bounce buffer once more."""
     if not compress or not len(raw):
         return Encoded([raw], [["raw", len(raw)]])
     grouped = width > 1 and len(raw) % width == 0
@@ -135,34 +140,41 @@ def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> En
     head = raw[: SAMPLE_BYTES * n_planes]
     cols = head.reshape(-1, n_planes)
     pays = [_compresses(np.ascontiguousarray(cols[:, k]), level) for k in range(n_planes)]
-    chunks: list = []
-    planes = []
-    for plane, pay in zip(_gathered(raw, n_planes), pays, strict=True):
-        codec, out = "raw", plane
-        if pay:
-            out, codec = _compressor(level).compress(plane.data), "zstd"
-        chunks.append(out)
-        planes.append([codec, len(out) if isinstance(out, bytes) else out.nbytes])
-    return Encoded(chunks, planes)
+    if pays == [False]:  # one plane, stored raw: the raw bytes themselves
+        return Encoded([raw], [["raw", len(raw)]])
+    out = scratch("gather", len(raw))
+    cols = raw.reshape(-1, n_planes)
+    plane_len = len(raw) // n_planes
+    pos, planes = 0, []
+    for k, pay in enumerate(pays):
+        frame = _compressed_plane(cols[:, k], level) if pay else None
+        if frame is not None:
+            out[pos : pos + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+            planes.append(["zstd", len(frame)])
+            pos += len(frame)
+        else:
+            np.copyto(out[pos : pos + plane_len], cols[:, k])
+            planes.append(["raw", plane_len])
+            pos += plane_len
+    return Encoded([out[:pos]], planes)
+
+
+def _compressed_plane(column: np.ndarray, level: int) -> bytes | None:
+    """The zstd frame of one byte plane (a strided column, gathered first), or None when the
+    frame is no smaller than the plane: its sample compressed, the rest need not, and a frame
+    that grew would overrun the gather buffer."""
+    plane = column
+    if not column.flags.c_contiguous:
+        plane = scratch("zplane", len(column))
+        np.copyto(plane, column)
+    frame = _compressor(level).compress(plane.data)
+    return frame if len(frame) < len(plane) else None
 
 
 def _compresses(sample: np.ndarray, level: int) -> bool:
     """Whether a plane whose first bytes are `sample` compresses enough to be worth it."""
     ratio = len(_compressor(level).compress(sample.data)) / max(len(sample), 1)
     return ratio <= RAW_THRESHOLD
-
-
-def _gathered(raw: np.ndarray, n_planes: int):
-    """The byte planes of `raw`, gathered into this thread's reused buffer (one strided copy
-    per plane; fresh arrays would page-fault on every part)."""
-    if n_planes == 1:
-        yield raw
-        return
-    buf = scratch("gather", len(raw)).reshape(n_planes, -1)
-    cols = raw.reshape(-1, n_planes)
-    for k in range(n_planes):
-        np.copyto(buf[k], cols[:, k])
-        yield buf[k]
 
 
 def decode(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from ckptflow.core import codec
+from ckptflow.core import codec, localio
 
 
 def zstd_bomb(size: int) -> bytes:
@@ -63,6 +63,39 @@ def test_encode_decode_round_trip(width):
     assert np.array_equal(out, raw)
 
 
+@pytest.mark.parametrize("width", [2, 4])
+def test_a_compressed_part_is_stored_from_one_aligned_buffer(width):
+    """Its planes are gathered (and the compressed ones' frames placed) into one aligned buffer
+    in stored order: a local object then goes to the disk with O_DIRECT straight from it. As a
+    list of planes, every byte went through the write's bounce buffer once more (0.28-0.33
+    CPU-s per GiB, a quarter of the encoding)."""
+    raw = (np.random.default_rng(1).standard_normal(1 << 16) * 0.02).astype(np.float32)
+    raw = raw.view(np.uint8)
+    enc = codec.encode(raw, width, level=1)
+    assert "zstd" in [c for c, _ in enc.planes] and "raw" in [c for c, _ in enc.planes]
+    (chunk,) = enc.chunks
+    assert chunk.ctypes.data % localio.ALIGN == 0 and len(chunk) == enc.nbytes
+    assert np.array_equal(codec.decode(enc.data, enc.planes, width, len(raw)), raw)
+
+
+class _SampleOnlyCompressor:
+    """Compresses a sample to nothing and a whole plane to more than its size."""
+
+    def compress(self, data) -> bytes:
+        n = len(memoryview(data))
+        return b"\0" if n <= codec.SAMPLE_BYTES else bytes(n + 9)
+
+
+def test_a_plane_whose_frame_would_not_be_smaller_is_stored_raw(monkeypatch):
+    """A sample that compresses does not promise the whole plane does: a frame no smaller than
+    its plane is not stored (the object never grows past the raw bytes, nor its buffer)."""
+    monkeypatch.setattr(codec, "_compressor", lambda level: _SampleOnlyCompressor())
+    raw = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8)
+    enc = codec.encode(raw, 1, level=1)
+    assert enc.planes == [["raw", len(raw)]] and enc.nbytes == len(raw)
+    assert np.array_equal(codec.decode(enc.data, enc.planes, 1, len(raw)), raw)
+
+
 def _plain_decode(stored: bytes, planes: list, width: int, raw_size: int) -> np.ndarray:
     """The decoder of ckptflow before the tuned parameters (copied): zstd frames decoded by
     zstd's defaults, planes scattered into their columns."""
@@ -87,8 +120,9 @@ def test_tuned_frames_are_read_by_the_old_decoder_and_old_frames_by_the_new(dtyp
     # Frames of zstd's own level 1 (what earlier versions wrote) decode with today's decoder.
     old = codec.encode(raw, width, level=2)  # any level but the tuned one is zstd's own
     plain = zstandard.ZstdCompressor(level=1, write_content_size=True)
-    chunks, planes = [], []
-    for (c, _), chunk in zip(old.planes, old.chunks, strict=True):
+    chunks, planes, pos = [], [], 0
+    for c, length in old.planes:
+        chunk, pos = old.data[pos : pos + length], pos + length
         if c == "zstd":
             plane = zstandard.ZstdDecompressor().decompress(chunk)
             chunk = plain.compress(plane)
