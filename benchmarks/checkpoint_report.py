@@ -312,6 +312,8 @@ results in `results.json` of its `--out-dir`.
   as soon as it is written and the folders, never a whole-host sync; raw: fsync). Loads:
   warm (every file read once just before) and {"cold (page cache dropped)" if cold == {True} else "cold NOT measured (the page cache could not be dropped)"};
   each touches every byte (an xxh3 of every tensor) and is compared bitwise with the saved state.
+  ckptflow reads an object the page cache does not hold with O_DIRECT, and one it holds from
+  the cache (a warm load finds them all there).
 - DCP `FileSystemWriter(thread_count={c["threads"]})`; ckptflow `threads={c["threads"]}`, defaults
   otherwise (`compress="auto"`, zstd level 1 = the tuned parameters).
 - Async: two saves with an AdamW step between; the stall is the time until training may touch
