@@ -27,36 +27,27 @@ _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do n
 _local = threading.local()
 
 
-def _libc_sync_file_range():
+def _libc_fn(name: str, argtypes: list, restype=ctypes.c_int):
+    """A libc function with its signature set, or None where this platform lacks it."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.sync_file_range
+        fn = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
+    fn.argtypes, fn.restype = argtypes, restype
     return fn
 
 
-_sfr = _libc_sync_file_range() if os.uname().sysname == "Linux" else None
-
-
-def _libc_mincore():
-    """libc's mmap, mincore and munmap (the page-cache residency of a file: `cached`)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        mm, mc, mu = libc.mmap, libc.mincore, libc.munmap
-    except (OSError, AttributeError):
-        return None, None, None
-    mm.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    mm.argtypes += [ctypes.c_int64]
-    mm.restype = ctypes.c_void_p
-    mc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    mu.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return mm, mc, mu
-
-
-_mmap, _mincore, _munmap = _libc_mincore()
+_SFR_ARGS = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_sfr = _libc_fn("sync_file_range", _SFR_ARGS) if os.uname().sysname == "Linux" else None
+# mmap, mincore and munmap: the page-cache residency of a file (`cached`)
+_mmap = _libc_fn(
+    "mmap",
+    [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_int64],
+    ctypes.c_void_p,
+)
+_mincore = _libc_fn("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p])
+_munmap = _libc_fn("munmap", [ctypes.c_void_p, ctypes.c_size_t])
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -246,7 +237,7 @@ def cached(fd: int) -> bool:
     that is never touched. (A read with RWF_NOWAIT would answer too, but on a miss it starts
     the read-ahead it declines to wait for: the file went through the cache after all.) False
     where the platform cannot tell."""
-    if _mincore is None:
+    if None in (_mmap, _mincore, _munmap):
         return False
     addr = _mmap(None, ALIGN, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == _MAP_FAILED:
