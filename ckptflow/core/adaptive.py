@@ -1,66 +1,124 @@
-"""Whether compressing pays on a root: a cheap running estimate, per root, of what a writer
-thread spends per raw byte of a part stored raw and of one stored compressed (the adaptive
-codec, `compress="auto"`).
+"""Whether compressing pays on a root: cheap running estimates, per root, of what storing a
+part raw and compressed would cost the whole save (the adaptive codec, `compress="auto"`).
 
-The cost of a part is measured end to end: byte grouping, compression, hashing and the write
-in the writer thread, plus the object's share of the time its sync took until the bytes are
-durable (local objects go with O_DIRECT and are fdatasynced by other threads, PartCost; an
-upload is durable when it returns and includes the network's time). That is what a save waits
-for, with every hidden cost in it (the gather before compression, threads competing for cores,
-a disk that is slow today, a virtual disk that takes writes into a cache and pays at the
-flush), where a model from separate speeds (compressor bytes/s against storage bytes/s) missed
-the gather and mis-chose on fast disks.
+A save runs two resources at once: the writer threads' CPU (byte grouping, zstd, hashing)
+and the storage (a disk, or the link to an object store), which serves every thread's writes.
+So each is measured on its own:
 
-Each root keeps one estimate per mode, exponentially weighted by bytes, for the life of the
-process, so a job's saves learn from each other. Storing raw is measured first (it costs the
-least CPU to find out); compressing is measured on a SAMPLE of a part that was stored raw:
-its first bytes are encoded (byte grouping, zstd, the hash) and thrown away, and the
-compressed mode's cost per raw byte is that encoding time plus the measured raw cost of the
-bytes it would still store (a part compressed whole only to measure it cost a fresh process's
-first save ~20% of its bytes compressed on a disk where raw wins, +0.4 CPU-s per GiB). Until
-both modes have MIN_EVIDENCE bytes measured, parts go raw and are sampled; after that the
-cheaper mode is used, and one part in EXPLORE is measured the other way (sampled when raw
-wins, stored raw when compressing wins; a compressed part is measured end to end), so the
-estimate of the mode not in use follows the storage when it speeds up or slows down. Parts
-under MIN_PART are not measured (what one costs is mostly fixed overhead, which would drown the
-per-byte figures) but follow the mode the estimates favour (compressed until they are known):
-packed into shared objects (packing.py), their bytes cost what a large part's bytes cost.
+- the storage's busy time per stored byte: the time during which at least one write of this
+  root was in flight, from the write's start until the object is durable (a local object's
+  fdatasync included: a virtual disk that takes O_DIRECT writes into a cache pays at the
+  flush), over the bytes that became durable meanwhile (StorageMeter);
+- the writer's CPU seconds per raw byte in each mode before its write (`time.thread_time()`;
+  the write's own time, the CPU of its copies included, is the storage's), and the
+  compressed stored/raw ratio.
+
+A save of a raw byte then costs at least the largest of: the storage's time for the bytes the
+mode stores, the CPU spread over the cores the writer threads may use, and one thread's CPU
+plus its own write spread over the writer threads (a thread encodes, then waits for its
+write). Priced per thread as if each encoded and then wrote alone (the previous model), the
+encoding of one thread was charged as if the device sat idle meanwhile; on a disk shared by
+two threads `auto` stored raw where compressing made a 1 GiB save 1.2-1.3x faster.
+
+Each root keeps its estimates, exponentially weighted by bytes, for the life of the process,
+so a job's saves learn from each other. Storing raw is measured first (it costs the least CPU
+to find out); compressing is measured on a SAMPLE of a part that was stored raw: its first
+bytes are encoded (byte grouping, zstd, the hash) and thrown away (a part compressed whole
+only to measure it cost a fresh process's first save ~20% of its bytes compressed on a disk
+where raw wins, +0.4 CPU-s per GiB). Until every estimate has MIN_EVIDENCE bytes, parts go raw
+and are sampled; after that the cheaper mode is used, and one part in EXPLORE is measured the
+other way (sampled when raw wins, stored raw when compressing wins), so the CPU estimate of the
+mode not in use stays fresh; the storage is measured by every write. Parts under MIN_PART are
+not measured (what one costs is mostly fixed overhead, which would drown the per-byte figures)
+but follow the mode the estimates favour (compressed until they are known): packed into shared
+objects (packing.py), their bytes cost what a large part's bytes cost.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 # Smaller parts are not measured: they follow Policy.favoured(). (The same 1 MiB as
 # packing.PACK_PART, for another reason: that is where a part is worth an object of its own.)
 MIN_PART = 1 << 20
-MIN_EVIDENCE = 8 << 20  # raw bytes measured per mode before the estimates decide
+MIN_EVIDENCE = 8 << 20  # raw bytes behind each estimate before the estimates decide
 HALF_BYTES = 256 << 20  # an observation of this many bytes moves an estimate halfway
 EXPLORE = 16  # one decided part in this many takes the other mode (keeps its estimate fresh)
-SAMPLE = 1 << 20  # raw bytes of a part encoded to measure what compressing it would cost
+# Raw bytes of a part encoded to measure what compressing it would cost (1 MiB measured
+# 1.15 CPU-s per GiB, 4 MiB and more 0.91-0.96: the fixed cost of each call weighed on less).
+SAMPLE = 4 << 20
 
 
 class Estimate:
-    """A running estimate of seconds per byte, weighted by the bytes of each observation."""
+    """A running estimate of a quantity per byte (seconds, or stored bytes), weighted by the
+    bytes of each observation."""
 
-    def __init__(self, s_per_byte: float | None = None, evidence: int = 0):
+    def __init__(self, per_byte: float | None = None, evidence: int = 0):
         self._lock = threading.Lock()
-        self.s_per_byte, self.evidence = s_per_byte, evidence
+        self.per_byte, self.evidence = per_byte, evidence
 
-    def add(self, nbytes: int, seconds: float) -> None:
-        if nbytes <= 0 or seconds < 0:
+    def add(self, nbytes: int, amount: float) -> None:
+        if nbytes <= 0 or amount < 0:
             return
-        x = seconds / nbytes
+        x = amount / nbytes
         w = nbytes / (nbytes + HALF_BYTES)
         with self._lock:
-            old = self.s_per_byte
-            self.s_per_byte = x if old is None else old + w * (x - old)
+            old = self.per_byte
+            self.per_byte = x if old is None else old + w * (x - old)
             self.evidence += nbytes
 
     def value(self, min_evidence: int = 0) -> float | None:
         with self._lock:
-            return self.s_per_byte if self.evidence >= min_evidence else None
+            return self.per_byte if self.evidence >= min_evidence else None
+
+
+class StorageMeter:
+    """The storage's busy time per stored byte: time with at least one write of the root in
+    flight (start of the write to the object durable), over the bytes made durable meanwhile.
+    Overlapping writes are counted once, so two threads sharing one disk measure the disk,
+    not twice its time."""
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self.estimate = Estimate()
+        self._now, self._lock = now, threading.Lock()
+        self._inflight, self._busy, self._last = 0, 0.0, now()
+
+    def _advance(self) -> None:
+        t = self._now()
+        if self._inflight:
+            self._busy += t - self._last
+        self._last = t
+
+    def begin(self) -> None:
+        """A write starts."""
+        with self._lock:
+            self._advance()
+            self._inflight += 1
+
+    def end(self, nbytes: int) -> None:
+        """A write that began is durable with `nbytes` stored (0: it failed; its time goes to
+        the next write's bytes)."""
+        with self._lock:
+            self._advance()
+            self._inflight -= 1
+            if nbytes <= 0:
+                return
+            busy, self._busy = self._busy, 0.0
+        self.estimate.add(nbytes, busy)
+
+
+class Costs:
+    """One root's estimates (process-wide, shared by its saves)."""
+
+    def __init__(self):
+        self.storage = StorageMeter()
+        self.cpu_raw = Estimate()  # writer CPU seconds per raw byte, stored raw
+        self.cpu_packed = Estimate()  # writer CPU seconds per raw byte, compressed
+        self.ratio = Estimate()  # stored bytes per raw byte, compressed
 
 
 class Decision(NamedTuple):
@@ -71,93 +129,97 @@ class Decision(NamedTuple):
     sample: bool = False
 
 
-class Policy:
-    """Chooses, part by part, between storing raw and compressed, from one root's estimates."""
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
 
-    def __init__(self, raw: Estimate, packed: Estimate):
-        self.raw, self.packed = raw, packed
+
+def save_seconds(cpu: float, ratio: float, storage: float, workers: int, cores: int) -> float:
+    """Seconds a save spends per raw byte at least: the storage's time for the bytes stored,
+    the CPU over the cores the writers may use, or each writer's CPU and own write in turn."""
+    stored = ratio * storage
+    return max(stored, cpu / max(1, min(workers, cores)), (cpu + stored) / max(1, workers))
+
+
+class Policy:
+    """Chooses, part by part, between storing raw and compressed, from one root's estimates,
+    for a save with `workers` writer threads."""
+
+    def __init__(self, costs: Costs, workers: int = 1, cores: int | None = None):
+        self.costs, self.workers = costs, workers
+        self.cores = usable_cores() if cores is None else cores
         self._lock = threading.Lock()
         self._decided = 0
 
+    @property
+    def meter(self) -> StorageMeter:
+        return self.costs.storage
+
+    def seconds(self) -> tuple[float, float] | None:
+        """(raw, compressed) seconds per raw byte of the save, or None until all is measured."""
+        c = self.costs
+        known = [
+            e.value(MIN_EVIDENCE) for e in (c.storage.estimate, c.cpu_raw, c.cpu_packed, c.ratio)
+        ]
+        if None in known:
+            return None
+        storage, cpu_raw, cpu_packed, ratio = known
+        w, n = self.workers, self.cores
+        return (
+            save_seconds(cpu_raw, 1.0, storage, w, n),
+            save_seconds(cpu_packed, ratio, storage, w, n),
+        )
+
     def decide(self) -> Decision:
         """How the next part is stored (see the module docstring)."""
-        r, c = self.raw.value(MIN_EVIDENCE), self.packed.value(MIN_EVIDENCE)
-        if r is None or c is None:  # measure: raw first, compressing on a sample of it
+        costs = self.seconds()
+        if costs is None:  # measure: raw first, compressing on a sample of it
             return Decision(False, sample=True)
         with self._lock:
             self._decided += 1
             explore = self._decided % EXPLORE == 0
-        if c < r:
+        raw, packed = costs
+        if packed < raw:
             return Decision(not explore)
         return Decision(False, sample=explore)
 
     def favoured(self) -> bool:
-        """The mode the estimates favour now, without exploring (compressing until both are
+        """The mode the estimates favour now, without exploring (compressing until all are
         known): how parts too small to measure are stored."""
-        r, c = self.raw.value(MIN_EVIDENCE), self.packed.value(MIN_EVIDENCE)
-        return r is None or c is None or c < r
+        costs = self.seconds()
+        return costs is None or costs[1] < costs[0]
 
-    def observe(self, compressed: bool, raw_bytes: int, seconds: float) -> None:
-        """A writer thread spent `seconds` encoding and storing a part of `raw_bytes`."""
-        (self.packed if compressed else self.raw).add(raw_bytes, seconds)
+    def observe(self, compressed: bool, raw_bytes: int, cpu: float, stored: int) -> None:
+        """A writer thread spent `cpu` CPU seconds encoding a part of `raw_bytes` into `stored`
+        bytes (and hashing it) before writing them."""
+        if compressed:
+            self.costs.cpu_packed.add(raw_bytes, cpu)
+            self.costs.ratio.add(raw_bytes, stored)
+        else:
+            self.costs.cpu_raw.add(raw_bytes, cpu)
 
-    def observe_sample(self, part_bytes: int, sample: int, seconds: float, stored: int) -> None:
-        """Encoding the first `sample` raw bytes of a part of `part_bytes` (stored raw, its cost
-        measured) took `seconds` and gave `stored` bytes: compressing that part would have cost
-        the encoding plus the raw cost of the bytes left to store. Counted as evidence of the
-        whole part (it stands for it)."""
-        r = self.raw.value()
-        if r is None or sample <= 0:
+    def observe_sample(self, part_bytes: int, sample: int, cpu: float, stored: int) -> None:
+        """Encoding the first `sample` raw bytes of a part of `part_bytes` (stored raw, its CPU
+        observed) took `cpu` CPU seconds and gave `stored` bytes: compressing the part would
+        have cost that encoding on top of what storing it raw cost the thread. Counted as
+        evidence of the whole part (it stands for it)."""
+        raw_cpu = self.costs.cpu_raw.value()
+        if raw_cpu is None or sample <= 0:
             return
-        self.packed.add(part_bytes, part_bytes * (seconds / sample + r * stored / sample))
+        self.costs.cpu_packed.add(part_bytes, part_bytes * (cpu / sample + raw_cpu))
+        self.costs.ratio.add(part_bytes, part_bytes * stored / sample)
 
 
 _lock = threading.Lock()
-_estimates: dict[tuple, tuple[Estimate, Estimate]] = {}
+_costs: dict[tuple, Costs] = {}
 
 
-def policy_for(location: tuple, level: int) -> Policy:
-    """The process-wide estimates of a root (`Storage.location()`) at a zstd level."""
+def policy_for(location: tuple, level: int, workers: int = 1) -> Policy:
+    """A policy over the process-wide estimates of a root (`Storage.location()`) at a zstd
+    level, for a save with `workers` writer threads."""
     with _lock:
-        raw, packed = _estimates.setdefault((tuple(location), level), (Estimate(), Estimate()))
-    return Policy(raw, packed)
-
-
-class PartCost:
-    """What storing one part cost, observed once both halves are in: the writer thread's time
-    (with a sample's encoding, when one was taken) and the object's share of the time its
-    sync took (a local object is made durable by another thread, after the write).
-
-    Without the sync, a disk whose O_DIRECT writes land in a cache and whose flushes are slow
-    (a virtual disk) looked nearly free to write raw: `auto` stored raw where compressing
-    made the whole save 1.4x faster."""
-
-    def __init__(self, policy: Policy, compressed: bool, raw_bytes: int):
-        self.policy, self.compressed, self.raw_bytes = policy, compressed, raw_bytes
-        self._lock = threading.Lock()
-        self._thread: tuple | None = None
-        self._sync: float | None = None
-
-    def thread(self, seconds: float, sample: tuple[int, float, int] | None = None) -> None:
-        """The writer thread spent `seconds` (a raw part: `sample` is (bytes encoded, their
-        encoding seconds, bytes they encoded to), or None)."""
-        with self._lock:
-            self._thread = (seconds, sample)
-            ready = self._sync is not None
-        if ready:
-            self._observe()
-
-    def synced(self, share: float) -> None:
-        """The object is durable; `share` seconds of sync time are this object's (0 where the
-        write was durable by itself, as an upload is)."""
-        with self._lock:
-            self._sync = share
-            ready = self._thread is not None
-        if ready:
-            self._observe()
-
-    def _observe(self) -> None:
-        seconds, sample = self._thread
-        self.policy.observe(self.compressed, self.raw_bytes, seconds + self._sync)
-        if sample is not None:  # after the raw cost it is measured against
-            self.policy.observe_sample(self.raw_bytes, *sample)
+        costs = _costs.setdefault((tuple(location), level), Costs())
+    return Policy(costs, workers)

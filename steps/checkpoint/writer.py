@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 from ckptflow.steps.checkpoint.durability import Durability
@@ -43,6 +44,7 @@ from ckptflow.core.storage import AlreadyExists
 from ckptflow.core.uris import OBJECT_STORES
 
 log = logging.getLogger("ckptflow.checkpoint")
+_thread = threading.local()  # per writer thread: whether its encoder is warm (_sample)
 
 
 class SafeSavePlanner(DefaultSavePlanner):
@@ -104,6 +106,8 @@ class CkptStorageWriter(StorageWriter):
         # Object stores are latency-bound: more uploads in flight than CPU threads. (Local
         # O_DIRECT writes with two in flight per thread: 0.96-0.98 of the wall time, +17% CPU.)
         workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
+        if job.policy is not None:
+            job.policy.workers = workers  # what `auto` weighs: writers sharing the storage
         self._syncs = Durability(job)
         self._packer = Packer(self._write_object)
         try:
@@ -225,19 +229,25 @@ class CkptStorageWriter(StorageWriter):
 
     def _sample(self, raw: np.ndarray, width: int) -> tuple[int, float, int]:
         """What compressing a part stored raw would have cost, measured on its first bytes
-        (encoded and thrown away; adaptive.py): (bytes, seconds, bytes they encoded to)."""
+        (encoded and thrown away; adaptive.py): (bytes, CPU seconds, bytes they encoded to)."""
         n = min(len(raw), adaptive.SAMPLE)
         n -= n % max(width, 1)
-        t0 = time.perf_counter()
+        if not getattr(_thread, "warm", False):
+            # A thread's first encoding creates its zstd context and faults in its buffers
+            # (5.5 CPU-s per GiB on a 1 MiB sample, against 1.1 after): that measured one-off
+            # set-up, not what compressing costs, and tipped `auto` to raw on a slow disk.
+            codec.encode(raw[:n], width, self.job.level, True).digest()
+            _thread.warm = True
+        t0 = time.thread_time()
         enc = codec.encode(raw[:n], width, self.job.level, True)
         enc.digest()  # a compressed object is hashed too (its name)
-        return n, time.perf_counter() - t0, enc.nbytes
+        return n, time.thread_time() - t0, enc.nbytes
 
     def _encode_and_write(
         self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
     ) -> dict:
         job = self.job
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         decision = self._decision(len(raw), base is not None, like)
         packed = decision.compress
         kind = None
@@ -266,16 +276,16 @@ class CkptStorageWriter(StorageWriter):
         key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
         rec["object"], rec["stored_size"] = key, enc.nbytes
         # (a delta's cost says nothing of what a full part costs either way)
-        measured = job.policy is not None and base is None
-        cost = adaptive.PartCost(job.policy, packed, len(raw)) if measured else None
-        if self._write_object(key, enc, cost) and cost is not None:
-            spent = time.perf_counter() - t0
-            cost.thread(spent, self._sample(raw, width) if decision.sample else None)
+        measured = job.policy is not None and base is None and len(raw) >= adaptive.MIN_PART
+        cpu = time.thread_time() - t0  # the write's own time, its CPU too, is the storage's
+        if self._write_object(key, enc) and measured:
+            job.policy.observe(packed, len(raw), cpu, enc.nbytes)
+            if decision.sample:  # after the raw CPU it is priced against
+                job.policy.observe_sample(len(raw), *self._sample(raw, width))
         return rec
 
-    def _write_object(self, key: str, enc: codec.Encoded, cost=None) -> bool:
-        """Store one object unless it is there already, sound; True when bytes were written
-        (then `cost`, an adaptive.PartCost, learns its share of the sync time)."""
+    def _write_object(self, key: str, enc: codec.Encoded) -> bool:
+        """Store one object unless it is there already, sound; True when bytes were written."""
         job = self.job
         st, rel = job.storage, layout.object_path(key)
         with self._lock:
@@ -289,7 +299,7 @@ class CkptStorageWriter(StorageWriter):
             os.utime(st.path(rel))
             wrote = False
         else:
-            self._store(rel, enc, cost)
+            self._store(rel, enc)
             wrote = True
             with self._lock:
                 job.written_bytes += enc.nbytes
@@ -298,18 +308,27 @@ class CkptStorageWriter(StorageWriter):
             job.written.add(key)
         return wrote
 
-    def _store(self, rel: str, enc: codec.Encoded, cost=None) -> None:
+    def _store(self, rel: str, enc: codec.Encoded) -> None:
         """Write one object. Local ones go with O_DIRECT where the filesystem allows (no
         page-cache copy); the sync threads then make each durable (started now, so the save
-        ends when its last object is durable while the writer threads go on writing). `cost`
-        learns the object's share of its sync: with the write's time, what it cost to store."""
+        ends when its last object is durable while the writer threads go on writing). Under
+        `auto`, the root's storage meter counts the object busy from the write's start until
+        it is durable (the fdatasync included: adaptive.StorageMeter)."""
         st = self.job.storage
         local = st.protocol == "file"
-        st.write(rel, enc.chunks, durable=not local, direct=local)
+        meter = self.job.policy.meter if self.job.policy is not None else None
+        if meter is not None:
+            meter.begin()
+        try:
+            st.write(rel, enc.chunks, durable=not local, direct=local)
+        except BaseException:
+            if meter is not None:
+                meter.end(0)
+            raise
         if local:
-            self._syncs.submit(rel, None if cost is None else cost.synced)
-        elif cost is not None:
-            cost.synced(0.0)  # durable when the write returned (its time is the thread's)
+            self._syncs.submit(rel, None if meter is None else partial(meter.end, enc.nbytes))
+        elif meter is not None:
+            meter.end(enc.nbytes)  # durable when the write returned
 
     def _capture(self, item_key: str, index: int, raw: np.ndarray, rec: dict) -> None:
         """Keep a host copy of a full part as the base of later deltas (buffers are reused)."""
