@@ -5,6 +5,8 @@ sample of a part stored raw, so finding out costs little."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -195,3 +197,38 @@ def test_parts_too_small_to_measure_follow_the_favoured_mode_compressed_until_kn
     assert _policy(storage=10e-9).favoured() is True
     p = _policy(storage=0.2e-9)
     assert [p.favoured() for _ in range(2 * adaptive.EXPLORE)] == [False] * 2 * adaptive.EXPLORE
+
+
+def _cgroup(tmp_path, files: dict) -> str:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "files, quota",
+    [
+        ({"cpu.max": "400000 100000\n"}, 4.0),  # v2: a pod limited to 4 CPUs
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),  # v2: no limit
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1
+        ({"cpu.max": "garbage\n"}, None),
+        ({"cpu.max": "0 100000\n"}, None),
+        ({}, None),  # no cgroup files: a host outside any container
+    ],
+)
+def test_a_cgroup_cpu_quota_is_read_v2_or_v1(tmp_path, files, quota):
+    assert adaptive.cpu_quota(_cgroup(tmp_path, files)) == quota
+
+
+def test_the_cores_are_the_affinity_mask_capped_by_the_quota(tmp_path):
+    """A pod limited to 1.5 CPUs on a bigger node: its encoding runs on 2 at most."""
+    mask = len(os.sched_getaffinity(0))
+    assert adaptive.usable_cores(_cgroup(tmp_path / "none", {})) == mask
+    limited = _cgroup(tmp_path / "pod", {"cpu.max": "150000 100000\n"})
+    assert adaptive.usable_cores(limited) == min(mask, 2)
+    tiny = _cgroup(tmp_path / "tiny", {"cpu.max": "10000 100000\n"})  # 0.1 CPU
+    assert adaptive.usable_cores(tiny) == 1
