@@ -81,32 +81,48 @@ def start_runner(tmp_path):
             proc.communicate(timeout=60)
 
 
-def live_net_namespaces() -> set[int]:
+def _ticks_since_boot() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def live_net_namespaces(started_before: int | None = None) -> set[int]:
+    """The network namespaces live processes are in; with `started_before` (clock ticks since
+    boot), only those of processes started before then.
+
+    A freed namespace's inode number is the next one the kernel hands out: under xdist a pod
+    of another test, started after this runner was stopped, was found in the runner's pod's
+    inode (CI, once). A process of this runner's pods was started before it was stopped."""
     out = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            out.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ino = os.stat(f"/proc/{pid}/ns/net").st_ino
+            with open(f"/proc/{pid}/stat") as f:  # field 22: the start time (after the comm)
+                started = int(f.read().rsplit(")", 1)[1].split()[19])
+            if started_before is None or started < started_before:
+                out.add(ino)
     return out
 
 
-def assert_nothing_left(made: dict) -> None:
+def assert_nothing_left(made: dict, stopped: int) -> None:
+    """Nothing of the runner's pods is left; `stopped`: when it was stopped (ticks)."""
     deadline = time.monotonic() + 10
     while any(os.path.exists(f"/proc/{pid}") for pid in made["pids"]):
         assert time.monotonic() < deadline, "a pod process survived"
         time.sleep(0.05)
     found = leftovers(made["tag"])
     assert not any(found.values()), found
-    assert not set(made["netns"]) & live_net_namespaces()
+    assert not set(made["netns"]) & live_net_namespaces(started_before=stopped)
 
 
 @pytest.mark.parametrize(("sig", "style"), [(signal.SIGINT, "atexit"), (signal.SIGTERM, "with")])
 def test_an_interrupted_runner_cleans_up(start_runner, sig, style):
     proc, made = start_runner(style)
+    stopped = _ticks_since_boot()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert "teardown" not in err, err
-    assert_nothing_left(made)
+    assert_nothing_left(made, stopped)
 
 
 def test_a_killed_runner_is_swept(start_runner):
@@ -117,9 +133,10 @@ def test_a_killed_runner_is_swept(start_runner):
     found = leftovers(made["tag"])
     assert found["links"] and found["cgroups"] and found["mounts"] and found["state"]
     assert all(os.path.exists(f"/proc/{pid}") for pid in made["pids"])  # pods outlive it
+    stopped = _ticks_since_boot()
     removed = sweep(PREFIX)
     assert any(made["tag"] in r for r in removed)
-    assert_nothing_left(made)
+    assert_nothing_left(made, stopped)
 
 
 def test_sweep_spares_live_nodes():
