@@ -53,7 +53,7 @@ run: $(STAMP)
 
 test: $(STAMP) $(AZURITE)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n auto --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadscope
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

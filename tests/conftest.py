@@ -50,10 +50,17 @@ def s3_bucket(s3_env):
     return name
 
 
-# Modules that run workflows as pods (namespaces, a bridge, cgroups, torch in every rank pod):
-# under pytest-xdist (`make test`) they run one at a time, on one worker, beside the rest of the
-# suite, so no two workflows of rank pods compete for 2 cores while the tests assert their
-# deadlines (the runner itself takes concurrent nodes: a subnet each, names by pid).
+# How `make test` (pytest-xdist) shares the suite between its workers: a group's tests run on
+# one worker, in order; groups that take minutes are handed out first (a long group started
+# last runs alone at the end: test_node_loss, 11 minutes, came last in collection order).
+# Measured with --durations at 6f9c62e. (xdist's own `xdist_group` marks do nothing under
+# pytest 9.2: xdist 3.8 renames `item._nodeid`, which pytest no longer reads, so every
+# module's tests were spread over both workers and each worker built the module fixtures
+# again: the fine-tune runs twice, 154 s each, the pretrain pipeline four times.)
+#
+# Modules that run workflows as pods (namespaces, a bridge, cgroups, torch in every rank pod)
+# run one at a time, so no two workflows of rank pods compete for 2 cores while the tests
+# assert their deadlines (the runner itself takes concurrent nodes: a subnet each, names by pid).
 POD_MODULES = {
     "test_isolation",
     "test_isolation_pretrain",
@@ -65,20 +72,51 @@ POD_MODULES = {
     "test_preempt_pods",
     "test_runner_argo_examples",
 }
+# Modules that share a session-cached fixture: together, it is built once.
+SHARED = {
+    "test_finetune": "finetuned",  # the `finetuned` runs (tests/steps/test_finetune.py)
+    "test_select": "finetuned",
+    "test_mlflow_lineage": "finetuned",
+    "test_pretrain": "pipeline",  # `pipeline_run` (tests/steps/test_pretrain.py)
+    "test_evaluate": "pipeline",
+}
+LONG_FIRST = ("pods", "finetuned", "pipeline")
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: its module's, or the group its module shares."""
+    path = nodeid.split("::", 1)[0]
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    if module in POD_MODULES:
+        return "pods"
+    return SHARED.get(module, path)
+
+
+def _long_first(nodeid: str) -> int:
+    group = group_of(nodeid)
+    return LONG_FIRST.index(group) if group in LONG_FIRST else len(LONG_FIRST)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling, by group_of() in the order of the collection (which
+    pytest_collection_modifyitems puts the long groups first in)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # its order is by test count, not duration
+    return GroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip minio/cluster tests with a clear reason when their infrastructure is absent; under
-    xdist's loadgroup, a module's tests stay on one worker (a module fixture that trains a run
-    was set up once per worker: the fine-tune suite's twice, 2 min each) and the pod modules
-    all on one (POD_MODULES)."""
+    """Skip minio/cluster tests with a clear reason when their infrastructure is absent; put
+    the long groups first (a stable sort: the rest keep their order)."""
+    items.sort(key=lambda item: _long_first(item.nodeid))
     minio_up = bool(os.environ.get("CKPTFLOW_MINIO_ENDPOINT"))
     cluster_tools = all(shutil.which(t) for t in ("docker", "k3d", "kubectl"))
     for item in items:
-        mod = getattr(item, "module", None)
-        module = mod.__name__ if mod is not None else item.nodeid.split("::")[0]
-        pods = module.rsplit(".", 1)[-1] in POD_MODULES
-        item.add_marker(pytest.mark.xdist_group("pods" if pods else module))
         if "minio" in item.keywords and not minio_up:
             item.add_marker(
                 pytest.mark.skip(

@@ -36,6 +36,7 @@ objects (packing.py), their bytes cost what a large part's bytes cost.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -145,6 +146,13 @@ def usable_cores(cgroup: str = CGROUP) -> int:
     return max(1, n)
 
 
+@functools.cache
+def process_cores() -> int:
+    """usable_cores() of this process, read once: a save's policy is made on the path an async
+    save stalls training on, and the cgroup files are a filesystem read each time."""
+    return usable_cores()
+
+
 def cpu_quota(cgroup: str = CGROUP) -> float | None:
     """The CPUs a cgroup's quota grants (v2 `cpu.max`, or v1 `cpu.cfs_quota_us` over
     `cpu.cfs_period_us`), or None where there is no quota or it cannot be read."""
@@ -181,7 +189,7 @@ class Policy:
 
     def __init__(self, costs: Costs, workers: int = 1, cores: int | None = None):
         self.costs, self.workers = costs, workers
-        self.cores = usable_cores() if cores is None else cores
+        self.cores = process_cores() if cores is None else cores
         self._lock = threading.Lock()
         self._decided = 0
 

@@ -10,7 +10,6 @@ no step is named, falls back from a corrupt newest checkpoint to the newest vali
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -78,7 +77,7 @@ class Checkpointer:
         self.root = self.storage.uri
         self.full_every = full_every
         self.level, self.compress = compression_level, compress
-        self.threads = threads or min(8, max(2, (os.cpu_count() or 2)))
+        self.threads = threads or min(8, max(2, adaptive.process_cores()))  # a pod's quota
         self.part_bytes = part_mib << 20
         self.pack_bytes = pack_kib << 10  # parts under this share objects (packing.py); 0: none
         self.cooperative = cooperative

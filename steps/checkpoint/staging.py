@@ -21,13 +21,14 @@ import copy
 import itertools
 import math
 import mmap
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from ckptflow.core import adaptive
 
 try:
     from torch.distributed.tensor import DTensor
@@ -61,11 +62,13 @@ def host_buffer(shape, dtype) -> torch.Tensor:
     return torch.frombuffer(mm, dtype=torch.uint8).view(dtype).view(shape)
 
 
-def default_copy_threads() -> int:
-    """The host's cores, at most MAX_COPY_THREADS: training waits for the copy, so its cores
-    are free. (On a 2-core host, 1 GiB of 396 tensors, in the benchmark's async save after an
+def default_copy_threads(cores: int | None = None) -> int:
+    """The cores this process may use (adaptive.process_cores: a pod's CPU quota, not the
+    node's cores), at most MAX_COPY_THREADS: training waits for the copy, so its cores are
+    free. (On a 2-core host, 1 GiB of 396 tensors, in the benchmark's async save after an
     AdamW step: a stall of 0.154 s with two copy threads, 0.220 s with one.)"""
-    return max(1, min(MAX_COPY_THREADS, os.cpu_count() or 1))
+    n = adaptive.process_cores() if cores is None else cores
+    return max(1, min(MAX_COPY_THREADS, n))
 
 
 class Stager:

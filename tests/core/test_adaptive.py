@@ -232,3 +232,17 @@ def test_the_cores_are_the_affinity_mask_capped_by_the_quota(tmp_path):
     assert adaptive.usable_cores(limited) == min(mask, 2)
     tiny = _cgroup(tmp_path / "tiny", {"cpu.max": "10000 100000\n"})  # 0.1 CPU
     assert adaptive.usable_cores(tiny) == 1
+
+
+def test_the_cores_are_read_once_per_process_not_per_save(monkeypatch):
+    # A policy is made for every save, on the path an async save stalls training on: reading
+    # the cgroup's files there each time is a filesystem read per save (review of c0cc1ba).
+    calls = []
+    monkeypatch.setattr(adaptive, "usable_cores", lambda *a: calls.append(a) or 3)
+    adaptive.process_cores.cache_clear()
+    try:
+        cores = [adaptive.Policy(adaptive.Costs()).cores for _ in range(3)]
+    finally:
+        adaptive.process_cores.cache_clear()
+    assert cores == [3, 3, 3]
+    assert len(calls) == 1

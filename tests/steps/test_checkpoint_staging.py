@@ -8,6 +8,7 @@ import torch
 from ckptflow.steps.checkpoint import Checkpointer, staging
 from ckptflow.steps.checkpoint.staging import Stager
 
+from ckptflow.core import adaptive
 from ckptflow.core.storage import Storage
 
 
@@ -59,10 +60,15 @@ def test_a_large_snapshot_is_copied_by_several_threads_bitwise_and_into_the_same
         stager.close()
 
 
-def test_copy_threads_default_to_the_cores_at_most_four(monkeypatch):
-    for cores, want in ((None, 1), (1, 1), (2, 2), (4, 4), (16, 4), (192, 4)):
-        monkeypatch.setattr(staging.os, "cpu_count", lambda c=cores: c)
-        assert staging.default_copy_threads() == want, cores
+def test_copy_threads_default_to_the_cores_at_most_four():
+    for cores, want in ((1, 1), (2, 2), (4, 4), (16, 4), (192, 4)):
+        assert staging.default_copy_threads(cores) == want, cores
+
+
+def test_copy_threads_follow_the_cores_the_process_may_use(monkeypatch):
+    # A pod limited to 1 CPU on a bigger node: os.cpu_count() says the node's cores.
+    monkeypatch.setattr(adaptive, "process_cores", lambda: 1)
+    assert staging.default_copy_threads() == 1
 
 
 def test_a_small_snapshot_is_copied_by_the_calling_thread_alone():
@@ -134,3 +140,11 @@ def test_large_snapshot_buffers_ask_for_huge_pages():
     assert staged["big"].dtype == torch.float32 and staged["big"].shape == state["big"].shape
     again = stager.stage(state)
     assert again["big"].data_ptr() == staged["big"].data_ptr()  # reused, as ever
+
+
+def test_checkpointer_threads_follow_the_cores_the_process_may_use(monkeypatch, tmp_path):
+    # 2 to 8 writer threads, from a pod's CPU quota (not the node's cores: 8 threads encoding
+    # on a 1-CPU pod only fight over it).
+    for cores, want in ((1, 2), (4, 4), (64, 8)):
+        monkeypatch.setattr(adaptive, "process_cores", lambda c=cores: c)
+        assert Checkpointer(str(tmp_path / "ck")).threads == want, cores
