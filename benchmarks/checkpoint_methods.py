@@ -423,11 +423,27 @@ def _ck(spec: dict, **kw):
     return Checkpointer(spec["path"], threads=spec["threads"], **kw)
 
 
+def compressed_share(manifest: dict) -> float | None:
+    """The share of the raw bytes a save wrote (reused parts left out) that it stored
+    compressed: what `compress="auto"` chose. None when it wrote nothing."""
+    written = packed = 0
+    for item in manifest["items"].values():
+        for part in item["parts"]:
+            if part.get("reused"):
+                continue
+            written += part["raw_size"]
+            if part["planes"] != [["raw", part["raw_size"]]]:
+                packed += part["raw_size"]
+    return packed / written if written else None
+
+
 def _ck_result(ck, step: int, stats, **extra) -> dict:
-    st = ck.manifest(step)["stats"]
+    m = ck.manifest(step)
+    st = m["stats"]
     return {
         "save_s": stats.stall_s,  # a synchronous save: the caller waited for all of it
         "manifest": st,
+        "compressed_share": compressed_share(m),
         "step": step,
         **extra,
     }

@@ -215,6 +215,8 @@ def _base_notes(method: str, x: dict) -> str:
         return f"new bytes / full {_f(x.get('ratio_vs_full'), '{:.3f}')}"
     if method == "ckptflow-coop2":
         return f"max rank read / stored {_f(x.get('max_read_fraction'), '{:.3f}')}; load = slowest rank"
+    if method == "ckptflow-sync" and x.get("compressed_share") is not None:
+        return f"`auto` stored {x['compressed_share']:.0%} of the bytes compressed"
     if method == "raw":
         return "dd-like ceiling (8 MiB writes + fsync; reads)"
     if method == "raw-direct":

@@ -24,3 +24,16 @@ def test_the_state_to_save_is_resident_memory_not_a_view_of_its_file(tmp_path):
         assert set(got) == set(want)
         for k, v in want.items():
             assert torch.equal(got[k], v), k
+
+
+def test_the_compressed_share_is_what_the_save_chose(tmp_path):
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    sd = {"w": torch.randn(512, 1024), "b": torch.randn(16)}
+    for compress, want in ((True, 1.0), (False, 0.0)):
+        ck = Checkpointer(str(tmp_path / str(compress)), threads=2, compress=compress)
+        ck.save(1, sd).wait()
+        assert cm.compressed_share(ck.manifest(1)) == want
+        ck.save(2, sd).wait()  # every part reused: nothing written, nothing chosen
+        assert cm.compressed_share(ck.manifest(2)) is None
+        ck.close()
