@@ -5,10 +5,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import uuid
 
 import pytest
+
+# A suite started in the background (`cmd &` in a non-interactive shell, as a CI agent may run
+# it) inherits SIGINT and SIGQUIT ignored, and an ignored signal stays ignored across exec: the
+# runners that the Ctrl-C tests start never saw their SIGINT and timed out (3 of them, CI run at
+# cd7a7ba). This process's processes stand for a terminal's foreground job: a handler (reset to
+# the default by exec) instead of SIG_IGN.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _free_port() -> int:
