@@ -106,6 +106,7 @@ def _long_first(nodeid: str) -> int:
     return LONG_FIRST.index(group) if group in LONG_FIRST else len(LONG_FIRST)
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (`-p no:xdist`) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling, by group_of() in the order of the collection (which
     pytest_collection_modifyitems puts the long groups first in)."""

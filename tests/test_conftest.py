@@ -39,3 +39,14 @@ def test_under_xdist_each_module_runs_on_one_worker():
         workers[nodeid.split("::")[0]].add(worker)
     assert set(workers) == set(modules), out.stdout[-3000:]
     assert all(len(w) == 1 for w in workers.values()), dict(workers)
+
+
+def test_the_suite_runs_without_xdist_too():
+    """The scheduler hook is xdist's: without xdist (`-p no:xdist`) pytest refused the conftest
+    ("unknown hook 'pytest_xdist_make_scheduler'") until it was marked optional."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "tests/core/test_jsonfile.py"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:]
