@@ -4,7 +4,7 @@ A script, not a test: `python benchmarks/async_stall.py [--gib 1] [--repeats 5]`
 runs in its own fresh process (a first save is only first once per process), interleaved with
 the others in every repeat; medians over the repeats, and per repeat the ratio to DCP with a
 reused DefaultStager of the same repeat. Every process saves the same LLM-shaped fp32 state
-(benchmarks/checkpoint_methods.py) twice, asynchronously, with one AdamW-like in-place update
+(benchmarks/llm_state.py) twice, asynchronously, with one AdamW-like in-place update
 in between, on local disk:
 
 - ckptflow: `save(block=False)` twice, no preparation (the first stall faults in fresh pages);
@@ -122,12 +122,12 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(child(*a.child)), flush=True)
         return 0
     sys.path.insert(0, os.path.dirname(HERE))
-    from benchmarks import checkpoint_methods as cm
+    from benchmarks import llm_state
 
     rows: dict = {m: [] for m in METHODS}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as work:
         state = os.path.join(work, "state.safetensors")
-        cm.make_state(int(a.gib * (1 << 30)), state)
+        llm_state.make_state(int(a.gib * (1 << 30)), state)
         for r in range(a.repeats):
             for m in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
                 rows[m].append(run_child(m, state, work))

@@ -44,6 +44,8 @@ sys.path.insert(0, HERE)
 import checkpoint_methods as cm  # noqa: E402
 from checkpoint_report import docs, markdown, summarize, targets  # noqa: E402
 
+from benchmarks import llm_state, probes  # noqa: E402
+
 GIB = float(1 << 30)
 METHODS = [
     "raw",
@@ -220,7 +222,7 @@ def run_child(spec: dict, timeout_s: int) -> dict:
 
 def cleanup(uri: str) -> None:
     for suffix in ("", "-hashed", "-warmup", "-warmup-hashed"):
-        cm.remove(uri + suffix)
+        probes.remove(uri + suffix)
 
 
 def measure(cfg: Config, method: str, backend: str, dtype: str, base: str, work: str, raw_bytes):
@@ -333,7 +335,7 @@ def run(cfg: Config) -> dict:
         f"generating a {total / GIB:.3f} GiB fp32 state (weights + AdamW moments) ...", flush=True
     )
     t0 = time.perf_counter()
-    meta = cm.make_state(total, os.path.join(scratch, "state.safetensors"))
+    meta = llm_state.make_state(total, os.path.join(scratch, "state.safetensors"))
     with open(os.path.join(scratch, "meta.json"), "w") as f:
         json.dump(meta, f)
     raw_bytes = os.path.getsize(os.path.join(scratch, "state.safetensors"))

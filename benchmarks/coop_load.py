@@ -1,7 +1,7 @@
 """Cooperative load (2 gloo ranks on one host) against a plain single-rank load of the same step.
 
 A script, not a test: `python benchmarks/coop_load.py [--gib 1] [--repeats 5]`. The LLM-shaped
-fp32 state of benchmarks/checkpoint_methods.py is saved once with ckptflow; then each repeat
+fp32 state of benchmarks/llm_state.py is saved once with ckptflow; then each repeat
 runs, interleaved in a rotating order, each method in fresh processes, warm page cache for all:
 - plain: one process loads the whole state (the target's reference);
 - plain2: two ranks each load the whole state without cooperating, at the same time (what a
@@ -53,7 +53,7 @@ def child(spec: dict) -> dict:
     sys.path.insert(0, os.path.dirname(HERE))
     from ckptflow.steps.checkpoint import Checkpointer
 
-    from benchmarks import checkpoint_methods as cm
+    from benchmarks import llm_state, probes
 
     torch.set_num_threads(1)
     if spec.get("pinned"):  # this rank alone on one core, as ranks of a host have their own
@@ -62,23 +62,23 @@ def child(spec: dict) -> dict:
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
         dist.init_process_group("gloo", rank=spec["rank"], world_size=world)
-    expect = cm.read_json(spec["expect"])
+    expect = probes.read_json(spec["expect"])
     ck = Checkpointer(
         spec["root"], cooperative=spec.get("cooperative", True), threads=spec.get("threads", 4)
     )
     base = _rss("VmRSS")
-    sd = cm.template(expect)
+    sd = llm_state.template(expect)
     for v in sd.values():  # the destination is resident before the load (as a model is)
         v.reshape(-1).view(torch.uint8).numpy()[::4096] = 1
     if world > 1:
         dist.barrier()
-    cm.reset_peak_rss()  # VmHWM from here on is the load's peak
+    probes.reset_peak_rss()  # VmHWM from here on is the load's peak
     before = _rss("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
     ck.load(sd, 1)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = _rss("VmHWM")
-    if cm.digests(sd) != expect["digests"]:
+    if llm_state.digests(sd) != expect["digests"]:
         raise SystemExit(f"rank {spec['rank']}: the loaded state differs from the saved one")
     if world > 1:
         dist.barrier()
@@ -161,22 +161,22 @@ def main(argv=None) -> int:
     from ckptflow.steps.checkpoint import Checkpointer
     from safetensors.torch import load_file
 
-    from benchmarks import checkpoint_methods as cm
+    from benchmarks import llm_state
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as work:
         path = os.path.join(work, "state.safetensors")
-        cm.make_state(int(a.gib * GIB), path)
+        llm_state.make_state(int(a.gib * GIB), path)
         sd = load_file(path)
         root = os.path.join(work, "ckpt")
         ck = Checkpointer(root)
         ck.save(1, sd)
         ck.close()
         with open(os.path.join(work, "expect.json"), "w") as f:
-            json.dump(cm.expectation(sd), f)
+            json.dump(llm_state.expectation(sd), f)
         base = {
             "root": root,
             "expect": os.path.join(work, "expect.json"),
-            "state_bytes": cm.nbytes(sd),
+            "state_bytes": llm_state.nbytes(sd),
             "stored_bytes": ck.manifest(1)["stats"]["stored_bytes"],
         }
         del sd

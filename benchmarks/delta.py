@@ -1,7 +1,7 @@
 """Delta checkpoints after 10 AdamW steps (fp32): new bytes of a delta / a full save's bytes.
 
 A script, not a test: `python benchmarks/delta.py [--mib 256] [--repeats 5]`. Each repeat
-saves the LLM-shaped state of benchmarks/checkpoint_methods.py in full, runs 10 AdamW steps at
+saves the LLM-shaped state of benchmarks/llm_state.py in full, runs 10 AdamW steps at
 lr 1e-4 (fresh gradients per repeat), and saves a delta (`full_every=11`). It prints the median
 ratio, the delta kind chosen per tensor group, and the entropy floor: the order-0 entropy of
 each byte plane of the best transform (full, XOR or zigzag difference) per tensor, over the full
@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ckptflow.steps.checkpoint import Checkpointer  # noqa: E402
 
-from benchmarks import checkpoint_methods as cm  # noqa: E402
+from benchmarks import llm_state, methods_ckptflow  # noqa: E402
 
 
 def group(name: str) -> str:
@@ -38,7 +38,7 @@ def repeat(sd32: dict, names: list[str], seed: int, work: str) -> dict:
     t0 = time.process_time()
     ck.save(0, sd)
     full_cpu = time.process_time() - t0
-    tr = cm.Trainer(sd, names, lr=cm.LR_INCREMENTAL, seed=seed)
+    tr = llm_state.Trainer(sd, names, lr=llm_state.LR_INCREMENTAL, seed=seed)
     for _ in range(10):
         tr.step()
     sd = {k: v.detach() for k, v in sd.items()}
@@ -53,7 +53,7 @@ def repeat(sd32: dict, names: list[str], seed: int, work: str) -> dict:
             kind = p.get("delta", "xor") if p["base"] is not None else "full"
             g = kinds.setdefault(group(it["fqn"]), {})
             g[kind] = g.get(kind, 0) + p["raw_size"]
-    floor, low = cm.entropy_floor_parts(base, sd)
+    floor, low = methods_ckptflow.entropy_floor_parts(base, sd)
     fb = full["stats"]["stored_bytes"]
     out = {
         "ratio": delta["stats"]["new_bytes"] / fb,
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory() as work:
-        info = cm.make_state(a.mib << 20, os.path.join(work, "state.safetensors"))
+        info = llm_state.make_state(a.mib << 20, os.path.join(work, "state.safetensors"))
         sd32 = load_file(os.path.join(work, "state.safetensors"))
         rows = [repeat(sd32, info["names"], 100 + i, work) for i in range(a.repeats)]
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "kinds"}

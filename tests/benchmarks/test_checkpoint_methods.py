@@ -1,39 +1,88 @@
-"""The benchmark's own set-up: what it saves must be what a training process saves."""
+"""The benchmark's child side: every method family's save and load run through the entry point
+that benchmarks/checkpoint.py starts once per phase, on a tiny state (in process)."""
 
+import json
 import os
 
-import torch
-from safetensors.torch import save_file
+import pytest
 
 from benchmarks import checkpoint_methods as cm
+from benchmarks import llm_state
 
 
-def test_the_state_to_save_is_resident_memory_not_a_view_of_its_file(tmp_path):
-    """A training state lives in the process's own memory. Tensors viewing a mapping of the
-    state file (safetensors' load_file) made every save also read the state back from the
-    disk after a cold load's page-cache drop: saves and async stalls timed that disk read."""
-    path = os.path.join(tmp_path, "state.safetensors")
-    want = {"model.w": torch.arange(4096, dtype=torch.float32), "optim.s": torch.ones(3, 5)}
-    save_file(want, path)
-    sd32, sd = cm.load_state(str(tmp_path), "fp32")
-    # Rewritten in place, same size: a tensor still mapping the file would see the zeros.
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.write(bytes(size))
-    for got in (sd32, sd):
-        assert set(got) == set(want)
-        for k, v in want.items():
-            assert torch.equal(got[k], v), k
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """The parent's work folder: the generated state and its meta.json."""
+    work = tmp_path_factory.mktemp("bench-work")
+    meta = llm_state.make_state(1 << 20, os.path.join(work, "state.safetensors"), warm_steps=1)
+    with open(os.path.join(work, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return str(work)
 
 
-def test_the_compressed_share_is_what_the_save_chose(tmp_path):
-    from ckptflow.steps.checkpoint import Checkpointer
+def _run(spec: dict, capsys) -> dict:
+    assert cm.main([json.dumps(spec)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT ")]
+    assert len(lines) == 1
+    return json.loads(lines[0][len("RESULT ") :])
 
-    sd = {"w": torch.randn(512, 1024), "b": torch.randn(16)}
-    for compress, want in ((True, 1.0), (False, 0.0)):
-        ck = Checkpointer(str(tmp_path / str(compress)), threads=2, compress=compress)
-        ck.save(1, sd).wait()
-        assert cm.compressed_share(ck.manifest(1)) == want
-        ck.save(2, sd).wait()  # every part reused: nothing written, nothing chosen
-        assert cm.compressed_share(ck.manifest(2)) is None
-        ck.close()
+
+@pytest.mark.parametrize("method", ["dcp", "ckptflow-sync", "safetensors"])
+def test_a_method_saves_and_loads_the_state_bitwise(work, method, capsys):
+    path = os.path.join(work, method)
+    spec = {
+        "phase": "save",
+        "method": method,
+        "dtype": "fp32",
+        "path": path,
+        "work": work,
+        "expect": os.path.join(work, f"expect-{method}.json"),
+        "threads": 2,
+        "torch_threads": 1,
+        "raw_bytes": 1 << 20,
+    }
+    saved = _run(spec, capsys)
+    assert saved["save_s"] > 0 and saved["stored_bytes"] > 0
+    assert saved["raw_bytes"] == llm_state.nbytes(llm_state.load_state(work, "fp32")[1])
+    # the load compares every tensor's digest with the saved state's (else SystemExit)
+    loaded = _run(spec | {"phase": "load", "step": saved.get("step"), "cache": "warm"}, capsys)
+    assert loaded["load_s"] > 0 and loaded["cold"] is False
+
+
+def test_the_incremental_method_reports_its_entropy_floor(work, capsys):
+    spec = {
+        "phase": "save",
+        "method": "ckptflow-incremental",
+        "dtype": "fp32",
+        "path": os.path.join(work, "inc"),
+        "work": work,
+        "expect": os.path.join(work, "expect-inc.json"),
+        "threads": 2,
+        "raw_bytes": 1 << 20,
+    }
+    out = _run(spec, capsys)
+    assert out["kind"] == "delta"
+    assert 0 < out["entropy_floor"] <= out["ratio_vs_full"] <= 1.0
+
+
+def test_a_damaged_load_is_refused(work, capsys):
+    """The check that gives every load figure its meaning: a load that differs is an error."""
+    spec = {
+        "phase": "save",
+        "method": "ckptflow-sync",
+        "dtype": "fp32",
+        "path": os.path.join(work, "damaged"),
+        "work": work,
+        "expect": os.path.join(work, "expect-damaged.json"),
+        "threads": 2,
+        "raw_bytes": 1 << 20,
+    }
+    saved = _run(spec, capsys)
+    with open(spec["expect"]) as f:
+        expect = json.load(f)
+    name = sorted(expect["digests"])[0]
+    expect["digests"][name] = "0" * 32
+    with open(spec["expect"], "w") as f:
+        json.dump(expect, f)
+    with pytest.raises(SystemExit, match="differs from the saved one"):
+        cm.main([json.dumps(spec | {"phase": "load", "step": saved["step"], "cache": "warm"})])

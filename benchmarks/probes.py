@@ -1,0 +1,107 @@
+"""What the benchmarks measure a phase with, in its own process: wall and CPU time, peak RSS,
+the page cache (warm or dropped) and the bytes a method stored; plus scratch clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+GIB = float(1 << 30)
+BLOCK = 8 << 20  # dd-like block size for the raw disk / raw S3 ceiling
+
+
+def clock() -> tuple[float, float]:
+    """(wall, CPU) now: CPU is every thread of this process (user + system)."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: tuple[float, float], prefix: str) -> dict:
+    wall, cpu = clock()
+    return {f"{prefix}_s": wall - t0[0], f"{prefix}_cpu_s": cpu - t0[1]}
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so a later VmHWM is this phase's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+        return True
+    except OSError:
+        return False
+
+
+def pre_read(uri: str) -> None:
+    """Read every file of a local checkpoint once, so a warm load finds it in the page cache."""
+    if uri.startswith("s3://"):
+        return
+    paths = (
+        [uri]
+        if os.path.isfile(uri)
+        else [os.path.join(d, f) for d, _, files in os.walk(uri) for f in files]
+    )
+    buf = bytearray(BLOCK)
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def rss_gib(field: str = "VmHWM") -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024 / GIB
+    return float("nan")
+
+
+def drop_caches() -> bool:
+    """Flush and drop the page cache (root only) so the next read comes from the disk."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def s3fs():
+    from ckptflow.core.storage import filesystem_for
+
+    return filesystem_for("s3://x")
+
+
+def stored_bytes(uri: str) -> int:
+    if uri.startswith("s3://"):
+        return int(s3fs().du(uri[5:], total=True))
+    if os.path.isfile(uri):
+        return os.path.getsize(uri)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(uri) for f in files)
+
+
+def remove(uri: str) -> None:
+    """Delete a file or folder, local or on S3 (missing is fine)."""
+    import shutil
+
+    if uri.startswith("s3://"):
+        fs = s3fs()
+        if fs.exists(uri[5:]):
+            fs.rm(uri[5:], recursive=True)
+    elif os.path.isdir(uri):
+        shutil.rmtree(uri)
+    elif os.path.exists(uri):
+        os.remove(uri)
