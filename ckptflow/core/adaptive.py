@@ -14,9 +14,10 @@ So each is measured on its own:
   compressed stored/raw ratio.
 
 A save of a raw byte then costs at least the largest of: the storage's time for the bytes the
-mode stores, the CPU spread over the cores the writer threads may use, and one thread's CPU
-plus its own write spread over the writer threads (a thread encodes, then waits for its
-write). Priced per thread as if each encoded and then wrote alone (the previous model), the
+mode stores, the CPU spread over the cores the writer threads may use, and, where a thread
+encodes and then waits for its write (uploads to an object store), one thread's CPU plus its
+own write spread over the writer threads; a local save writes behind the encoding
+(steps/checkpoint/write_behind.py), so that last term does not apply to it. Priced per thread as if each encoded and then wrote alone (the previous model), the
 encoding of one thread was charged as if the device sat idle meanwhile; on a disk shared by
 two threads `auto` stored raw where compressing made a 1 GiB save 1.2-1.3x faster.
 
@@ -176,19 +177,26 @@ def _small_read(path: str) -> str:
         return f.read(256)  # a line of two numbers; a larger file is not one
 
 
-def save_seconds(cpu: float, ratio: float, storage: float, workers: int, cores: int) -> float:
+def save_seconds(
+    cpu: float, ratio: float, storage: float, workers: int, cores: int, overlapped: bool = False
+) -> float:
     """Seconds a save spends per raw byte at least: the storage's time for the bytes stored,
-    the CPU over the cores the writers may use, or each writer's CPU and own write in turn."""
+    the CPU over the cores the writers may use, or (unless each writer's writes go behind its
+    encoding: `overlapped`) each writer's CPU and own write in turn."""
     stored = ratio * storage
-    return max(stored, cpu / max(1, min(workers, cores)), (cpu + stored) / max(1, workers))
+    floor = max(stored, cpu / max(1, min(workers, cores)))
+    return floor if overlapped else max(floor, (cpu + stored) / max(1, workers))
 
 
 class Policy:
     """Chooses, part by part, between storing raw and compressed, from one root's estimates,
-    for a save with `workers` writer threads."""
+    for a save with `workers` writer threads (`overlapped`: whose writes go behind their
+    encoding, steps/checkpoint/write_behind.py)."""
 
-    def __init__(self, costs: Costs, workers: int = 1, cores: int | None = None):
-        self.costs, self.workers = costs, workers
+    def __init__(
+        self, costs: Costs, workers: int = 1, cores: int | None = None, overlapped: bool = False
+    ):
+        self.costs, self.workers, self.overlapped = costs, workers, overlapped
         self.cores = process_cores() if cores is None else cores
         self._lock = threading.Lock()
         self._decided = 0
@@ -206,10 +214,10 @@ class Policy:
         if None in known:
             return None
         storage, cpu_raw, cpu_packed, ratio = known
-        w, n = self.workers, self.cores
+        w, n, o = self.workers, self.cores, self.overlapped
         return (
-            save_seconds(cpu_raw, 1.0, storage, w, n),
-            save_seconds(cpu_packed, ratio, storage, w, n),
+            save_seconds(cpu_raw, 1.0, storage, w, n, o),
+            save_seconds(cpu_packed, ratio, storage, w, n, o),
         )
 
     def decide(self) -> Decision:

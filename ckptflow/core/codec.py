@@ -123,7 +123,9 @@ def byte_ungroup(grouped: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> Encoded:
+def encode(
+    raw: np.ndarray, width: int, level: int, compress: bool = True, buffer: str = "gather"
+) -> Encoded:
     """Encode raw uint8 bytes of elements `width` bytes wide (1 for non-float data).
 
     `compress=True` groups the bytes and compresses every plane whose sample compresses (the
@@ -134,7 +136,9 @@ def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> En
     A compressed part's stored bytes are assembled in this thread's aligned gather buffer, in
     stored order (raw planes gathered into place, frames copied after their plane was
     compressed), so a local object is written with O_DIRECT straight from it: as a list of
-    planes, every byte went through the write's bounce buffer once more."""
+    planes, every byte went through the write's bounce buffer once more. `buffer` names the
+    gather buffer (localio.scratch): a writer thread alternates between buffers so that one is
+    written while it fills the next."""
     if not compress or not len(raw):
         return Encoded([raw], [["raw", len(raw)]])
     grouped = width > 1 and len(raw) % width == 0
@@ -144,7 +148,7 @@ def encode(raw: np.ndarray, width: int, level: int, compress: bool = True) -> En
     pays = [_compresses(np.ascontiguousarray(cols[:, k]), level) for k in range(n_planes)]
     if pays == [False]:  # one plane, stored raw: the raw bytes themselves
         return Encoded([raw], [["raw", len(raw)]])
-    out = scratch("gather", len(raw))
+    out = scratch(buffer, len(raw))
     cols = raw.reshape(-1, n_planes)
     plane_len = len(raw) // n_planes
     pos, planes = 0, []

@@ -31,6 +31,7 @@ from ckptflow.steps.checkpoint.save_job import (
     raw_view,
 )
 from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
+from ckptflow.steps.checkpoint.write_behind import WriteBehind
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
@@ -68,6 +69,7 @@ class CkptStorageWriter(StorageWriter):
         self.is_coordinator = False
         self._lock = threading.Lock()
         self._heartbeat: Heartbeat | None = None
+        self._behind: WriteBehind | None = None
 
     def reset(self, checkpoint_id=None) -> None:
         pass
@@ -106,16 +108,28 @@ class CkptStorageWriter(StorageWriter):
         # Object stores are latency-bound: more uploads in flight than CPU threads. (Local
         # O_DIRECT writes with two in flight per thread: 0.96-0.98 of the wall time, +17% CPU.)
         workers = job.threads * (4 if job.storage.protocol in OBJECT_STORES else 1)
+        # Local objects are written behind the encoding (write_behind.py); an object store's
+        # uploads already overlap it, with more of them in flight than threads.
+        local = job.storage.protocol == "file"
+        self._behind = WriteBehind(workers) if local else None
         if job.policy is not None:
             job.policy.workers = workers  # what `auto` weighs: writers sharing the storage
+            job.policy.overlapped = local
         self._syncs = Durability(job)
         self._packer = Packer(self._write_object)
+        failed = True
         try:
             results = self._write_items(plan, planner, workers)
+            if self._behind is not None:
+                self._behind.finish()  # every write ended (each submitted its sync)
             # Every object durable before the coordinator writes the manifest: each was synced
             # as soon as it was written (overlapping the encoding of others); wait for the last.
             self._syncs.finish()
+            failed = False
         finally:
+            if self._behind is not None:
+                self._behind.close(failed)  # before the syncs: a write may still submit one
+                self._behind = None
             self._syncs.close()
             # The packer holds this writer (its store): left in place, the cycle would keep
             # every save's writer, and the delta base it captured, alive until a full GC.
@@ -254,7 +268,9 @@ class CkptStorageWriter(StorageWriter):
         if packed and base is not None and len(base.raw) == len(raw):
             kind = codec.choose_delta(raw, base.raw, width, job.level)
         payload = codec.delta(kind, raw, base.raw, width) if kind else raw
-        enc = codec.encode(payload, width, job.level, packed)
+        behind = self._behind is not None and len(raw) >= job.pack_bytes
+        buffer = self._behind.slot() if behind else "gather"  # free once its last write ended
+        enc = codec.encode(payload, width, job.level, packed, buffer=buffer)
         rec = {
             "raw_offset": offset,
             "raw_size": len(raw),
@@ -278,14 +294,15 @@ class CkptStorageWriter(StorageWriter):
         # (a delta's cost says nothing of what a full part costs either way)
         measured = job.policy is not None and base is None and len(raw) >= adaptive.MIN_PART
         cpu = time.thread_time() - t0  # the write's own time, its CPU too, is the storage's
-        if self._write_object(key, enc) and measured:
+        if self._write_object(key, enc, behind) and measured:
             job.policy.observe(packed, len(raw), cpu, enc.nbytes)
             if decision.sample:  # after the raw CPU it is priced against
                 job.policy.observe_sample(len(raw), *self._sample(raw, width))
         return rec
 
-    def _write_object(self, key: str, enc: codec.Encoded) -> bool:
-        """Store one object unless it is there already, sound; True when bytes were written."""
+    def _write_object(self, key: str, enc: codec.Encoded, behind: bool = False) -> bool:
+        """Store one object unless it is there already, sound; True when bytes were written
+        (`behind`: by an I/O thread, while this thread goes on: write_behind.py)."""
         job = self.job
         st, rel = job.storage, layout.object_path(key)
         with self._lock:
@@ -299,7 +316,10 @@ class CkptStorageWriter(StorageWriter):
             os.utime(st.path(rel))
             wrote = False
         else:
-            self._store(rel, enc)
+            if behind:
+                self._behind.submit(partial(self._store, rel, enc))
+            else:
+                self._store(rel, enc)
             wrote = True
             with self._lock:
                 job.written_bytes += enc.nbytes

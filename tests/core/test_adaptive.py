@@ -22,6 +22,7 @@ def _policy(
     ratio: float | None = 0.81,
     workers: int = 2,
     cores: int = 2,
+    overlapped: bool = False,
 ) -> adaptive.Policy:
     """A policy whose estimates are these per-byte figures, each with enough evidence (None:
     not measured yet)."""
@@ -34,7 +35,7 @@ def _policy(
     ]:
         if v is not None:
             est.add(EV, v * EV)
-    return adaptive.Policy(costs, workers, cores)
+    return adaptive.Policy(costs, workers, cores, overlapped=overlapped)
 
 
 def _decisions(p: adaptive.Policy, n: int = 64) -> list[adaptive.Decision]:
@@ -74,6 +75,21 @@ def test_a_disk_shared_by_two_writers_is_priced_once_not_per_thread():
     raw1, packed1 = alone.seconds()
     assert raw1 == pytest.approx(3.05 / g) and packed1 == pytest.approx((1.8 + 0.81 * 2.4) / g)
     assert not alone.decide().compress
+
+
+def test_a_writer_whose_writes_go_behind_its_encoding_overlaps_them_itself():
+    """Local objects are written by I/O threads while the writer thread encodes its next part
+    (write_behind.py): even one writer thread's CPU and writes overlap, and a save costs the
+    larger of the storage's time and the CPU over the cores, not their sum."""
+    g = 1 << 30
+    alone = _policy(
+        storage=2.4 / g, cpu_raw=0.65 / g, cpu_packed=1.8 / g, workers=1, overlapped=True
+    )
+    raw, packed = alone.seconds()
+    assert raw == pytest.approx(2.4 / g) and packed == pytest.approx(1.944 / g)
+    assert alone.decide().compress
+    assert adaptive.save_seconds(1.8, 0.81, 2.4, 1, 2, overlapped=True) == pytest.approx(1.944)
+    assert adaptive.save_seconds(1.8, 0.81, 2.4, 1, 2) == pytest.approx(1.8 + 1.944)
 
 
 def test_the_cpu_is_spread_over_the_cores_the_writers_may_use_not_over_more():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -134,6 +136,66 @@ def test_large_tensor_is_split_into_parts_written_in_parallel(tmp_path):
     t = {"w": torch.zeros_like(w)}
     ck.load(t)
     assert torch.equal(t["w"], w)
+
+
+class _ObjectWrites(Storage):
+    """Counts the object writes in flight; the first `hold` wait until that many are in
+    flight at once (10 s at most: then the write fails), and `fail_at` (1-based) fails."""
+
+    def __init__(self, uri: str, hold: int = 0, fail_at: int = 0):
+        super().__init__(uri)
+        self.barrier = threading.Barrier(hold) if hold else None
+        self.hold, self.fail_at = hold, fail_at
+        self.lock = threading.Lock()
+        self.started = self.in_flight = self.most = self.ended_after_fail = 0
+        self.failed = False
+
+    def write(self, rel, data, **kw):
+        if not rel.startswith("objects/"):
+            return super().write(rel, data, **kw)
+        with self.lock:
+            self.started += 1
+            n = self.started
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            if n == self.fail_at:
+                time.sleep(0.2)  # the writer has moved on to its next parts meanwhile
+                self.failed = True
+                raise StorageError(f"{rel}: injected: no space left on device")
+            if self.barrier is not None and n <= self.hold:
+                self.barrier.wait(10)
+            return super().write(rel, data, **kw)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.ended_after_fail += self.failed
+
+
+def test_a_writer_thread_encodes_its_next_part_while_its_last_one_is_written(tmp_path):
+    """A thread that waited for each write before encoding again left the disk idle while
+    it encoded and its core idle while it wrote (profiled on a 1 GiB save with 2 threads:
+    each spent 0.70 s encoding and 0.80-0.93 s in writes, the storage busy 1.52 s of 1.82)."""
+    st = _ObjectWrites(str(tmp_path / "r"), hold=2)
+    ck = Checkpointer("unused", storage=st, part_mib=1, threads=1, compress=True)
+    w = torch.randn(1024, 1024)  # 4 parts of 1 MiB, one writer thread
+    ck.save(1, {"w": w})  # the first two writes only end once both are in flight
+    assert st.most >= 2
+    t = {"w": torch.zeros_like(w)}
+    ck.load(t)
+    assert torch.equal(t["w"], w)
+
+
+def test_a_failed_object_write_fails_the_save_after_every_write_ended(tmp_path):
+    st = _ObjectWrites(str(tmp_path / "r"), fail_at=2)
+    ck = Checkpointer("unused", storage=st, part_mib=1, threads=2, compress=True)
+    with pytest.raises(StorageError, match="no space left on device"):
+        ck.save(1, {"w": torch.randn(2048, 1024)})  # 8 parts
+    # nothing of the failed save is still being written once it returned, and nothing committed
+    with st.lock:
+        in_flight = st.in_flight
+    assert in_flight == 0
+    assert not Storage(str(tmp_path / "r")).exists(layout.commit_path(1))
 
 
 def test_corrupt_object_detected_by_verify_and_load_names_file(root):
