@@ -21,14 +21,19 @@ def since(t0: tuple[float, float], prefix: str) -> dict:
     return {f"{prefix}_s": wall - t0[0], f"{prefix}_cpu_s": cpu - t0[1]}
 
 
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so a later VmHWM is this phase's."""
+def _write_proc(path: str, value: str) -> bool:
+    """Write a kernel control file; False where it is refused (not Linux, not root)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5\n")
+        with open(path, "w") as f:
+            f.write(value + "\n")
         return True
     except OSError:
         return False
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: clear_refs 5), so a later VmHWM is this phase's."""
+    return _write_proc("/proc/self/clear_refs", "5")
 
 
 def pre_read(uri: str) -> None:
@@ -63,12 +68,7 @@ def rss_gib(field: str = "VmHWM") -> float:
 def drop_caches() -> bool:
     """Flush and drop the page cache (root only) so the next read comes from the disk."""
     os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+    return _write_proc("/proc/sys/vm/drop_caches", "3")
 
 
 def fsync_file(path: str) -> None:

@@ -20,6 +20,21 @@ def work(tmp_path_factory):
     return str(work)
 
 
+def _save_spec(work: str, method: str, name: str) -> dict:
+    """What benchmarks/checkpoint.py passes a save phase (fp32, 2 writer threads)."""
+    return {
+        "phase": "save",
+        "method": method,
+        "dtype": "fp32",
+        "path": os.path.join(work, name),
+        "work": work,
+        "expect": os.path.join(work, f"expect-{name}.json"),
+        "threads": 2,
+        "torch_threads": 1,
+        "raw_bytes": 1 << 20,
+    }
+
+
 def _run(spec: dict, capsys) -> dict:
     assert cm.main([json.dumps(spec)]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT ")]
@@ -29,18 +44,7 @@ def _run(spec: dict, capsys) -> dict:
 
 @pytest.mark.parametrize("method", ["dcp", "ckptflow-sync", "safetensors"])
 def test_a_method_saves_and_loads_the_state_bitwise(work, method, capsys):
-    path = os.path.join(work, method)
-    spec = {
-        "phase": "save",
-        "method": method,
-        "dtype": "fp32",
-        "path": path,
-        "work": work,
-        "expect": os.path.join(work, f"expect-{method}.json"),
-        "threads": 2,
-        "torch_threads": 1,
-        "raw_bytes": 1 << 20,
-    }
+    spec = _save_spec(work, method, method)
     saved = _run(spec, capsys)
     assert saved["save_s"] > 0 and saved["stored_bytes"] > 0
     assert saved["raw_bytes"] == llm_state.nbytes(llm_state.load_state(work, "fp32")[1])
@@ -50,16 +54,7 @@ def test_a_method_saves_and_loads_the_state_bitwise(work, method, capsys):
 
 
 def test_the_incremental_method_reports_its_entropy_floor(work, capsys):
-    spec = {
-        "phase": "save",
-        "method": "ckptflow-incremental",
-        "dtype": "fp32",
-        "path": os.path.join(work, "inc"),
-        "work": work,
-        "expect": os.path.join(work, "expect-inc.json"),
-        "threads": 2,
-        "raw_bytes": 1 << 20,
-    }
+    spec = _save_spec(work, "ckptflow-incremental", "inc")
     out = _run(spec, capsys)
     assert out["kind"] == "delta"
     assert 0 < out["entropy_floor"] <= out["ratio_vs_full"] <= 1.0
@@ -67,16 +62,7 @@ def test_the_incremental_method_reports_its_entropy_floor(work, capsys):
 
 def test_a_damaged_load_is_refused(work, capsys):
     """The check that gives every load figure its meaning: a load that differs is an error."""
-    spec = {
-        "phase": "save",
-        "method": "ckptflow-sync",
-        "dtype": "fp32",
-        "path": os.path.join(work, "damaged"),
-        "work": work,
-        "expect": os.path.join(work, "expect-damaged.json"),
-        "threads": 2,
-        "raw_bytes": 1 << 20,
-    }
+    spec = _save_spec(work, "ckptflow-sync", "damaged")
     saved = _run(spec, capsys)
     with open(spec["expect"]) as f:
         expect = json.load(f)
