@@ -17,9 +17,10 @@ A save of a raw byte then costs at least the largest of: the storage's time for 
 mode stores, the CPU spread over the cores the writer threads may use, and, where a thread
 encodes and then waits for its write (uploads to an object store), one thread's CPU plus its
 own write spread over the writer threads; a local save writes behind the encoding
-(steps/checkpoint/write_behind.py), so that last term does not apply to it. Priced per thread as if each encoded and then wrote alone (the previous model), the
-encoding of one thread was charged as if the device sat idle meanwhile; on a disk shared by
-two threads `auto` stored raw where compressing made a 1 GiB save 1.2-1.3x faster.
+(steps/checkpoint/write_behind.py), so that last term does not apply to it. Priced per
+thread as if each encoded and then wrote alone (the previous model), the encoding of one
+thread was charged as if the device sat idle meanwhile; on a disk shared by two threads
+`auto` stored raw where compressing made a 1 GiB save 1.2-1.3x faster.
 
 Each root keeps its estimates, exponentially weighted by bytes, for the life of the process,
 so a job's saves learn from each other. Storing raw is measured first (it costs the least CPU

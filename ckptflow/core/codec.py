@@ -123,8 +123,11 @@ def byte_ungroup(grouped: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
+GATHER = "gather"  # the default gather buffer's name (localio.scratch)
+
+
 def encode(
-    raw: np.ndarray, width: int, level: int, compress: bool = True, buffer: str = "gather"
+    raw: np.ndarray, width: int, level: int, compress: bool = True, buffer: str = GATHER
 ) -> Encoded:
     """Encode raw uint8 bytes of elements `width` bytes wide (1 for non-float data).
 

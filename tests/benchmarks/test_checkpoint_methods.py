@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from benchmarks import checkpoint_methods as cm
 from benchmarks import llm_state
@@ -33,6 +34,14 @@ def _save_spec(work: str, method: str, name: str) -> dict:
         "torch_threads": 1,
         "raw_bytes": 1 << 20,
     }
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """The child's main sets torch's thread count for its process: this one's is put back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 def _run(spec: dict, capsys) -> dict:

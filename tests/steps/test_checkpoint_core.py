@@ -139,16 +139,16 @@ def test_large_tensor_is_split_into_parts_written_in_parallel(tmp_path):
 
 
 class _ObjectWrites(Storage):
-    """Counts the object writes in flight; the first `hold` wait until that many are in
-    flight at once (10 s at most: then the write fails), and `fail_at` (1-based) fails."""
+    """Counts the object writes started and in flight; the first `hold` wait until that many
+    are in flight at once (10 s at most: then the write fails), `fail_at` (1-based) fails, and
+    every other write takes `slow` seconds."""
 
-    def __init__(self, uri: str, hold: int = 0, fail_at: int = 0):
+    def __init__(self, uri: str, hold: int = 0, fail_at: int = 0, slow: float = 0.0):
         super().__init__(uri)
         self.barrier = threading.Barrier(hold) if hold else None
-        self.hold, self.fail_at = hold, fail_at
+        self.hold, self.fail_at, self.slow = hold, fail_at, slow
         self.lock = threading.Lock()
-        self.started = self.in_flight = self.most = self.ended_after_fail = 0
-        self.failed = False
+        self.started = self.in_flight = self.most = 0
 
     def write(self, rel, data, **kw):
         if not rel.startswith("objects/"):
@@ -161,15 +161,18 @@ class _ObjectWrites(Storage):
         try:
             if n == self.fail_at:
                 time.sleep(0.2)  # the writer has moved on to its next parts meanwhile
-                self.failed = True
                 raise StorageError(f"{rel}: injected: no space left on device")
             if self.barrier is not None and n <= self.hold:
                 self.barrier.wait(10)
+            time.sleep(self.slow)
             return super().write(rel, data, **kw)
         finally:
             with self.lock:
                 self.in_flight -= 1
-                self.ended_after_fail += self.failed
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return self.started, self.in_flight
 
 
 def test_a_writer_thread_encodes_its_next_part_while_its_last_one_is_written(tmp_path):
@@ -186,16 +189,37 @@ def test_a_writer_thread_encodes_its_next_part_while_its_last_one_is_written(tmp
     assert torch.equal(t["w"], w)
 
 
-def test_a_failed_object_write_fails_the_save_after_every_write_ended(tmp_path):
-    st = _ObjectWrites(str(tmp_path / "r"), fail_at=2)
+def test_a_failed_object_write_fails_the_save_and_no_write_outlives_it(tmp_path):
+    """Writes queued behind the failed one are not started and running ones have ended when
+    the save raises: nothing of a failed save goes on writing while the caller handles it."""
+    st = _ObjectWrites(str(tmp_path / "r"), fail_at=2, slow=0.1)
     ck = Checkpointer("unused", storage=st, part_mib=1, threads=2, compress=True)
     with pytest.raises(StorageError, match="no space left on device"):
-        ck.save(1, {"w": torch.randn(2048, 1024)})  # 8 parts
-    # nothing of the failed save is still being written once it returned, and nothing committed
-    with st.lock:
-        in_flight = st.in_flight
-    assert in_flight == 0
+        ck.save(1, {"w": torch.randn(4096, 1024)})  # 16 parts
+    started, in_flight = st.counts()
+    assert in_flight == 0 and started < 16
+    time.sleep(0.5)
+    assert st.counts() == (started, 0)  # no queued write started after the save returned
     assert not Storage(str(tmp_path / "r")).exists(layout.commit_path(1))
+
+
+@pytest.mark.parametrize("uri", ["local", "memory"])
+def test_auto_prices_a_local_save_as_written_behind_and_uploads_as_not(tmp_path, uri):
+    """The adaptive codec's model must match the writer's pipeline (adaptive.save_seconds)."""
+    import torch.distributed.checkpoint as dcp
+    from ckptflow.steps.checkpoint.save_job import SaveJob
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
+
+    from ckptflow.core import adaptive
+
+    root = str(tmp_path / "r") if uri == "local" else h.memory_root("behind-policy")
+    policy = adaptive.Policy(adaptive.Costs(), cores=2)
+    st = Storage(root)
+    job = SaveJob(st, 1, "0123456789abcdef", "r", 1, policy=policy, threads=2)
+    state = {"w": torch.randn(1024, 1024)}
+    dcp.save(state, storage_writer=CkptStorageWriter(job), planner=SafeSavePlanner(), no_dist=True)
+    assert policy.overlapped is (uri == "local")
+    assert st.exists(layout.commit_path(1))
 
 
 def test_corrupt_object_detected_by_verify_and_load_names_file(root):
