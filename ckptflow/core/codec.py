@@ -13,6 +13,7 @@ Checksums (xxh3-128) cover the stored bytes, so corruption is found before decom
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -97,30 +98,29 @@ class Encoded:
         return b"".join(self.chunks)
 
 
-def byte_group(raw: np.ndarray, width: int) -> np.ndarray:
-    """Reorder bytes so byte k of every element is contiguous (planes of len(raw)/width)."""
-    if width <= 1:
-        return raw
-    return np.concatenate(list(_planes_of(raw, width)))
+# Elements per block of a gather: the block's words and its planes stay in the L2 cache.
+GATHER_BLOCK = 1 << 18
+# Planes are taken from whole words by shift and truncation (vectorised ufunc loops), twice as
+# fast as numpy's strided byte copy (0.25 against 0.46 CPU-s per GiB of fp32). Byte k of a word
+# is its k-th byte in memory only on a little-endian host: elsewhere the strided copy runs.
+_WORDS = {2: np.uint16, 4: np.uint32, 8: np.uint64} if sys.byteorder == "little" else {}
 
 
-def _planes_of(raw: np.ndarray, width: int):
-    """Each byte plane as a contiguous array: one strided gather per plane, no transpose copy."""
-    cols = raw.reshape(-1, width)
-    for k in range(width):
-        yield np.ascontiguousarray(cols[:, k])
-
-
-def byte_ungroup(grouped: np.ndarray, width: int) -> np.ndarray:
-    """Inverse of byte_group."""
-    if width <= 1:
-        return grouped
-    out = np.empty(len(grouped), dtype=np.uint8)
-    # One strided column copy per plane: numpy's transpose copy would run an inner loop of
-    # `width` elements per element, several times slower.
-    for k, plane in enumerate(grouped.reshape(width, -1)):
-        out.reshape(-1, width)[:, k] = plane
-    return out
+def gather(raw: np.ndarray, width: int, out: np.ndarray) -> None:
+    """Byte plane k of `raw` (byte k of every `width`-byte element) into out[k*n:(k+1)*n]."""
+    n = len(raw) // width
+    words = _WORDS.get(width)
+    if words is None or not raw.flags.c_contiguous:
+        cols = raw.reshape(-1, width)
+        for k in range(width):
+            np.copyto(out[k * n : (k + 1) * n], cols[:, k])
+        return
+    w = raw.view(words)
+    for s in range(0, n, GATHER_BLOCK):
+        block = w[s : s + GATHER_BLOCK]
+        for k in range(width):
+            dst = out[k * n + s : k * n + s + len(block)]
+            np.right_shift(block, 8 * k, out=dst, casting="unsafe")
 
 
 GATHER = "gather"  # the default gather buffer's name (localio.scratch)
@@ -137,9 +137,10 @@ def encode(
     ckptflow.core.adaptive.)
 
     A compressed part's stored bytes are assembled in this thread's aligned gather buffer, in
-    stored order (raw planes gathered into place, frames copied after their plane was
-    compressed), so a local object is written with O_DIRECT straight from it: as a list of
-    planes, every byte went through the write's bounce buffer once more. `buffer` names the
+    stored order (every plane gathered into it, then each compressed plane's frame written over
+    its plane and later raw planes moved up behind it), so a local object is written with
+    O_DIRECT straight from it: as a list of planes, every byte went through the write's bounce
+    buffer once more. `buffer` names the
     gather buffer (localio.scratch): a writer thread alternates between buffers so that one is
     written while it fills the next."""
     if not compress or not len(raw):
@@ -152,30 +153,39 @@ def encode(
     if pays == [False]:  # one plane, stored raw: the raw bytes themselves
         return Encoded([raw], [["raw", len(raw)]])
     out = scratch(buffer, len(raw))
-    cols = raw.reshape(-1, n_planes)
     plane_len = len(raw) // n_planes
+    if grouped:  # every plane in place first: planes compress from there, raw ones stay put
+        gather(raw, n_planes, out)
+    source = out if grouped else raw
     pos, planes = 0, []
     for k, pay in enumerate(pays):
-        frame = _compressed_plane(cols[:, k], level) if pay else None
+        plane = source[k * plane_len : (k + 1) * plane_len]
+        frame = _compressed_plane(plane, level) if pay else None
         if frame is not None:
+            # Only over its own plane or earlier ones: a frame is shorter than its plane.
             out[pos : pos + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
             planes.append(["zstd", len(frame)])
             pos += len(frame)
         else:
-            np.copyto(out[pos : pos + plane_len], cols[:, k])
+            _place(out, pos, plane)
             planes.append(["raw", plane_len])
             pos += plane_len
     return Encoded([out[:pos]], planes)
 
 
-def _compressed_plane(column: np.ndarray, level: int) -> bytes | None:
-    """The zstd frame of one byte plane (a strided column, gathered first), or None when the
-    frame is no smaller than the plane: its sample compressed, the rest need not, and a frame
-    that grew would overrun the gather buffer."""
-    plane = column
-    if not column.flags.c_contiguous:
-        plane = scratch("zplane", len(column))
-        np.copyto(plane, column)
+def _place(out: np.ndarray, pos: int, plane: np.ndarray) -> None:
+    """Put a raw plane at out[pos:]: nothing to do when it is there already (every raw plane
+    before the first frame). A raw plane after a frame moves back over its own bytes: numpy
+    copies through a temporary where source and destination overlap."""
+    dst = out[pos : pos + len(plane)]
+    if dst.ctypes.data != plane.ctypes.data:
+        np.copyto(dst, plane)
+
+
+def _compressed_plane(plane: np.ndarray, level: int) -> bytes | None:
+    """The zstd frame of one contiguous byte plane, or None when the frame is no smaller than
+    the plane: its sample compressed, the rest need not, and a frame that grew would overrun
+    the gather buffer."""
     frame = _compressor(level).compress(plane.data)
     return frame if len(frame) < len(plane) else None
 

@@ -168,3 +168,53 @@ def test_a_compressed_plane_is_decoded_into_its_column_a_block_at_a_time():
 
     assert _peak(in_thread) < codec.INFLATE_BLOCK + (256 << 10)
     assert got[0] is out and np.array_equal(out, raw)
+
+
+def _strided_planes(raw: np.ndarray, width: int) -> np.ndarray:
+    """Byte planes by numpy's strided column copy: what the encoder gathered before words."""
+    return np.concatenate([raw.reshape(-1, width)[:, k] for k in range(width)])
+
+
+@pytest.mark.parametrize("width", [2, 4, 8, 3])
+@pytest.mark.parametrize("little", [True, False])
+def test_planes_gathered_from_words_are_the_byte_columns(width, little, monkeypatch):
+    """Shift-and-truncate gathering (by blocks of words) and the strided fallback of other
+    hosts and widths give the same planes, across block boundaries and a short last block."""
+    monkeypatch.setattr(codec, "GATHER_BLOCK", 1000)
+    if not little:
+        monkeypatch.setattr(codec, "_WORDS", {})
+    raw = np.random.default_rng(width).integers(0, 256, width * 2500, dtype=np.uint8)
+    out = np.full(len(raw), 7, dtype=np.uint8)
+    codec.gather(raw, width, out)
+    assert np.array_equal(out, _strided_planes(raw, width))
+
+
+def test_a_raw_plane_after_a_compressed_one_moves_up_behind_its_frame():
+    """Planes are gathered in place, so a raw plane that follows a frame is moved back over
+    bytes of its own (low bytes constant, high bytes random: the reverse of a float)."""
+    rng = np.random.default_rng(3)
+    words = (rng.integers(0, 1 << 16, 1 << 16, dtype=np.uint32) << 16) | 0x0101
+    raw = words.view(np.uint8)
+    enc = codec.encode(raw, 4, level=1)
+    assert [c for c, _ in enc.planes] == ["zstd", "zstd", "raw", "raw"]
+    expected = _strided_planes(raw, 4)[len(raw) // 2 :]
+    assert np.array_equal(enc.chunks[0][-len(raw) // 2 :], expected)
+    assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
+
+
+def test_an_encoding_thread_holds_no_buffer_but_its_gather_buffer():
+    """Every plane is gathered into the gather buffer and compressed from there: a second
+    buffer of a whole plane (16 MiB per writer thread for a 64 MiB fp32 part) is not kept."""
+    raw = (np.random.default_rng(6).standard_normal(1 << 22) * 0.02).astype(np.float32)
+    raw = raw.view(np.uint8)  # 16 MiB: planes of 4 MiB
+    got: list = []
+
+    def in_thread():  # a thread of its own: its scratch buffers are allocated in it
+        t = threading.Thread(target=lambda: got.append(codec.encode(raw, 4, level=1)))
+        t.start()
+        t.join()
+
+    frames = len(raw) // 4  # at most one plane's frame alive beside the buffer
+    assert _peak(in_thread) < len(raw) + frames + (1 << 20)
+    enc = got[0]
+    assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
