@@ -147,10 +147,11 @@ def test_a_truncated_frame_is_refused():
         codec.decode(frame[: len(frame) // 2], [["zstd", len(frame) // 2]], 1, len(raw))
 
 
-def test_a_compressed_plane_is_decoded_into_its_column_a_block_at_a_time():
+def test_a_compressed_plane_is_decoded_a_block_at_a_time():
     """Each reader thread kept a scratch buffer of a whole plane (16 MiB for a 64 MiB fp32
     part) to decompress into before spreading it over its column: with four reads in flight,
-    a cold load of 1 GiB held 0.225 GiB more than the state at its peak."""
+    a cold load of 1 GiB held 0.225 GiB more than the state at its peak. Now a thread holds a
+    block of words and a block of each compressed plane."""
     raw = (np.random.default_rng(5).standard_normal(1 << 22) * 0.02).astype(np.float32)
     raw = raw.view(np.uint8)  # 16 MiB: planes of 4 MiB
     enc = codec.encode(raw, 4, 1)
@@ -166,7 +167,8 @@ def test_a_compressed_plane_is_decoded_into_its_column_a_block_at_a_time():
         t.start()
         t.join()
 
-    assert _peak(in_thread) < codec.INFLATE_BLOCK + (256 << 10)
+    blocks = codec.INFLATE_BLOCK + codec.INFLATE_BLOCK // 4  # the words and one plane's
+    assert _peak(in_thread) < blocks + (64 << 10)
     assert got[0] is out and np.array_equal(out, raw)
 
 
@@ -218,3 +220,42 @@ def test_an_encoding_thread_holds_no_buffer_but_its_gather_buffer():
     assert _peak(in_thread) < len(raw) + frames + (1 << 20)
     enc = got[0]
     assert np.array_equal(codec.decode(enc.data, enc.planes, 4, len(raw)), raw)
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("little", [True, False])
+def test_planes_interleave_back_block_by_block(width, little, monkeypatch):
+    """Raw and compressed planes are read in step, a block at a time, and interleaved into the
+    output by words (or by strided columns on other hosts), across block boundaries and a
+    short last block."""
+    monkeypatch.setattr(codec, "INFLATE_BLOCK", 4096)
+    if not little:
+        monkeypatch.setattr(codec, "_WORDS", {})
+    values = np.random.default_rng(width).standard_normal(5000) * 0.02
+    raw = values.astype({2: np.float16, 4: np.float32, 8: np.float64}[width]).view(np.uint8)
+    enc = codec.encode(raw, width, level=1)
+    assert {"zstd", "raw"} <= {c for c, _ in enc.planes}
+    out = np.full(len(raw), 7, dtype=np.uint8)
+    assert codec.decode(enc.data, enc.planes, width, len(raw), out) is out
+    assert np.array_equal(out, raw)
+
+
+def test_a_frame_cut_short_in_a_later_block_is_refused():
+    """A frame whose stored bytes end early fails the decode in the block where it ends."""
+    raw = (np.random.default_rng(8).standard_normal(1 << 20) * 0.02).astype(np.float32)
+    raw = raw.view(np.uint8)
+    enc = codec.encode(raw, 4, level=1)
+    assert [c for c, _ in enc.planes][-1] == "zstd"
+    cut = enc.planes[:-1] + [["zstd", enc.planes[-1][1] // 2]]
+    stored = enc.data[: sum(n for _, n in cut)]
+    with pytest.raises((ValueError, zstandard.ZstdError)):
+        codec.decode(stored, cut, 4, len(raw))
+
+
+def test_a_strided_output_buffer_is_refused():
+    """Decoded bytes would go into a reshaped copy of a strided buffer, and be lost."""
+    raw = np.arange(64, dtype=np.float32).view(np.uint8)
+    enc = codec.encode(raw, 4, level=1)
+    out = np.empty(2 * len(raw), dtype=np.uint8)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        codec.decode(enc.data, enc.planes, 4, len(raw), out)
