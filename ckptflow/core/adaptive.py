@@ -28,10 +28,12 @@ to find out); compressing is measured on a SAMPLE of a part that was stored raw:
 bytes are encoded (byte grouping, zstd, the hash) and thrown away (a part compressed whole
 only to measure it cost a fresh process's first save ~20% of its bytes compressed on a disk
 where raw wins, +0.4 CPU-s per GiB). Until every estimate has MIN_EVIDENCE bytes, parts go raw
-and are sampled; after that the cheaper mode is used, and one part in EXPLORE is measured the
-other way (sampled when raw wins, stored raw when compressing wins), so the CPU estimate of the
-mode not in use stays fresh; the storage is measured by every write. Parts under MIN_PART are
-not measured (what one costs is mostly fixed overhead, which would drown the per-byte figures)
+and are sampled; after that the cheaper mode is used. When raw wins, one part in EXPLORE is
+also sampled, so the compressed estimates stay fresh. When compressing wins, every part is
+compressed: a compressed part measures the raw mode too (the writer's CPU but its coding: what
+the same part stored raw would have cost the thread), and the storage is measured by every
+write. (One part in EXPLORE stored raw to measure it stored ~6% of a save's bytes
+uncompressed.) Parts under MIN_PART are not measured (what one costs is mostly fixed overhead, which would drown the per-byte figures)
 but follow the mode the estimates favour (compressed until they are known): packed into shared
 objects (packing.py), their bytes cost what a large part's bytes cost.
 """
@@ -231,7 +233,7 @@ class Policy:
             explore = self._decided % EXPLORE == 0
         raw, packed = costs
         if packed < raw:
-            return Decision(not explore)
+            return Decision(True)
         return Decision(False, sample=explore)
 
     def favoured(self) -> bool:
@@ -240,12 +242,23 @@ class Policy:
         costs = self.seconds()
         return costs is None or costs[1] < costs[0]
 
-    def observe(self, compressed: bool, raw_bytes: int, cpu: float, stored: int) -> None:
+    def observe(
+        self,
+        compressed: bool,
+        raw_bytes: int,
+        cpu: float,
+        stored: int,
+        raw_cpu: float | None = None,
+    ) -> None:
         """A writer thread spent `cpu` CPU seconds encoding a part of `raw_bytes` into `stored`
-        bytes (and hashing it) before writing them."""
+        bytes (and hashing it) before writing them. A compressed part also says, as `raw_cpu`,
+        what storing it raw would have cost the thread (its CPU but the compressing and the
+        hashing of the stored bytes)."""
         if compressed:
             self.costs.cpu_packed.add(raw_bytes, cpu)
             self.costs.ratio.add(raw_bytes, stored)
+            if raw_cpu is not None:
+                self.costs.cpu_raw.add(raw_bytes, raw_cpu)
         else:
             self.costs.cpu_raw.add(raw_bytes, cpu)
 

@@ -271,7 +271,9 @@ class CkptStorageWriter(StorageWriter):
         payload = codec.delta(kind, raw, base.raw, width) if kind else raw
         behind = self._behind is not None and len(raw) >= job.pack_bytes
         buffer = self._behind.slot() if behind else codec.GATHER  # free once written
+        t_code = time.thread_time()
         enc = codec.encode(payload, width, job.level, packed, buffer=buffer)
+        coding = time.thread_time() - t_code
         rec = {
             "raw_offset": offset,
             "raw_size": len(raw),
@@ -290,13 +292,16 @@ class CkptStorageWriter(StorageWriter):
             self._packer.add(group_of(item_key), enc, rec)
             return rec
         # Stored raw whole, its bytes are the raw bytes: their hash is already known.
+        t_hash = time.thread_time()
         key = raw_hash if enc.chunks[0] is payload and not kind else enc.digest()
+        coding += time.thread_time() - t_hash
         rec["object"], rec["stored_size"] = key, enc.nbytes
         # (a delta's cost says nothing of what a full part costs either way)
         measured = job.policy is not None and base is None and len(raw) >= adaptive.MIN_PART
         cpu = time.thread_time() - t0  # the write's own time, its CPU too, is the storage's
         if self._write_object(key, enc, behind) and measured:
-            job.policy.observe(packed, len(raw), cpu, enc.nbytes)
+            # Stored raw, the part would have cost the thread all but its coding.
+            job.policy.observe(packed, len(raw), cpu, enc.nbytes, raw_cpu=cpu - coding)
             if decision.sample:  # after the raw CPU it is priced against
                 job.policy.observe_sample(len(raw), *self._sample(raw, width))
         return rec

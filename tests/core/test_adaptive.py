@@ -46,12 +46,14 @@ def _choices(p: adaptive.Policy, n: int = 64) -> list[bool]:
     return [d.compress for d in _decisions(p, n)]
 
 
-def test_the_cheaper_mode_is_chosen_and_the_other_still_explored():
+def test_the_cheaper_mode_is_chosen_and_raw_explores_compressing_on_samples():
     slow_disk = _decisions(_policy(storage=10e-9))  # bytes saved outweigh zstd
     fast_disk = _decisions(_policy(storage=0.2e-9))  # storage outruns the encoder
     n = len(slow_disk)
-    # Compressing wins: one part in EXPLORE is stored raw (its CPU measured whole).
-    assert sum(d.compress for d in slow_disk) == n - n // adaptive.EXPLORE
+    # Compressing wins: every part compressed. One in EXPLORE was stored raw to measure the
+    # raw mode, which a compressed part measures too (its CPU but the coding): on a 3.5 TB
+    # checkpoint those parts stored ~40 GB more, for nothing learnt.
+    assert all(d.compress for d in slow_disk)
     assert not any(d.sample for d in slow_disk)
     # Raw wins: every part raw, one in EXPLORE also sampled (compressing measured cheaply).
     assert not any(d.compress for d in fast_disk)
@@ -142,7 +144,7 @@ def test_a_mode_that_becomes_cheaper_takes_over_as_the_storage_is_measured():
     assert _choices(p, 15).count(True) == 0
     for _ in range(8):  # the disk slows down: 10 s per GiB, measured by raw parts' writes
         p.costs.storage.estimate.add(64 << 20, 10 * (64 << 20) / g)
-    assert _choices(p, 32).count(True) == 30
+    assert _choices(p, 32).count(True) == 32  # every one: compressing measures raw too
 
 
 class FakeTime:
