@@ -33,9 +33,10 @@ also sampled, so the compressed estimates stay fresh. When compressing wins, eve
 compressed: a compressed part measures the raw mode too (the writer's CPU but its coding: what
 the same part stored raw would have cost the thread), and the storage is measured by every
 write. (One part in EXPLORE stored raw to measure it stored ~6% of a save's bytes
-uncompressed.) Parts under MIN_PART are not measured (what one costs is mostly fixed overhead, which would drown the per-byte figures)
-but follow the mode the estimates favour (compressed until they are known): packed into shared
-objects (packing.py), their bytes cost what a large part's bytes cost.
+uncompressed.) Parts under MIN_PART are not measured (what one costs is mostly fixed
+overhead, which would drown the per-byte figures) but follow the mode the estimates favour
+(compressed until they are known): packed into shared objects (packing.py), their bytes cost
+what a large part's bytes cost.
 """
 
 from __future__ import annotations
