@@ -229,7 +229,7 @@ def decode(
     # Every plane is read a block at a time, in step, and the blocks are interleaved straight
     # into the output: no intermediate grouped buffer, and a compressed plane never needs a
     # buffer of its whole length (16 MiB per read in flight for a 64 MiB fp32 part).
-    block = min(INFLATE_BLOCK // n_planes, plane_len)
+    block = max(1, min(INFLATE_BLOCK // n_planes, plane_len))
     # Every frame's declared size is checked before any block buffer is allocated.
     sources = [
         _frame_reader(p, plane_len, slot=k) if c == "zstd" else p for k, (c, p) in enumerate(pieces)

@@ -259,3 +259,9 @@ def test_a_strided_output_buffer_is_refused():
     out = np.empty(2 * len(raw), dtype=np.uint8)[::2]
     with pytest.raises(ValueError, match="contiguous"):
         codec.decode(enc.data, enc.planes, 4, len(raw), out)
+
+
+def test_an_empty_part_decodes_from_a_table_of_empty_planes():
+    """A table of empty planes (a part of no elements) decodes to nothing, not a crash."""
+    assert len(codec.decode(b"", [["raw", 0]] * 4, 4, 0)) == 0
+    assert len(codec.decode(b"", [["raw", 0]], 4, 0)) == 0
