@@ -44,6 +44,7 @@ def run_save(spec: dict) -> dict:
         sd32, sd = llm_state.load_state(spec["work"], spec["dtype"])
     base_rss = probes.rss_gib("VmRSS")
     warm_up(spec, load=False)
+    probes.settle()  # nothing an earlier phase left to the disk is billed to this one
     m = spec["method"]
     if m in TRAINING_SAVERS:
         out = TRAINING_SAVERS[m](spec, sd, sd32, meta["names"])
@@ -114,6 +115,7 @@ def run_load(spec: dict) -> dict:
     warm_up(spec, load=True)
     dst = None if raw else llm_state.template(expect)
     cold = _cache(spec)
+    probes.settle()
     with _link(spec):
         probes.reset_peak_rss()
         base = probes.rss_gib("VmRSS")
@@ -149,6 +151,7 @@ def run_coop_rank(spec: dict) -> dict:
         sd = llm_state.template(expect)
         if spec["rank"] == 0:
             cold = _cache(spec)
+            probes.settle()
         with _link(spec):  # each rank its own link
             dist.barrier()
             probes.reset_peak_rss()

@@ -305,7 +305,8 @@ results in `results.json` of its `--out-dir`.
   distribution for step 1000 under random gradients with per-row scales, then 5 real AdamW
   steps); `bf16` is the same state cast to bf16.
 - {c["repeats"]} interleaved rounds: each round runs every method once, each save and each load
-  in its own process, in an order rotated from round to round. Tables show medians over rounds;
+  in its own process, in an order shuffled from round to round (no method always follows the
+  same one). Tables show medians over rounds;
   ratios are paired within a round, then the median is taken.
 - CPU-s/GiB: CPU time of every thread of the process (user + system) in the timed region, per
   GiB of state. Load extra RSS/GiB: the load's peak RSS above its RSS just before (destination
