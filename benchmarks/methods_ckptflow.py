@@ -157,16 +157,16 @@ def entropy_floor_parts(base: dict, new: dict) -> tuple[float, float]:
     against the base, the zigzag integer difference), each byte plane at its order-0 entropy:
     no coder of independent bytes goes below it. The low mantissa planes of a dense AdamW state
     are noise (entropy ~1.000): no lossless delta of it goes below their part."""
-    from ckptflow.core import codec
+    from ckptflow.core import deltas
 
     total = low = 0.0
     for k, t in new.items():
         a, b = llm_state.np_bytes(t), llm_state.np_bytes(base[k])
         w = t.element_size() if t.is_floating_point() and t.numel() > 1 else 1
-        kinds = [None, "xor"] + (["sub"] if w > 1 and codec.sub_ok(w, len(a)) else [])
+        kinds = [None, "xor"] + (["sub"] if w > 1 and deltas.sub_ok(w, len(a)) else [])
         best = None
         for kind in kinds:
-            x = a if kind is None else codec.delta(kind, a, b, w)
+            x = a if kind is None else deltas.delta(kind, a, b, w)
             planes = [_h0_bytes(np.ascontiguousarray(x[j::w])) for j in range(w)]
             if best is None or sum(planes) < sum(best):
                 best = planes

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 
 # 2: item keys escape `%` and `@` in FQNs (see manifest.item_key); 3: a delta part names its
-# kind, "xor" or "sub" (see codec.DELTA_KINDS; versions 1-2 deltas are all XOR)
+# kind, "xor" or "sub" (see deltas.DELTA_KINDS; versions 1-2 deltas are all XOR)
 FORMAT_VERSION = 4
 READ_VERSIONS = (1, 2, 3, 4)  # manifest versions this ckptflow reads
 DELTA_KIND_VERSION = 3  # the first version whose delta parts may name a kind

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from ckptflow.core import codec, jsonfile, layout, tiling
+from ckptflow.core import deltas, jsonfile, layout, tiling
 
 MAX_BYTES = 1 << 44  # 16 TiB: larger sizes in a manifest are corrupt or hostile
 MAX_MANIFEST = 512 * 1024 * 1024
@@ -171,9 +171,9 @@ def _delta_kind(p: dict, where: str, version: int) -> None:
         _fail(f"{where}.delta", "a full part has no delta kind")
     if version < layout.DELTA_KIND_VERSION:
         _fail(f"{where}.delta", f"delta kinds need format version {layout.DELTA_KIND_VERSION}")
-    if kind not in codec.DELTA_KINDS:
+    if kind not in deltas.DELTA_KINDS:
         _fail(f"{where}.delta", f"unknown delta kind {kind!r:.40}")
-    if kind == "sub" and not codec.sub_ok(p["width"], p["raw_size"]):
+    if kind == "sub" and not deltas.sub_ok(p["width"], p["raw_size"]):
         _fail(f"{where}.delta", "a sub delta needs whole elements 1, 2, 4 or 8 bytes wide")
 
 

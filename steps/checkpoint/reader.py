@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ckptflow.core import codec, layout, locator
+from ckptflow.core import codec, deltas, layout, locator
 from ckptflow.core.errors import CorruptCheckpoint
 from ckptflow.core.localio import scratch
 from ckptflow.core.storage import Storage
@@ -156,7 +156,7 @@ class ObjectFetcher:
         raw = self._decode(part, out)
         if part.get("base") is not None:
             # (the manifest validator checked the kind, width and sizes)
-            codec.undelta(part.get("delta", "xor"), raw, self._decode(part["base"]), part["width"])
+            deltas.undelta(part.get("delta", "xor"), raw, self._decode(part["base"]), part["width"])
         return raw
 
 

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptflow.core import adaptive, codec, intent, layout
+from ckptflow.core import adaptive, codec, deltas, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import AlreadyExists
@@ -267,8 +267,8 @@ class CkptStorageWriter(StorageWriter):
         packed = decision.compress
         kind = None
         if packed and base is not None and len(base.raw) == len(raw):
-            kind = codec.choose_delta(raw, base.raw, width, job.level)
-        payload = codec.delta(kind, raw, base.raw, width) if kind else raw
+            kind = deltas.choose_delta(raw, base.raw, width, job.level)
+        payload = deltas.delta(kind, raw, base.raw, width) if kind else raw
         behind = self._behind is not None and len(raw) >= job.pack_bytes
         buffer = self._behind.slot() if behind else codec.GATHER  # free once written
         t_code = time.thread_time()

@@ -270,12 +270,12 @@ def test_dense_small_updates_store_the_integer_difference(tmp_path):
 
 def test_a_tensor_whose_delta_never_pays_is_stored_full_without_delta_work(tmp_path, monkeypatch):
     """Like AdamW's exp_avg: found at the first delta, then stored full with no delta tried."""
-    from ckptflow.core import codec
+    from ckptflow.core import deltas
 
     sizes = []
-    real = codec.choose_delta
+    real = deltas.choose_delta
     monkeypatch.setattr(
-        codec, "choose_delta", lambda raw, *a, **kw: sizes.append(len(raw)) or real(raw, *a, **kw)
+        deltas, "choose_delta", lambda raw, *a, **kw: sizes.append(len(raw)) or real(raw, *a, **kw)
     )
     ck = Checkpointer(str(tmp_path / "r"), full_every=3)
     g = torch.Generator().manual_seed(1)
