@@ -45,7 +45,6 @@ from ckptflow.core.storage import AlreadyExists
 from ckptflow.core.uris import OBJECT_STORES
 
 log = logging.getLogger("ckptflow.checkpoint")
-_thread = threading.local()  # per writer thread: whether its encoder is warm (_sample)
 
 
 class SafeSavePlanner(DefaultSavePlanner):
@@ -242,22 +241,6 @@ class CkptStorageWriter(StorageWriter):
             return adaptive.Decision(job.policy.favoured())
         return job.policy.decide()
 
-    def _sample(self, raw: np.ndarray, width: int) -> tuple[int, float, int]:
-        """What compressing a part stored raw would have cost, measured on its first bytes
-        (encoded and thrown away; adaptive.py): (bytes, CPU seconds, bytes they encoded to)."""
-        n = min(len(raw), adaptive.SAMPLE)
-        n -= n % max(width, 1)
-        if not getattr(_thread, "warm", False):
-            # A thread's first encoding creates its zstd context and faults in its buffers
-            # (5.5 CPU-s per GiB on a 1 MiB sample, against 1.1 after): that measured one-off
-            # set-up, not what compressing costs, and tipped `auto` to raw on a slow disk.
-            codec.encode(raw[:n], width, self.job.level, True).digest()
-            _thread.warm = True
-        t0 = time.thread_time()
-        enc = codec.encode(raw[:n], width, self.job.level, True)
-        enc.digest()  # a compressed object is hashed too (its name)
-        return n, time.thread_time() - t0, enc.nbytes
-
     def _encode_and_write(
         self, raw, raw_hash, offset, width, base: BasePart | None, like=None, item_key=""
     ) -> dict:
@@ -303,7 +286,8 @@ class CkptStorageWriter(StorageWriter):
             # Stored raw, the part would have cost the thread all but its coding.
             job.policy.observe(packed, len(raw), cpu, enc.nbytes, raw_cpu=cpu - coding)
             if decision.sample:  # after the raw CPU it is priced against
-                job.policy.observe_sample(len(raw), *self._sample(raw, width))
+                sample = adaptive.sample_cost(raw, width, job.level)
+                job.policy.observe_sample(len(raw), *sample)
         return rec
 
     def _write_object(self, key: str, enc: codec.Encoded, behind: bool = False) -> bool:
