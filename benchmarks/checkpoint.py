@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import socket
@@ -34,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +43,7 @@ sys.path.insert(0, HERE)
 import checkpoint_methods as cm  # noqa: E402
 from checkpoint_report import docs, markdown, summarize, targets  # noqa: E402
 
-from benchmarks import llm_state, probes  # noqa: E402
+from benchmarks import bench_host, llm_state, probes  # noqa: E402
 
 GIB = float(1 << 30)
 METHODS = [
@@ -163,34 +161,6 @@ def parse(argv=None) -> Config:
         write_docs=a.write_docs,
         keep=a.keep,
     )
-
-
-# -- S3 ----------------------------------------------------------------------------------------
-def start_s3() -> tuple[object, str]:
-    """moto's ThreadedMotoServer in this process (as tests/conftest.py); children inherit env."""
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    os.environ.update(
-        AWS_ENDPOINT_URL=url,
-        AWS_ACCESS_KEY_ID="bench-key-id",
-        AWS_SECRET_ACCESS_KEY="bench-secret",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    os.environ.pop("AWS_PROFILE", None)
-    bucket = f"bench-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
-    return server, bucket
 
 
 # -- running children --------------------------------------------------------------------------
@@ -353,7 +323,7 @@ def run(cfg: Config) -> dict:
     rows, started = [], time.time()
     try:
         if "s3" in cfg.backends:
-            server, bucket = start_s3()
+            server, bucket = bench_host.start_s3()
         order = plan(cfg)
         for rnd in range(cfg.repeats):
             for method, backend, dtype in round_order(order, rnd):
@@ -375,7 +345,7 @@ def run(cfg: Config) -> dict:
             shutil.rmtree(scratch, ignore_errors=True)
     res = {
         "config": cfg.__dict__ | {"state_bytes_fp32": raw_bytes},
-        "machine": machine(cfg.scratch) | {"loadavg_at_start": load_at_start},
+        "machine": bench_host.machine(cfg.scratch) | {"loadavg_at_start": load_at_start},
         "elapsed_s": time.time() - started,
         "rows": rows,
     }
@@ -392,49 +362,6 @@ def short(row: dict) -> str:
         if row.get(f"load_s_{c}"):
             out += f" load-{c} {row[f'load_s_{c}']:.2f}s"
     return out + f" stored/raw {row.get('stored_raw', 1):.3f}"
-
-
-def _lines(path: str) -> list[str]:
-    with open(path) as f:
-        return f.readlines()
-
-
-def machine(path: str) -> dict:
-    """CPU, memory, the disk under `path`, software versions, and how loaded the machine was."""
-    import safetensors
-    import torch
-    import zstandard
-
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in _lines("/proc/cpuinfo")
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    mem = next(int(ln.split()[1]) for ln in _lines("/proc/meminfo") if ln.startswith("MemTotal"))
-    dev = subprocess.run(
-        ["df", "--output=source,fstype,size", path], capture_output=True, text=True
-    )
-    src = dev.stdout.split("\n")[1].split() if dev.returncode == 0 else ["?"]
-    if len(src) == 3:  # df reports 1K blocks
-        src[2] = f"{int(src[2]) / (1 << 20):.0f} GiB"
-    blk = os.path.basename(src[0])
-    rot = f"/sys/block/{blk}/queue/rotational"
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem / (1 << 20), 1),
-        "disk": " ".join(src),
-        "rotational": _lines(rot)[0].strip() if os.path.exists(rot) else "?",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "zstandard": zstandard.__version__,
-        "safetensors": safetensors.__version__,
-        "loadavg_at_end": os.getloadavg(),
-    }
 
 
 def _loads(xs) -> str:
