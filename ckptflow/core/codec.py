@@ -7,7 +7,7 @@ planes cost no compression time. A part stored uncompressed is stored raw and un
 load reads it in one piece (with `compress="auto"` the writer chooses per part, from what each
 mode costs on the root: ckptflow.core.adaptive). A delta part stores `raw XOR base` (or their
 difference) the same way: unchanged bits become zero bytes that compress to almost nothing
-(ckptflow.core.delta).
+(ckptflow.core.deltas).
 
 Checksums (xxh3-128) cover the stored bytes, so corruption is found before decompression.
 """
@@ -146,9 +146,8 @@ def encode(
     stored order (every plane gathered into it, then each compressed plane's frame written over
     its plane and later raw planes moved up behind it), so a local object is written with
     O_DIRECT straight from it: as a list of planes, every byte went through the write's bounce
-    buffer once more. `buffer` names the
-    gather buffer (localio.scratch): a writer thread alternates between buffers so that one is
-    written while it fills the next."""
+    buffer once more. `buffer` names the gather buffer (localio.scratch): a writer thread
+    alternates between buffers so that one is written while it fills the next."""
     if not compress or not len(raw):
         return Encoded([raw], [["raw", len(raw)]])
     grouped = width > 1 and len(raw) % width == 0
