@@ -92,9 +92,10 @@ def storage_busy(dirty_limit: int = 1 << 20) -> bool:
 
 def settle(quiet_s: float = 0.3, limit_s: float = 10.0) -> float:
     """Flush the host and wait until its storage has been idle for `quiet_s` (at most
-    `limit_s`); the seconds waited. Run before each timed phase: a method that left its files
-    to the kernel's writeback (DCP's async_save does not fsync) billed the method after it,
-    always the same one in the rotated order (0.15-0.2 s of a 1.5 s save)."""
+    `limit_s`); the seconds waited. Run before each timed phase, so dirty pages an earlier
+    phase left (DCP's async_save does not fsync) are not written back during this one. It
+    does not see what a virtual disk's host still does: the save after DCP's async_save
+    stayed slow with it; the shuffled schedule (checkpoint.round_order) spreads that out."""
     t0 = time.perf_counter()
     os.sync()
     quiet_since = None
