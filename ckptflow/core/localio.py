@@ -22,6 +22,11 @@ ALIGN = 4096  # O_DIRECT wants buffers, lengths and offsets aligned to the logic
 DIRECT_BLOCK = 8 << 20  # bounce-buffer size of one O_DIRECT write
 READ_BLOCK = 16 << 20  # bounce-buffer size of one O_DIRECT read (read_into)
 DIRECT_READ_MIN = 1 << 20  # smaller files are read through the page cache
+# A thread's buffer for an object read whole (the reader's `stored`) and, when it reads into a
+# caller's unaligned buffer instead, the O_DIRECT bounce of that read: a thread reads one object
+# at a time, so it need not hold both (a cold load held a 53 MiB read buffer and a 10 MiB
+# bounce per thread).
+READ_BUFFER = "read"
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
 
 _local = threading.local()
@@ -295,7 +300,7 @@ def _read_direct(fd: int, buf: np.ndarray, block: int) -> int | None:
             got = _read_full(fd, memoryview(buf[:pos]), 0)
             if got < pos:
                 return got
-        bounce = scratch("direct-read", min(block, _round_up(n - pos)))
+        bounce = _bounce(buf, min(block, _round_up(n - pos)))
         while pos < n:
             want = min(len(bounce), _round_up(n - pos))
             got = _read_full(fd, memoryview(bounce[:want]), pos)
@@ -309,6 +314,15 @@ def _read_direct(fd: int, buf: np.ndarray, block: int) -> int | None:
         if exc.errno == errno.EINVAL:
             return None
         raise
+
+
+def _bounce(buf: np.ndarray, n: int) -> np.ndarray:
+    """The bounce of a direct read into `buf`: the thread's READ_BUFFER, unless `buf` lies in
+    it (the tail of an object read into it), which a bounce carved from it would overwrite."""
+    shared = scratch(READ_BUFFER, n)
+    if not np.may_share_memory(shared, buf):
+        return shared
+    return scratch("direct-read", n)
 
 
 def _round_up(n: int) -> int:

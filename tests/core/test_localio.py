@@ -185,3 +185,44 @@ def test_sync_files_accepts_a_fresh_file(tmp_path):
     p.parent.mkdir()
     p.write_bytes(b"y" * 10)
     localio.sync_files([str(p)])
+
+
+def test_a_read_into_a_caller_buffer_bounces_through_the_threads_read_buffer(tmp_path):
+    """A thread reads one object at a time: a cold read into an unaligned caller buffer (a
+    raw part into its tensor) bounces through the thread's object read buffer, not a second
+    buffer beside it (a cold load held a 53 MiB read buffer and a 10 MiB bounce per thread)."""
+    import threading
+
+    path = str(tmp_path / "obj")
+    data = _cold_file(path, localio.DIRECT_READ_MIN + 4096 * 5 + 3)
+    dst = _destination(len(data), aligned=False)
+    result = {}
+
+    def in_a_fresh_thread():
+        read_buf = localio.scratch(localio.READ_BUFFER, 4 << 20)  # an object read before
+        before = set(localio._local.bufs)
+        with open(path, "rb") as f:
+            result["got"] = localio.read_into(f, len(data), lambda k: dst[:k], block=1 << 20)
+        result["new"] = set(localio._local.bufs) - before
+        result["same"] = localio.scratch(localio.READ_BUFFER, 1).ctypes.data == read_buf.ctypes.data
+
+    t = threading.Thread(target=in_a_fresh_thread)
+    t.start()
+    t.join()
+    got, buf = result["got"]
+    assert got == len(data) and buf.tobytes() == data
+    if _takes_direct(str(tmp_path)):
+        assert result["new"] == set() and result["same"]
+
+
+@pytest.mark.parametrize("offset", [0, 64])
+def test_a_read_into_the_read_buffer_itself_is_not_bounced_over(tmp_path, offset):
+    """The object read buffer as the destination (aligned, or a view 64 bytes in): its bytes
+    survive, though bounce and tail would otherwise be carved from that same buffer."""
+    path = str(tmp_path / "obj")
+    data = _cold_file(path, localio.DIRECT_READ_MIN + 4096 * 2 + 17)
+    n = len(data)
+    own = localio.scratch(localio.READ_BUFFER, n + offset)[offset:]
+    with open(path, "rb") as f:
+        got, buf = localio.read_into(f, n, lambda k: own[:k], block=1 << 20)
+    assert got == n and buf.tobytes() == data
