@@ -21,6 +21,7 @@ from ckptflow.core.retention import CatalogEntry
 from ckptflow.core.storage import Entry, Storage, StorageError
 
 DEDUP_RATIO = 0.5  # a full step whose new bytes are below this share of its stored bytes
+LIST_THREADS = 16  # object folders a commit check lists at once (present_objects)
 
 
 @dataclass
@@ -191,23 +192,44 @@ def check_objects(
 
 def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
     """The objects of `sizes` (key -> stored size) that are absent or of another size, in the
-    root (one listing) or, for objects it borrows, in its parent roots. What a save checks
-    before it commits."""
-    present = list_objects(storage)
-    fallbacks: list[Storage] | None = None
+    root or, for objects it borrows, in its parent roots (the first holding one gives its
+    size). What a save checks before it commits."""
+    present = present_objects(storage, sizes)
+    absent = [k for k in sizes if k not in present]
+    for parent in locator.parent_stores(storage) if absent else []:
+        present |= present_objects(parent, absent)
+        absent = [k for k in absent if k not in present]
+        if not absent:
+            break
     bad = []
     for key, size in sorted(sizes.items()):
         found = present.get(key)
-        have = found.size if found is not None else None
-        if found is None:
-            fallbacks = locator.parent_stores(storage) if fallbacks is None else fallbacks
-            have = _size_in(fallbacks, key)
         url = storage.url(layout.object_path(key))
-        if have is None:
+        if found is None:
             bad.append(f"{url} (missing)")
-        elif have != size:
-            bad.append(f"{url} (size {have}, expected {size})")
+        elif found.size != size:
+            bad.append(f"{url} (size {found.size}, expected {size})")
     return bad
+
+
+def present_objects(storage: Storage, keys) -> dict[str, Entry]:
+    """The objects among `keys` found where readers look for them: key -> Entry.
+
+    Lists only the key-prefix folders of `keys`, LIST_THREADS at a time: a root keeping many
+    checkpoints holds millions of objects, and an object store pages a listing 1,000 keys per
+    request, one page after another (the whole objects folder, before every commit, was
+    O(root) requests per save)."""
+    with contextlib.suppress(AttributeError):
+        storage.fs.invalidate_cache()  # a long-lived process must not see a stale listing
+    wanted = {layout.object_path(k): k for k in keys}
+    folders = sorted({rel.rsplit("/", 1)[0] for rel in wanted})
+    out: dict[str, Entry] = {}
+    if not folders:
+        return out
+    with ThreadPoolExecutor(min(LIST_THREADS, len(folders)), "ckpt-list") as pool:
+        for entries in pool.map(storage.walk, folders):
+            out.update((wanted[e.path], e) for e in entries if e.path in wanted)
+    return out
 
 
 def _size_in(stores: list[Storage], key: str) -> int | None:

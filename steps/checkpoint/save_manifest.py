@@ -27,7 +27,8 @@ VERSION = "0.1.0"
 
 def _check_objects_present(storage: Storage, manifest: dict) -> None:
     """Refuse to commit over objects that are gone or of the wrong size (a GC that freed them,
-    a lost upload): one listing of the root, then the parent roots for borrowed ones."""
+    a lost upload): the key-prefix folders of its objects listed, in the root, then in the
+    parent roots for borrowed ones (listing.missing_objects)."""
     bad = listing.missing_objects(storage, {k: v["size"] for k, v in manifest["objects"].items()})
     if bad:
         raise CheckpointError(
