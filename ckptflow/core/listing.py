@@ -173,15 +173,12 @@ def check_objects(
     """Mark a committed row corrupt when an object it needs is missing or has the wrong size.
     An object not in this root may be borrowed from a parent root (a fine-tune's base):
     `borrowed` caches its size there (None: absent everywhere)."""
-    fallbacks = None
+    borrowed.update(
+        borrowed_sizes(located, [k for k in row.objects if k not in listing and k not in borrowed])
+    )
     for key, size in sorted(row.objects.items()):
         found, url = listing.get(key), located.url(layout.object_path(key))
-        have = found.size if found is not None else None
-        if found is None:
-            if key not in borrowed:
-                fallbacks = locator.parent_stores(located) if fallbacks is None else fallbacks
-                borrowed[key] = _size_in(fallbacks, key)
-            have = borrowed[key]
+        have = found.size if found is not None else borrowed[key]
         if have is None:
             row.problems.append(f"{url} (missing)")
         elif have != size:
@@ -194,22 +191,31 @@ def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
     """The objects of `sizes` (key -> stored size) that are absent or of another size, in the
     root or, for objects it borrows, in its parent roots (the first holding one gives its
     size). What a save checks before it commits."""
-    present = present_objects(storage, sizes)
-    absent = [k for k in sizes if k not in present]
-    for parent in locator.parent_stores(storage) if absent else []:
-        present |= present_objects(parent, absent)
-        absent = [k for k in absent if k not in present]
-        if not absent:
-            break
+    have = {k: e.size for k, e in present_objects(storage, sizes).items()}
+    have |= borrowed_sizes(storage, [k for k in sizes if k not in have])
     bad = []
     for key, size in sorted(sizes.items()):
-        found = present.get(key)
         url = storage.url(layout.object_path(key))
-        if found is None:
+        if have[key] is None:
             bad.append(f"{url} (missing)")
-        elif found.size != size:
-            bad.append(f"{url} (size {found.size}, expected {size})")
+        elif have[key] != size:
+            bad.append(f"{url} (size {have[key]}, expected {size})")
     return bad
+
+
+def borrowed_sizes(storage: Storage, keys: list[str]) -> dict[str, int | None]:
+    """The sizes of `keys` in the root's parent roots, the first holding one giving it (None:
+    in none), found by listing their prefix folders (a HEAD per object was one request after
+    another for each of a fine-tune's borrowed objects). Parents are read only when asked."""
+    out: dict[str, int | None] = dict.fromkeys(keys)
+    todo = list(keys)
+    for parent in locator.parent_stores(storage) if todo else []:
+        found = present_objects(parent, todo)
+        out.update((k, e.size) for k, e in found.items())
+        todo = [k for k in todo if k not in found]
+        if not todo:
+            break
+    return out
 
 
 def present_objects(storage: Storage, keys) -> dict[str, Entry]:
@@ -230,15 +236,6 @@ def present_objects(storage: Storage, keys) -> dict[str, Entry]:
         for entries in pool.map(storage.walk, folders):
             out.update((wanted[e.path], e) for e in entries if e.path in wanted)
     return out
-
-
-def _size_in(stores: list[Storage], key: str) -> int | None:
-    for st in stores:
-        try:
-            return st.size(layout.object_path(key))
-        except FileNotFoundError:
-            continue
-    return None
 
 
 def verify_step(

@@ -97,3 +97,34 @@ def test_borrowed_objects_are_found_in_the_parent_root_by_listing(tmp_path, monk
     bad = listing.missing_objects(Storage(child), {mine: 10, borrowed: 7, nowhere: 10})
     assert len(bad) == 1 and bad[0].endswith(f"{nowhere} (missing)")
     assert sorted(parent.folders) == [f"{layout.OBJECTS}/02", f"{layout.OBJECTS}/03"]
+
+
+class NoHeads(Walks):
+    """A parent root that must be listed, not asked object by object (one HEAD per object)."""
+
+    def size(self, rel):
+        raise AssertionError(f"a HEAD of {rel}: borrowed objects are looked up by listing")
+
+
+def test_ls_looks_borrowed_objects_up_by_listing_the_parent(tmp_path, monkeypatch):
+    """`ckpt ls` of a fine-tune root checks the base's objects it borrows: one HEAD each, one
+    after another, was tens of thousands of requests for a large base; now the parent's
+    prefix folders of the keys not in the root are listed once per row (sizes cached)."""
+    base, child = str(tmp_path / "base"), str(tmp_path / "child")
+    mine, borrowed, short, nowhere = _key(1), _key(2), _key(3), _key(4)
+    _put(child, mine)
+    _put(base, borrowed)
+    _put(base, short, size=4)
+    parent = NoHeads(base)
+    monkeypatch.setattr(locator, "parent_stores", lambda st: [parent])
+    st = Storage(child)
+    row = listing.StepRow(step=5, state="committed")
+    row.objects = {mine: 10, borrowed: 10, short: 10, nowhere: 10}
+    cache: dict = {}
+    listing.check_objects(row, listing.list_objects(st), st, cache)
+    assert row.state == "corrupt" and len(row.problems) == 2
+    assert "(size 4, expected 10)" in row.problems[0] and row.problems[1].endswith("(missing)")
+    assert sorted(parent.folders) == [f"{layout.OBJECTS}/0{i}" for i in (2, 3, 4)]
+    again = listing.StepRow(step=6, state="committed", objects={borrowed: 10})
+    listing.check_objects(again, listing.list_objects(st), st, cache)
+    assert again.state == "committed" and len(parent.folders) == 3  # cached: not listed again
