@@ -21,7 +21,7 @@ from ckptflow.core.retention import CatalogEntry
 from ckptflow.core.storage import Entry, Storage, StorageError
 
 DEDUP_RATIO = 0.5  # a full step whose new bytes are below this share of its stored bytes
-LIST_THREADS = 16  # object folders a commit check lists at once (present_objects)
+LIST_THREADS = 16  # object folders listed at once (present_objects: the commit check, `ls`)
 
 
 @dataclass
