@@ -157,14 +157,24 @@ def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> St
 
 def list_objects(storage: Storage) -> dict[str, Entry]:
     """Every object under the root: key -> Entry (size, mtime). One listing, no reads."""
+    _uncached(storage)
+    return dict(_placed(storage.walk(layout.OBJECTS)))
+
+
+def _uncached(storage: Storage) -> None:
+    """Drop the backend's cached listings: a long-lived process must not see a stale one."""
     with contextlib.suppress(AttributeError):
-        storage.fs.invalidate_cache()  # a long-lived process must not see a stale listing
-    out = {}
-    for e in storage.walk(layout.OBJECTS):
+        storage.fs.invalidate_cache()
+
+
+def _placed(entries):
+    """(key, entry) of the files at their key's own path, where readers look for them. A file
+    named like a key in another key's folder (an alias) is not that object: taken for it, an
+    old alias made GC delete a young object, and an archive skip copying one (then fail)."""
+    for e in entries:
         key = e.path.rsplit("/", 1)[-1]
-        if layout.KEY_RE.match(key):
-            out[key] = e
-    return out
+        if layout.KEY_RE.match(key) and e.path == layout.object_path(key):
+            yield key, e
 
 
 def check_objects(
@@ -225,16 +235,15 @@ def present_objects(storage: Storage, keys) -> dict[str, Entry]:
     checkpoints holds millions of objects, and an object store pages a listing 1,000 keys per
     request, one page after another (the whole objects folder, before every commit, was
     O(root) requests per save)."""
-    with contextlib.suppress(AttributeError):
-        storage.fs.invalidate_cache()  # a long-lived process must not see a stale listing
-    wanted = {layout.object_path(k): k for k in keys}
-    folders = sorted({rel.rsplit("/", 1)[0] for rel in wanted})
+    _uncached(storage)
+    wanted = set(keys)
+    folders = sorted({layout.object_path(k).rsplit("/", 1)[0] for k in wanted})
     out: dict[str, Entry] = {}
     if not folders:
         return out
     with ThreadPoolExecutor(min(LIST_THREADS, len(folders)), "ckpt-list") as pool:
         for entries in pool.map(storage.walk, folders):
-            out.update((wanted[e.path], e) for e in entries if e.path in wanted)
+            out.update((k, e) for k, e in _placed(entries) if k in wanted)
     return out
 
 

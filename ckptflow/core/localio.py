@@ -220,7 +220,8 @@ def read_into(f, expect: int, get_buf, block: int = READ_BLOCK) -> tuple[int, np
     torch aligns to 64 bytes) is filled through bounce blocks of `block` bytes in the thread's
     READ_BUFFER (16 MiB blocks, with 4 reads in flight, were as fast as reading straight into
     aligned memory; 8 MiB blocks 1.0 s). A cached file, or one the filesystem will not read
-    directly, is read the ordinary way. Reads are positional: `f`'s own position and buffer are not used."""
+    directly, is read the ordinary way. Reads are positional: `f`'s own position and buffer
+    are not used."""
     fd = f.fileno()
     size = os.fstat(fd).st_size
     if size != expect:

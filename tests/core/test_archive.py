@@ -285,3 +285,22 @@ def test_a_killed_archiver_leaves_no_torn_marker(tmp_path, monkeypatch):
     assert rows_of(root)[1].tier == "archive"
     for step in (1, 2, 3):
         assert_loads(root, step, states[step])
+
+
+def test_an_alias_in_the_archive_root_does_not_stand_in_for_an_object(tmp_path):
+    """A file named like a step's object but under another folder of the archive root: the
+    archive took it for the object and skipped copying it; its own check then found the copy
+    missing and failed, so no step could be archived to that root."""
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = save_steps(root, [1, 2], full_every=1)
+    for key in rootreader.read_manifest(Storage(root), 1)["objects"]:
+        wrong = "00" if not key.startswith("00") else "ff"
+        alias = os.path.join(arch, layout.OBJECTS, wrong, key)
+        os.makedirs(os.path.dirname(alias), exist_ok=True)
+        with open(os.path.join(root, layout.object_path(key)), "rb") as src:
+            data = src.read()
+        with open(alias, "wb") as f:
+            f.write(data)
+    report = archive(root, arch, 0.0, apply=True, now=time.time() + 10, grace_s=0)
+    assert report.steps == [1]
+    assert_loads(root, 1, states[1])

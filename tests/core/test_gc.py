@@ -505,3 +505,24 @@ def test_gc_with_zero_grace_on_s3_leaves_a_heartbeating_save_whole(s3_bucket, mo
     handle.wait()
     ck.close()
     assert_loads(root, 3, new)
+
+
+def test_an_old_alias_of_a_young_object_does_not_get_it_collected(tmp_path):
+    """An adversary's copy of a young unreferenced object (a live save's, not yet named by a
+    manifest), under another folder and dated hours back: GC took its age for the object's
+    and deleted the real one within the grace."""
+    root = str(tmp_path / "ckpt")
+    save_steps(root, [1], full_every=1)
+    key = "00" + "ab" * 15
+    real = os.path.join(root, layout.object_path(key))
+    os.makedirs(os.path.dirname(real), exist_ok=True)
+    with open(real, "wb") as f:
+        f.write(b"a save's fresh object")
+    alias = os.path.join(root, layout.OBJECTS, "ff", key)
+    os.makedirs(os.path.dirname(alias), exist_ok=True)
+    with open(alias, "wb") as f:
+        f.write(b"a save's fresh object")
+    old = time.time() - 10 * HOUR
+    os.utime(alias, (old, old))
+    report = gc(root, "last=1", apply=True)
+    assert key not in report.objects and os.path.exists(real)

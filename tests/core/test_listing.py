@@ -128,3 +128,16 @@ def test_ls_looks_borrowed_objects_up_by_listing_the_parent(tmp_path, monkeypatc
     again = listing.StepRow(step=6, state="committed", objects={borrowed: 10})
     listing.check_objects(again, listing.list_objects(st), st, cache)
     assert again.state == "committed" and len(parent.folders) == 3  # cached: not listed again
+
+
+def test_a_file_under_another_keys_folder_is_not_listed_as_that_object(tmp_path):
+    """GC, archive and `ls` take the whole listing: a file named like a key under another key's
+    folder (an alias) is not that object, whatever its size and age."""
+    root = str(tmp_path / "r")
+    real, alias_only = _key(1), _key(2)
+    _put(root, real)
+    _put(root, real, size=99, rel=f"{layout.OBJECTS}/ff/{real}")
+    _put(root, alias_only, rel=f"{layout.OBJECTS}/ff/{alias_only}")
+    found = listing.list_objects(Storage(root))
+    assert set(found) == {real} and found[real].size == 10
+    assert found[real].path == layout.object_path(real)
