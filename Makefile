@@ -46,7 +46,12 @@ $(AZURITE):
 			apt-get update -qq && apt-get install -y -qq nodejs npm; \
 		else echo "npm is needed for azurite: install nodejs and npm (e.g. apt-get install -y npm)"; exit 1; fi; \
 	fi
-	npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE_PIN)
+	@# The registry's index can name a dependency version before it serves it (seen: ETARGET for
+	@# @azure/msal-common): a failed install is tried again, three times in all.
+	for try in 1 2 3; do \
+		npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error $(AZURITE_PIN) && exit 0; \
+		echo "npm install failed (try $$try of 3)"; sleep 10; \
+	done; exit 1
 
 run: $(STAMP)
 	$(VENV)/bin/ckptflow run pipeline --local
