@@ -11,13 +11,12 @@ references pass through Argo. A failed variant does not stop the others (`contin
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 from ckptflow.workflows import parameters
-from ckptflow.workflows.config import ConfigError, FinetuneConfig, PipelineConfig
+from ckptflow.workflows.config import ConfigError, PipelineConfig
 from ckptflow.workflows.metrics import save_metrics
-from ckptflow.workflows.parameters import ref
+from ckptflow.workflows.parameters import ref, variant_name, variants
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Container, Parameter, Workflow
@@ -40,25 +39,6 @@ SELECT_KNOBS = {"metric": ref("metric"), "mode": ref("mode")}
 def variant_root(root: str, name: str) -> str:
     """The run root of variant `name` below the pipeline's run root `root`."""
     return f"{root}/finetune/{name}"
-
-
-def variant_name(lr: str, freeze: str) -> str:
-    """A variant's name (its folder) from its grid values, as Argo writes them."""
-    return f"lr{lr}-freeze{freeze}"
-
-
-def variants(c: FinetuneConfig) -> list[dict[str, str]]:
-    """The grid: name, lr, freeze (strings, as Argo passes them)."""
-    grid = [
-        {"name": variant_name(f"{lr:g}", str(k)), "lr": f"{lr:g}", "freeze": str(k)}
-        for lr, k in itertools.product(c.lrs, c.freeze_blocks)
-    ]
-    if not grid:
-        raise ConfigError("finetune.lrs and finetune.freeze_blocks must each name a value")
-    names = [v["name"] for v in grid]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"finetune grid has duplicate variants {names}; remove repeats")
-    return grid
 
 
 def variant_template(cfg: PipelineConfig) -> Container:

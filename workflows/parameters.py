@@ -14,12 +14,14 @@ The templates read each one as `{{workflow.parameters.NAME}}`; the ranks fan out
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptflow.workflows.config import (
     ConfigError,
+    FinetuneConfig,
     PipelineConfig,
     apply_overrides,
     settings,
@@ -81,10 +83,27 @@ def ref(name: str) -> str:
     return "{{workflow.parameters." + name + "}}"
 
 
+def variant_name(lr: str, freeze: str) -> str:
+    """A variant's name (its folder) from its grid values, as Argo writes them."""
+    return f"lr{lr}-freeze{freeze}"
+
+
+def variants(c: FinetuneConfig) -> list[dict[str, str]]:
+    """The grid: name, lr, freeze (strings, as Argo passes them)."""
+    grid = [
+        {"name": variant_name(f"{lr:g}", str(k)), "lr": f"{lr:g}", "freeze": str(k)}
+        for lr, k in itertools.product(c.lrs, c.freeze_blocks)
+    ]
+    if not grid:
+        raise ConfigError("finetune.lrs and finetune.freeze_blocks must each name a value")
+    names = [v["name"] for v in grid]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"finetune grid has duplicate variants {names}; remove repeats")
+    return grid
+
+
 def variant_items(cfg: PipelineConfig) -> list[dict[str, str]]:
     """The default `variants`: the grid finetune.lrs x finetune.freeze_blocks (as strings)."""
-    from ckptflow.workflows.finetune_dag import variants  # the grid's one definition
-
     return [{"lr": v["lr"], "freeze": v["freeze"]} for v in variants(cfg.finetune)]
 
 
