@@ -14,7 +14,7 @@ from ckptflow.workflows.config import PipelineConfig
 from ckptflow.core import runroot
 from ckptflow.core.layout import step_dir
 
-__all__ = ["mlflow_ui_command", "summary"]
+__all__ = ["champion_version", "mlflow_ui_command", "summary"]
 
 
 def _outputs(result, display: str) -> list[dict[str, str]]:
@@ -96,6 +96,43 @@ def mlflow_experiment_url(db: Path, experiment: str) -> str | None:
     return f"http://127.0.0.1:5000/#/experiments/{row[0]}?workflowType=machine_learning"
 
 
+def champion_version(db: Path, model: str) -> str | None:
+    """The version `model@champion` stands on in the registry at `db` (read-only), None when
+    the store, the model or the alias is not there: select registers a version every run but
+    moves the alias only on evidence, so the version it registered need not be the champion."""
+    import sqlite3
+
+    if not db.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            row = con.execute(
+                "select version from registered_model_aliases where name = ? and alias = ?",
+                (model, "champion"),
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def _champion_line(chosen: dict[str, str], model: str, db: Path) -> str:
+    """What select did with the chosen checkpoint: the version it registered and where the
+    `champion` alias stands now (read back from the registry, not assumed)."""
+    version = chosen.get("model_version") or ""
+    head = f"  champion: {chosen.get('chosen', '?')} -> "
+    if not version:
+        return head + "not registered (MLflow not configured)"
+    standing = champion_version(db, model)
+    if standing is None:
+        return head + f"registered as {model} version {version}"
+    if standing == version:
+        return head + f"registered as {model} version {version}, now {model}@champion"
+    return (
+        head + f"registered as {model} version {version}; {model}@champion is version "
+        f"{standing} (left in place: the new one did not beat it; select's log says why)"
+    )
+
+
 def mlflow_ui_command(db: Path) -> str:
     """The command opening the MLflow UI on `db`, runnable from any directory (absolute)."""
     return f"{_script('mlflow')} ui --backend-store-uri sqlite:///{db.resolve()}"
@@ -139,14 +176,11 @@ def summary(
             shown = "base (before)" if step == "base" else f"step {step:>6}"
             lines.append(f"    {shown}  {_fmt(m)}{mark}")
         lines += [f"    unreadable evaluation: {p}" for p in problems]
+    db = mlflow_db or runs_dir / "mlflow.db"
     for chosen in _outputs(result, "select"):
-        lines.append(
-            f"  champion: {chosen.get('chosen', '?')} -> MLflow model "
-            f"{cfg.finetune.select.model_name} version {chosen.get('model_version', '?')}"
-        )
+        lines.append(_champion_line(chosen, cfg.finetune.select.model_name, db))
         lines.append(f"  exported: {chosen.get('export_uri', '?')}")
         lines.append(f"  run report: {run_root}/report.png")
-    db = mlflow_db or runs_dir / "mlflow.db"
     lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
     if url := mlflow_experiment_url(db, cfg.platform.experiment):
         lines.append(f"  then open {url}")
