@@ -128,12 +128,21 @@ def stats(st: Storage, now: float | None = None) -> dict:
     }
 
 
+def duration(v: float | None) -> str:
+    """A duration for the table: milliseconds under a second (a save's stall is often well
+    under one: "0.00 s" said nothing), seconds under two minutes, then an age."""
+    if v is None:
+        return "-"
+    if v < 1:
+        ms = v * 1000
+        digits = 0 if ms >= 100 else 1 if ms >= 10 else 2
+        return "0 ms" if ms == 0 else f"{ms:.{digits}f} ms"
+    return f"{v:.2f} s" if v < 120 else listing.human_age(v)
+
+
 def render(s: dict) -> str:
     """The stats as an aligned two-column table."""
-    h, age = listing.human_bytes, listing.human_age
-
-    def sec(v):
-        return "-" if v is None else f"{v:.2f} s" if v < 120 else age(v)
+    h, sec = listing.human_bytes, duration
 
     steps, saves, b = s["steps"], s["saves"], s["bytes"]
     rate = saves["success_rate"]

@@ -92,3 +92,23 @@ def test_quantile_by_hand():
     assert health_stats.quantile([], 0.5) is None
     assert health_stats.quantile([3, 1, 2], 0.5) == 2
     assert health_stats.quantile(list(range(1, 101)), 0.95) == 95
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(None, "-"), (0.0, "0 ms"), (0.00042, "0.42 ms"), (0.0123, "12.3 ms"), (0.5, "500 ms")]
+    + [(1.5, "1.50 s"), (42.0, "42.00 s")],
+)
+def test_durations_under_a_second_show_in_milliseconds(seconds, shown):
+    """A sub-millisecond stall printed as "0.00 s" says nothing (issue 38, point 10)."""
+    assert health_stats.duration(seconds) == shown
+
+
+def test_stats_table_shows_a_short_stall_in_milliseconds(tmp_path, capsys):
+    uri = str(tmp_path / "ckpt")
+    ck = Checkpointer(uri)
+    ck.save(1, _state(1))
+    ck.close()
+    assert cli.main(["ckpt", "stats", uri]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("stall"))
+    assert line.endswith(" ms") and "0.00 s" not in line, line
