@@ -139,9 +139,10 @@ def measure_store(storage, rank: int, mib: int, reps: int = 3) -> tuple[float, f
 
 def measure_collective(device: torch.device, mib: int, reps: int, lat_reps: int):
     """(all_reduce GiB/s of a `mib` MiB tensor, microseconds per one-element all_reduce), the
-    best of their repetitions; (inf, 0) alone: there is nobody to wait for."""
+    best of their repetitions; (None, None) alone: with nobody to reduce with there is nothing
+    to measure (an "inf" bandwidth reached the table and MLflow)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return math.inf, 0.0
+        return None, None
     big = torch.ones(mib * 2**18, device=device)  # float32: 4 bytes each
     one = torch.ones(1, device=device)
 
@@ -166,9 +167,13 @@ def measure(dinfo, storage, spec: PreflightSpec) -> dict[str, float]:
     return dict(zip((name for name, _ in FIGURES), out, strict=True))
 
 
-def gather(figures: dict[str, float], device: torch.device) -> dict[str, list[float]]:
-    """Every rank's figures, on every rank: {figure: [rank 0's, rank 1's, ...]}."""
-    row = torch.tensor([figures[name] for name, _ in FIGURES], dtype=torch.float64)
+def gather(figures: dict[str, float | None], device: torch.device) -> dict[str, list[float | None]]:
+    """Every rank's figures, on every rank: {figure: [rank 0's, rank 1's, ...]}; None for a
+    figure a rank did not measure (NaN on the wire)."""
+    row = torch.tensor(
+        [math.nan if figures[name] is None else figures[name] for name, _ in FIGURES],
+        dtype=torch.float64,
+    )
     if not dist.is_initialized() or dist.get_world_size() == 1:
         rows = [row]
     else:
@@ -176,7 +181,21 @@ def gather(figures: dict[str, float], device: torch.device) -> dict[str, list[fl
         rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
         dist.all_gather(rows, row)
     cols = torch.stack([r.cpu() for r in rows]).T.tolist()
-    return {name: col for (name, _), col in zip(FIGURES, cols, strict=True)}
+    return {
+        name: [None if math.isnan(v) else v for v in col]
+        for (name, _), col in zip(FIGURES, cols, strict=True)
+    }
+
+
+def _cell(value: float | None) -> str:
+    """One figure in the table: n/a when it was not measured."""
+    return f"{'n/a' if value is None else format(value, '.1f'):>17}"
+
+
+def _judge(figures: dict[str, list[float | None]], factor: float) -> list[Slow]:
+    """The slow ranks, on the figures every rank measured."""
+    measured = {k: v for k, v in figures.items() if None not in v}
+    return slow_ranks(measured, HIGHER, factor)
 
 
 def identities() -> list[str]:
@@ -194,7 +213,7 @@ def table(figures: dict[str, list[float]], names: list[str]) -> str:
     """One row per rank: its figures, then its pod and node."""
     lines = ["rank  " + "  ".join(f"{name:>17}" for name, _ in FIGURES) + "  where"]
     for rank, where in enumerate(names):
-        cells = [f"{figures[name][rank]:>17.1f}" for name, _ in FIGURES]
+        cells = [_cell(figures[name][rank]) for name, _ in FIGURES]
         lines.append(f"{rank:>4}  " + "  ".join(cells) + f"  {where}")
     return "\n".join(lines)
 
@@ -214,14 +233,14 @@ COLLECTIVE = ("allreduce_gib_s", "latency_us")  # the figures measured with peer
 
 def record(lineage, figures: dict[str, list[float]], names: list[str]) -> None:
     """The table in MLflow: `preflight_<figure>` at step r for rank r, and preflight.json."""
-    # A lone rank has no peer to reduce with: its collective figures (inf, 0) were never
-    # measured and must not reach MLflow (an inf is stored as 1.8e308).
+    # A lone rank has no peer to reduce with: its collective figures (None) were never
+    # measured and must not reach MLflow (an inf was stored as 1.8e308).
     alone = len(names) == 1
     for rank in range(len(names)):
         logged = {
             f"preflight_{k}": v[rank]
             for k, v in figures.items()
-            if math.isfinite(v[rank]) and not (alone and k in COLLECTIVE)
+            if v[rank] is not None and math.isfinite(v[rank]) and not (alone and k in COLLECTIVE)
         }
         lineage.log_metrics(logged, rank)
     rows = [
@@ -250,13 +269,13 @@ def run(dinfo, storage, spec: PreflightSpec, lineage=None, *, measure=measure) -
     names = identities()
     start = time.perf_counter()
     figures = gather(measure(dinfo, storage, spec), dinfo.device)
-    slow = slow_ranks(figures, HIGHER, spec.factor)
+    slow = _judge(figures, spec.factor)
     if slow:
         # A rank must be slow twice: a busy moment of a shared node must not fail it.
         log.info("preflight: %s; measuring again", describe(slow[0], names, spec.factor))
         first = {s.rank for s in slow}
         figures = gather(measure(dinfo, storage, spec), dinfo.device)
-        slow = [s for s in slow_ranks(figures, HIGHER, spec.factor) if s.rank in first]
+        slow = [s for s in _judge(figures, spec.factor) if s.rank in first]
     if dinfo.is_main:
         log.info("preflight (%.2fs):\n%s", time.perf_counter() - start, table(figures, names))
         if lineage is not None:

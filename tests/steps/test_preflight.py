@@ -178,3 +178,24 @@ def test_a_lone_rank_logs_no_collective_figures_it_did_not_measure():
     figures = {"compute_gflops": [12.0], "allreduce_gib_s": [math.inf], "latency_us": [0.0]}
     preflight.record(lg, figures, ["pod p on node n"])
     assert lg.metrics == {"preflight_compute_gflops": 12.0}
+
+
+def test_a_lone_rank_shows_its_collective_figures_as_not_applicable(tmp_path, caplog):
+    """Alone, a rank has nobody to all_reduce with: the table said `allreduce_gib_s inf`
+    (issue 38, point 10). Not measured is n/a on screen and null in the preflight tag."""
+    caplog.set_level("INFO")
+    dinfo = SimpleNamespace(rank=0, world_size=1, device=torch.device("cpu"), is_main=True)
+    storage = Storage(str(tmp_path))
+    spec = PreflightSpec(factor=3.0, store_mib=1)
+    got = preflight.measure(dinfo, storage, spec)
+    assert got["allreduce_gib_s"] is None and got["latency_us"] is None
+    lineage = FakeLineage()
+    preflight.run(dinfo, storage, spec, lineage)
+    row = next(s for s in caplog.text.splitlines() if s.lstrip().startswith("0  "))
+    assert "inf" not in row and row.split()[4:6] == ["n/a", "n/a"], row
+
+    def strict(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    tag = json.loads(lineage.tags["preflight"], parse_constant=strict)[0]
+    assert tag["allreduce_gib_s"] is None and tag["latency_us"] is None
