@@ -2,7 +2,7 @@
 
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
   [--shared-tmp] [--isolate] [--artifact-repo DIR|s3://BUCKET/PREFIX]
-  [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml]`: a rendered manifest, handed to the local runner's API
+  [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml] [--cluster PROFILE.yaml]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
 - `ckptflow run pipeline --local [--s3] [--isolate] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
@@ -30,6 +30,7 @@ from ckptflow.workflows.runner import (
     workflow_name,
 )
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
+from ckptflow.workflows.runner.cluster import ClusterError, load_profile
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         "memory limit; needs root, see docs/pods.md)",
     )  # fmt: skip
     p.add_argument(
+        "--cluster", metavar="PROFILE.yaml",
+        help="with --isolate: the nodes pods are scheduled on (name, labels, taints, "
+        "allocatable); default this machine as one node",
+    )  # fmt: skip
+    p.add_argument(
         "--artifact-repo", metavar="DIR|s3://BUCKET[/PREFIX]",
         help="the artifact repository (default WORKDIR/artifacts); s3:// is reached with the "
         "endpoint and keys of this environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)",
@@ -103,6 +109,17 @@ def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
     return limits
+
+
+def cluster_profile(args: argparse.Namespace):
+    """The cluster of `--cluster` (None: the default one-node cluster); it needs `--isolate`."""
+    if not args.cluster:
+        return None
+    if not args.isolate:
+        raise ClusterError(
+            "--cluster schedules pods: add --isolate (without it tasks are processes)"
+        )
+    return load_profile(args.cluster)  # ClusterError: a usage error (exit 2)
 
 
 def artifact_repository(target: str | None):
@@ -157,6 +174,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         isolate=args.isolate,
         artifact_repository=artifact_repository(args.artifact_repo),
         semaphores=semaphore_limits(args),
+        cluster=cluster_profile(args),
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""
@@ -184,7 +202,7 @@ def run_file(argv: list[str]) -> int:
     except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return REFUSED_EXIT
-    except IsolationError as exc:
+    except (IsolationError, ClusterError) as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return 2
 

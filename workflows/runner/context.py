@@ -107,6 +107,7 @@ class Run:
     dispatch: Dispatch
     private_tmp: bool = True
     isolation: Any = None  # isolation.Isolation when tasks run as pods, else None
+    scheduler: Any = None  # scheduler.Scheduler binding pods to nodes under isolation
     env: dict[str, str] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     global_outputs: dict[str, str] = field(default_factory=dict)

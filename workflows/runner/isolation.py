@@ -19,7 +19,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptflow.workflows.runner import volumes
+from ckptflow.workflows.runner import scheduler, volumes
+from ckptflow.workflows.runner.context import DEADLINE
+from ckptflow.workflows.runner.nodes import ERROR, FAILED
 from ckptflow.workflows.runner.pods import (
     NetError,
     Node,
@@ -30,7 +32,15 @@ from ckptflow.workflows.runner.pods import (
 )
 from ckptflow.workflows.runner.substitution import to_str
 
-__all__ = ["Isolation", "IsolationError", "new_node", "open_isolation", "pod_hostname", "pod_probe"]
+__all__ = [
+    "Isolation",
+    "IsolationError",
+    "bind_pod",
+    "new_node",
+    "open_isolation",
+    "pod_hostname",
+    "pod_probe",
+]
 
 # Paths a pod has of its own: a runner directory there (a script, the cwd) must be shared
 # explicitly or the pod does not see it.
@@ -180,6 +190,32 @@ def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, sc
         pod.release()
         raise
     return pod
+
+
+def bind_pod(run, node, body: dict, scope) -> bool:
+    """Ask the run's scheduler (scheduler.py) for a node for `node`'s pod and wait, Pending with
+    the scheduler's message, until it is bound (True, `hostNodeName` set) or `scope` ends (False,
+    the node Failed with the scope's reason, as a pending pod past its deadline is). A pod the
+    scheduler cannot read is Error."""
+    try:
+        request = scheduler.pod_request(node.id, body, run.spec)
+    except ValueError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return False
+    host = run.scheduler.bind(
+        node.id,
+        request,
+        lambda: scope.reason() is not None,
+        lambda message: run.store.update(node, message=message),
+    )
+    if host is None:  # a Pending pod past a deadline fails as a running one does (leaf._record)
+        kind, text = scope.reason()
+        run.store.update(
+            node, phase=FAILED, message="Step exceeded its deadline" if kind == DEADLINE else text
+        )
+        return False
+    run.store.update(node, host_node_name=host, message="")
+    return True
 
 
 def pod_probe(probe: dict, pod) -> dict:

@@ -91,7 +91,7 @@ def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[
             labels,
             annotations,
             container.get("env"),
-            node_name=socket.gethostname(),  # every pod runs on this machine
+            node_name=node.host_node_name or socket.gethostname(),  # spec.nodeName
         )
     )
     return env
@@ -185,7 +185,13 @@ def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, o
         run.store.update(node, phase=FAILED, message=own.reason()[1])
         return
     try:
-        _run_process(run, node, body, own, on_daemon)
+        # under the cluster model the pod waits Pending until the scheduler binds it
+        if run.scheduler is None or isolation.bind_pod(run, node, body, own):
+            try:
+                _run_process(run, node, body, own, on_daemon)
+            finally:
+                if run.scheduler is not None:
+                    run.scheduler.release(node.id)  # its requests return to its node
     finally:
         if run.pod_slots is not None:
             run.pod_slots.release()

@@ -67,6 +67,7 @@ class Node:
     outputs: dict | None = None
     daemoned: bool = False
     pod_ip: str | None = None
+    host_node_name: str | None = None  # the cluster node the pod was bound to
     exit_code: int | None = None
     log_file: str | None = None
     attempts: int = 0
@@ -120,6 +121,7 @@ class Node:
             "outputs": self.outputs or None,
             "daemoned": True if self.daemoned else None,
             "podIP": self.pod_ip,
+            "hostNodeName": self.host_node_name,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out["local"] = {

@@ -20,10 +20,12 @@ from typing import Any, TextIO
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec, sync
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
+from ckptflow.workflows.runner.cluster import Cluster, default_cluster
 from ckptflow.workflows.runner.document import arguments_of, workflow_spec
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
+from ckptflow.workflows.runner.scheduler import Scheduler
 from ckptflow.workflows.runner.spec import validate
 from ckptflow.workflows.runner.substitution import parse_duration, substitute
 
@@ -267,6 +269,7 @@ def run_workflow(
     artifact_repository: Repository | None = None,
     semaphores: dict[str, int] | None = None,
     lock_dir: str | None = None,
+    cluster: Cluster | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -283,6 +286,8 @@ def run_workflow(
     client, or `DirRepository`); default: the directory `WORKDIR/artifacts`.
     semaphores: limits of `synchronization` semaphores (`configmap/key` -> N; sync.py).
     lock_dir: where the machine's mutex/semaphore locks are (default sync.DEFAULT_LOCK_DIR).
+    cluster: the nodes pods are scheduled on under isolation (`cluster.load_profile`); default
+    this machine as one node (`cluster.default_cluster`).
     """
     spec = workflow_spec(manifest)
     base_env = dict(os.environ if env is None else env)
@@ -301,6 +306,7 @@ def run_workflow(
     )  # fmt: skip
     if isolate or pod_node is not None:
         run.isolation = isolation.open_isolation(spec, pod_node)
+        run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
     run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
     run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
     reporter.status = lambda: write_status(status_path, _document(run, state))
