@@ -24,6 +24,7 @@ from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.lib import eval_results, plumbing, registry, run_report
 from ckptflow.steps.lib import lineage as lin
 from ckptflow.steps.lib.export import export_step
+from ckptflow.steps.lib.lineage_values import BAD_MODEL_NAME_CHARS
 
 from ckptflow import env
 from ckptflow.contract import SelectArgs, parse
@@ -190,6 +191,26 @@ def export(cfg: SelectArgs, winner: Candidate, chosen_uri: str):
     return meta, digest, exported
 
 
+def log_pyfunc(client, lineage: lin.Lineage, winner: Candidate, exported, tags) -> str:
+    """The export as a LoggedModel MLflow can load (`mlflow.pyfunc.load_model`, see
+    steps.lib.pyfunc_model), an output of select's run; its model_id."""
+    from ckptflow.steps.lib import pyfunc_model
+
+    if not (lineage.run_id and lineage.experiment_id):
+        raise RuntimeError("select's MLflow run could not be created")
+    return pyfunc_model.log(
+        client,
+        experiment_id=lineage.experiment_id,
+        run_id=lineage.run_id,
+        name="".join(  # MLflow refuses some characters in a LoggedModel's name
+            "_" if c in BAD_MODEL_NAME_CHARS else c
+            for c in runroot.export_name(winner.name, winner.step, exported.dtype)
+        ),
+        export_uri=exported.uri,
+        tags={k: v for k, v in tags.items() if k.startswith("ckptflow.")},
+    )
+
+
 def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported, tags) -> str:
     """A new model version in the MLflow registry (the export, else the chosen checkpoint),
     aliases moved on evidence; its version ("" when MLflow is not configured)."""
@@ -198,14 +219,21 @@ def register(cfg: SelectArgs, lineage: lin.Lineage, winner: Candidate, exported,
         log.warning("MLflow is not configured (MLFLOW_TRACKING_URI): model not registered")
         return ""
     model_id = tags.get("ckptflow.source_model_id")
+    run_id = tags.get("ckptflow.source_run_id") if model_id else lineage.run_id
     try:
+        client = registry.client_for(uri)
+        if exported is not None:  # a loadable pyfunc model, an output of this run
+            model_id, run_id = log_pyfunc(client, lineage, winner, exported, tags), lineage.run_id
+            # the chosen checkpoint's evaluation, on the model's page too
+            metrics = {k: v for k, v in winner.eval.metrics.items() if isinstance(v, int | float)}
+            lineage.log_metrics(metrics, winner.step, model_id=model_id)
         decision = registry.register(
-            registry.client_for(uri),
+            client,
             cfg.model_name,
             source=exported.uri if exported else tags["ckptflow.source_checkpoint"],
-            # the run that saved the checkpoint: the version's "source run" (select's own run
-            # is a tag, and has the checkpoint as its input)
-            run_id=tags.get("ckptflow.source_run_id") if model_id else lineage.run_id,
+            # without an export: the checkpoint's LoggedModel and the run that saved it (not
+            # loadable by MLflow: its weights are external)
+            run_id=run_id,
             metric=cfg.metric,
             value=winner.value,
             mode=cfg.mode,
@@ -287,7 +315,10 @@ def select_variant(cfg: SelectArgs, run: plumbing.StepRun) -> None:
     lineage.log_metrics({cfg.metric: winner.value}, winner.step)
     tags = lineage_tags(winner, meta, digest, exported)
     lineage.set_tags({"ckptflow.chosen": chosen_uri})
-    lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
+    for cand in ok:  # every candidate an input of this run: MLflow's lineage of the choice
+        lineage.log_input_model(cand.eval.model_id, "candidate")
+    if tags.get("ckptflow.source_model_id") not in {c.eval.model_id for c in ok}:
+        lineage.log_input_model(tags.get("ckptflow.source_model_id"), "chosen")
     version = register(cfg, lineage, winner, exported, tags)
     write_report(cfg, lineage, winner, ok)
     run.outputs.update(

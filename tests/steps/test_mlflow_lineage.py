@@ -5,7 +5,8 @@ steps ran (test_finetune's `finetuned` runs: pretrain, evaluate, fine-tunes; the
 - each checkpoint is a LoggedModel that is an *output* of the run that saved it and an *input*
   of the runs that evaluated it, fine-tuned from it or selected it;
 - evaluation metrics are linked to the model (`model_id`), so the model page shows them;
-- the registered version is made from the chosen checkpoint's LoggedModel, which lists it;
+- the registered version is a loadable pyfunc LoggedModel, an output of select's run, whose
+  inputs are the candidates' checkpoints;
 - runs and models are named after what they are: no two alike.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlflow
 import pytest
 from ckptflow.steps import select
 from ckptflow.steps.checkpoint import Checkpointer
@@ -72,19 +74,25 @@ def test_checkpoints_are_outputs_of_their_run_and_inputs_of_their_users(store, f
     assert {m.key for m in evaluated.metrics} >= {"val_loss", "exact_match"}
 
 
-def test_the_version_is_registered_from_the_chosen_logged_model(store):
+def test_the_version_is_a_loadable_model_made_from_the_chosen_checkpoint(store, finetuned):  # noqa: F811
     client = store["client"]
     mv = client.get_model_version_by_alias("m-lineage", "champion")
-    chosen = store["chosen"]
-    model_id = mv.tags["ckptflow.source_model_id"]
-    assert mv.source == f"models:/{model_id}"
-    model = client.get_logged_model(model_id)
-    assert model.tags["ckptflow.ckpt_uri"] == chosen
-    versions = json.loads(model.tags["mlflow.modelVersions"])
-    assert {"name": "m-lineage", "version": str(mv.version)} in versions
-    assert mv.run_id == model.source_run_id  # the version's run: the fine-tune that saved it
+    chosen = client.get_logged_model(mv.tags["ckptflow.source_model_id"])
+    assert chosen.tags["ckptflow.ckpt_uri"] == store["chosen"]
     sel = client.get_run(mv.tags["ckptflow.select_run_id"])
-    assert model_id in [i.model_id for i in sel.inputs.model_inputs]
+    # select's run: the candidates in (the chosen one among them), the pyfunc model out
+    inputs = {i.model_id for i in sel.inputs.model_inputs}
+    assert chosen.model_id in inputs and len(inputs) == 2
+    model_id = mv.source.removeprefix("models:/")
+    assert model_id in {o.model_id for o in sel.outputs.model_outputs}
+    model = client.get_logged_model(model_id)
+    assert mv.run_id == model.source_run_id == sel.info.run_id
+    assert {"name": "m-lineage", "version": str(mv.version)} in json.loads(
+        model.tags["mlflow.modelVersions"]
+    )
+    assert {m.key for m in model.metrics} >= {"val_loss", "exact_match"}  # the chosen step's
+    mlflow.set_tracking_uri(finetuned["db"])
+    assert "python_function" in mlflow.models.get_model_info(mv.source).flavors
 
 
 def test_runs_and_models_say_which_they_are(store):

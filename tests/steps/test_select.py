@@ -11,9 +11,11 @@ import json
 import os
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
 from ckptflow.steps import select
+from ckptflow.steps.lib import generation
 from mlflow import MlflowClient
 from safetensors import safe_open
 
@@ -99,22 +101,45 @@ def test_select_exports_and_registers_the_best_variant(tmp_path, finetuned, rank
     client = MlflowClient(tracking_uri=finetuned["db"], registry_uri=finetuned["db"])
     mv = client.get_model_version_by_alias("m-best", "champion")
     man = json.loads(Path(f"{win}/ckpt/step-{step:08d}/eval.json").read_text())
-    # registered from the checkpoint's LoggedModel, which records the version (the UI's link)
-    assert str(mv.version) == "1" and mv.source == f"models:/{man['model_id']}"
+    run = client.get_run(mv.tags["ckptflow.select_run_id"])
+    # registered from a loadable pyfunc LoggedModel, an output of select's run, which records
+    # the version (the UI's link)
+    assert str(mv.version) == "1" and mv.source.startswith("models:/m-")
+    assert mv.run_id == run.info.run_id
+    model_id = mv.source.removeprefix("models:/")
+    logged = client.get_logged_model(model_id)
+    assert logged.source_run_id == run.info.run_id and logged.model_type == "ckptflow-pyfunc"
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "m-best", "version": "1"}]
+    assert logged.tags["ckptflow.source_model_id"] == man["model_id"]
     assert mv.tags["ckptflow.export_uri"] == o["export_uri"]
-    logged = client.get_logged_model(man["model_id"])
-    # (other tests register the same shared checkpoints under their own names)
-    assert {"name": "m-best", "version": "1"} in json.loads(logged.tags["mlflow.modelVersions"])
     assert mv.tags["ckptflow.source_checkpoint"] == o["chosen"]
     assert mv.tags["ckptflow.source_model_id"] == man["model_id"]
     assert mv.tags["ckptflow.source_run_id"] == man["mlflow_run_id"]
     assert json.loads(mv.tags["ckptflow.data"])["task"] == "rev"
     assert mv.tags["ckptflow.base_checkpoint"].startswith(f"{finetuned['pre']}/ckpt/step-")
     assert float(mv.tags["ckptflow.metric_value"]) == pytest.approx(ranking[ranking["win"]][0])
-    assert mv.run_id == man["mlflow_run_id"]  # its source run: the fine-tune that saved it
-    run = client.get_run(mv.tags["ckptflow.select_run_id"])
     assert run.data.tags["ckptflow.step"] == "select"
-    assert [m.model_id for m in run.inputs.model_inputs] == [man["model_id"]]
+    # every usable candidate is an input of select (MLflow's lineage of the choice)
+    cands = {
+        json.loads(Path(f"{finetuned[n]}/ckpt/step-{ranking[n][1]:08d}/eval.json").read_text())[
+            "model_id"
+        ]
+        for n in ("a", "b")
+    }
+    assert {m.model_id for m in run.inputs.model_inputs} == cands
+    assert model_id in {m.model_id for m in run.outputs.model_outputs}
+
+    # the champion loads through MLflow alone and completes prompts as the export does
+    mlflow.set_tracking_uri(finetuned["db"])
+    champ = mlflow.pyfunc.load_model("models:/m-best@champion")
+    prompts = ["R12345=", "R00017=", "07+12="]
+    got = champ.predict(prompts)
+    assert got == generation.complete(generation.load_export(o["export_uri"]), prompts)
+    assert len(got) == 3 and all(isinstance(g, str) and g for g in got)
+    assert champ.predict(["R12345="], params={"max_new_tokens": 2})[0] == got[0][:2]
+    sig = champ.metadata.signature
+    assert [i.type.name for i in sig.inputs.inputs] == ["string"]
+    assert sig.params.params[0].name == "max_new_tokens"
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["report.png"]
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
