@@ -62,8 +62,11 @@ class Scope:
 
 
 def template_deadline(tmpl: dict) -> float | None:
-    """A template's own deadline in seconds (the smaller of activeDeadlineSeconds and timeout)."""
-    values = [parse_duration(tmpl[k]) for k in ("activeDeadlineSeconds", "timeout") if k in tmpl]
+    """A template's own deadline in seconds (the smaller of activeDeadlineSeconds and timeout).
+    An empty `timeout` (a workflow parameter left "") is none, as Argo reads it
+    (workflow/controller/operator.go checkTemplateTimeouts: `tmpl.Timeout != ""`)."""
+    keys = ("activeDeadlineSeconds", "timeout")
+    values = [parse_duration(tmpl[k]) for k in keys if k in tmpl and to_str(tmpl[k]).strip()]
     return min(values) if values else None
 
 

@@ -8,6 +8,7 @@ imported from here. `run_group` is what DAG and steps templates share around the
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -18,7 +19,10 @@ from ckptflow.workflows.runner import sync
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
-__all__ = ["start", "kind_of", "run_group"]
+__all__ = ["add_hostnames_to_affinity", "start", "kind_of", "run_group"]
+
+# Argo's RETRY_HOST_NAME_LABEL_KEY default (workflow/controller/retry_tweak.go)
+HOST_LABEL = "kubernetes.io/hostname"
 
 # A DAG/steps executor: (run, node, substituted body, scope) -> (phase, message, local variables)
 GroupBody = Callable[[cx.Run, Node, dict, cx.Scope], tuple[str, str, dict]]
@@ -131,7 +135,8 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
             parents=[node],
         )
         child.inputs, child.input_artifacts = node.inputs, node.input_artifacts
-        _guarded(run, child, tmpl, inputs, attempt, boundary_id, scope, mirror)
+        attempt_tmpl = retry_on_different_host(run, node, tmpl, strategy)
+        _guarded(run, child, attempt_tmpl, inputs, attempt, boundary_id, scope, mirror)
         done = child.phase == SUCCEEDED or not _retry_allowed(policy, child.phase)
         message = child.message
         if not done and limit is not None and attempt >= limit:
@@ -166,6 +171,66 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
         while scope.reason() is None and (left := end - time.monotonic()) > 0:
             time.sleep(min(0.05, left))
         attempt += 1
+
+
+def fail_hosts(run: cx.Run, retry: Node) -> list[str]:
+    """The nodes where pods under `retry` failed or errored, in the order found, each once
+    (workflow/util/retry/retry.go GetFailHosts: the subtree's Failed/Error Pod nodes)."""
+    hosts: list[str] = []
+    to_visit = [retry.id]
+    while to_visit:
+        node = run.store.nodes.get(to_visit.pop())
+        if node is None:
+            continue
+        failed = node.phase in (FAILED, ERROR) and node.type == "Pod"
+        if failed and node.host_node_name and node.host_node_name not in hosts:
+            hosts.append(node.host_node_name)
+        to_visit.extend(node.children)
+    return hosts
+
+
+def add_hostnames_to_affinity(label: str, hosts: list[str], affinity: dict | None) -> dict | None:
+    """`affinity` (not changed) with `label NotIn hosts` required, merged as Argo merges it
+    (workflow/util/retry/retry.go AddHostnamesToAffinity): into an existing NotIn expression on
+    `label`, else appended to the first term (or to the first term with no expressions)."""
+    if not hosts:
+        return affinity
+    expr = {"key": label, "operator": "NotIn", "values": list(hosts)}
+    out = copy.deepcopy(affinity) if affinity else {}
+    node_affinity = out.setdefault("nodeAffinity", {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    terms = required.get("nodeSelectorTerms") or []
+    required["nodeSelectorTerms"] = terms
+    if not terms:
+        terms.append({"matchExpressions": [expr]})
+        return out
+    for term in terms:
+        exprs = term.get("matchExpressions") or []
+        if not exprs:
+            term["matchExpressions"] = [expr]
+            return out
+        for e in exprs:
+            if e.get("key") == label and e.get("operator") == "NotIn":
+                e["values"] = list(dict.fromkeys([*(e.get("values") or []), *hosts]))
+                return out
+    terms[0]["matchExpressions"] = [*terms[0]["matchExpressions"], expr]
+    return out
+
+
+def retry_on_different_host(run: cx.Run, retry: Node, tmpl: dict, strategy: dict) -> dict:
+    """The template of a retry's next attempt: with `retryStrategy.affinity.nodeAntiAffinity`,
+    the hosts of the failed attempts become a required node anti-affinity of its pod
+    (workflow/controller/retry_tweak.go RetryOnDifferentHost). The scheduler reads it from the
+    pod's `affinity` (scheduler.pod_request); without a cluster model the runner is one node,
+    this machine, so such a retry stays Pending until a deadline ends it, as on a one-node
+    cluster (leaf.py)."""
+    if (strategy.get("affinity") or {}).get("nodeAntiAffinity") is None:
+        return tmpl
+    hosts = fail_hosts(run, retry)
+    if not hosts:
+        return tmpl
+    return {**tmpl, "affinity": add_hostnames_to_affinity(HOST_LABEL, hosts, tmpl.get("affinity"))}
 
 
 def run_once(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import isolation, volumes
+from ckptflow.workflows.runner import isolation, pod_rules, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
@@ -185,6 +185,8 @@ def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, o
         run.store.update(node, phase=FAILED, message=own.reason()[1])
         return
     try:
+        if run.isolation is None and not pod_rules.bind_this_machine(run, node, body, own):
+            return  # no cluster model: one node, this machine (pod_rules.py)
         # under the cluster model the pod waits Pending until the scheduler binds it
         if run.scheduler is None or isolation.bind_pod(run, node, body, own):
             try:
@@ -260,7 +262,7 @@ def _record(run: cx.Run, node: Node, body: dict, proc, reason) -> None:
     read = isolation.output_reader(proc) if pod else _read
     outputs, problem = _collect_outputs(body, stdout, ok=(rc == 0 and reason is None), read=read)
     failed = isolation.exit_message(proc, rc) if pod else f"Error (exit code {rc})"
-    phase, message = (SUCCEEDED, "") if rc == 0 else (FAILED, failed)
+    phase, message = pod_rules.pod_succeeded(body) if rc == 0 else (FAILED, failed)
     if reason is not None:
         kind, text = reason
         stopped_daemon = kind == cx.SCOPE_END and node.daemoned

@@ -1,0 +1,95 @@
+"""Rules about one pod's placement and outcome that the leaf executor (leaf.py) applies: where a
+pod runs when there is no cluster model, and what a daemon's exit means.
+
+Each rule is one function citing the Argo or Kubernetes source it follows.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner.cluster import ClusterNode, default_cluster
+from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node
+from ckptflow.workflows.runner.scheduler import (
+    PodRequest,
+    fit_error,
+    match_node_affinity,
+    pending_message,
+)
+
+__all__ = ["DAEMON_SUCCEEDED", "bind_this_machine", "pod_succeeded"]
+
+# the words of workflow/controller/operator.go assessNodeStatus (its log line; the node's phase
+# is what changes there, the message says why)
+DAEMON_SUCCEEDED = "Daemoned pod succeeded. Marking it as failed"
+# operator.go failNodesWithinDeadline...: a Pending node past the workflow's deadline
+PENDING_PAST_DEADLINE = "Step exceeded its deadline"
+
+
+def pod_succeeded(body: dict) -> tuple[str, str]:
+    """(phase, message) of a pod that exited 0 by itself (not stopped at its scope's end). A
+    daemon must run until its scope ends, so Argo marks a daemon template's pod that succeeds
+    Failed, and its retryStrategy retries it (workflow/controller/operator.go
+    assessNodeStatus, case PodSucceeded: `tmpl.IsDaemon()`)."""
+    if body.get("daemon"):
+        return FAILED, DAEMON_SUCCEEDED
+    return SUCCEEDED, ""
+
+
+@functools.cache
+def this_machine() -> ClusterNode:
+    """This machine as the one node of a cluster with no model (a k3d cluster's one node)."""
+    return default_cluster().nodes[0]
+
+
+def _required_terms(body: dict, spec: dict) -> tuple[dict, ...]:
+    affinity = body.get("affinity") or spec.get("affinity") or {}
+    required = (affinity.get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return tuple(required.get("nodeSelectorTerms") or ())
+
+
+def _has_deadline(scope: cx.Scope | None) -> bool:
+    while scope is not None:
+        if scope.deadline is not None:
+            return True
+        scope = scope.parent
+    return False
+
+
+def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> bool:
+    """Without isolation every pod runs on this machine, the cluster's one node: True with the
+    node's `hostNodeName` set. A pod whose required node affinity excludes it (a retry's
+    anti-affinity: execute.retry_on_different_host) can never be scheduled
+    (pkg/scheduler/framework/plugins/nodeaffinity/node_affinity.go, scheduler.py): it stays
+    Pending with the scheduler's message until the scope's deadline fails it, as a Pending pod
+    past the workflow's deadline is (workflow/controller/operator.go). With no deadline anywhere
+    it would stay Pending forever on Argo; here it fails at once, saying so. False then.
+
+    Only required node affinity is read here (this node has only the hostname and os labels);
+    with `--isolate` the scheduler over the cluster model also checks nodeSelector, taints and
+    resources."""
+    local = this_machine()
+    why = match_node_affinity(
+        PodRequest(node.id, {}, {}, (), _required_terms(body, run.spec)), local
+    )
+    if why is None:
+        run.store.update(node, host_node_name=local.name)
+        return True
+    message = pending_message(fit_error(1, {local.name: [why]}))
+    if not _has_deadline(scope):
+        run.store.update(
+            node, phase=FAILED, message=f"{message} No deadline ends it: on Argo it stays Pending"
+        )
+        return False
+    run.store.update(node, message=message)
+    while scope.reason() is None:
+        time.sleep(0.05)
+    kind, text = scope.reason()
+    run.store.update(
+        node, phase=FAILED, message=PENDING_PAST_DEADLINE if kind == cx.DEADLINE else text
+    )
+    return False
