@@ -222,13 +222,18 @@ class Evaluator:
 
     # -- the run -------------------------------------------------------------------------------
     def follow(self) -> bool:
-        """Poll until FINISHED and every committed step has a result; False at the timeout."""
+        """Poll until FINISHED and every committed step has a result; False at the timeout.
+        With `forever` (a daemon beside training) never return: Argo fails a daemon that
+        exits by itself, its DAG stops it."""
         deadline = time.monotonic() + self.cfg.timeout_seconds
         while True:
             finished = runroot.finished(self.run)  # read before listing: no step is missed
             steps = self.ck.committed_steps()
             for step in steps:
                 self.process(step)
+            if self.cfg.forever:
+                time.sleep(self.cfg.poll_seconds)
+                continue
             if not self.cfg.until_finished:
                 return True
             if finished and all(self.done(s) for s in steps):
@@ -289,6 +294,8 @@ def run_name(cfg: EvaluateArgs) -> str:
     after it), `-step20` for one step: the pipeline's two evaluators differ by name."""
     if cfg.step >= 0:
         suffix = f"step{cfg.step}"
+    elif cfg.forever:
+        suffix = "follow"
     elif cfg.until_finished:
         try:
             suffix = "final" if runroot.finished(env.open_storage(cfg.run_root)) else "follow"

@@ -45,6 +45,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
 }
 # The smallest value of a number, by field name (the contract's own `at_least` comes first).
 AT_LEAST: dict[str, float] = {
+    "run_as_user": 1,  # runAsNonRoot refuses UID 0
     "ranks": 1,
     "procs_per_rank": 1,
     "workers": 1,
@@ -94,6 +95,10 @@ URLS = ("platform.argo_ui",)
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 _LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _BASE_STEP = re.compile(r"latest|[0-9]{1,18}|best:[A-Za-z0-9_./-]+(:(min|max))?")
+# Template `timeout`s: "" (none), whole seconds, or a Go duration, which is what Argo parses
+# (wfv1.ParseStringToDuration: strconv.Atoi, else time.ParseDuration; no days).
+TIMEOUTS = ("timeout", "evaluator_timeout")
+_TIMEOUT = re.compile(r"[0-9]{1,12}|(?:[0-9]{1,12}(?:\.[0-9]+)?(?:h|m|s|ms|us|ns))+")
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -298,6 +303,8 @@ def _check_text(key: str, name: str, value: Any, shown: str) -> None:
             raise _bad(key, shown, "not a Kubernetes quantity, e.g. 500m, 2, 1536Mi, 4Gi")
     elif key in ("name", "platform.namespace") and not _DNS_LABEL.fullmatch(value):
         raise _bad(key, shown, "use lower-case letters, digits and '-' (a DNS label)")
+    elif name in TIMEOUTS and value and not _TIMEOUT.fullmatch(value):
+        raise _bad(key, shown, "an Argo timeout: seconds or a Go duration such as 120h or 90m")
     elif name == "base_step" and not _BASE_STEP.fullmatch(value):
         raise _bad(key, shown, "use latest, a step number, or best:METRIC[:min|max]")
     elif key == "retention.timezone":

@@ -89,7 +89,10 @@ class PlatformConfig:
     # Tolerations of every pod: a YAML/JSON list as in a Pod spec (or key[=value]:Effect,...).
     tolerations: tuple[Toleration, ...] = ()
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
-    workflow_deadline_s: int = 2 * 24 * 3600  # activeDeadlineSeconds of each workflow
+    # activeDeadlineSeconds of each workflow; 0 = none, so a long run is never killed by a
+    # default (an integer field of the Workflow: set at render, no workflow parameter reaches it)
+    workflow_deadline_s: int = 0
+    run_as_user: int = 1000  # the non-root UID every pod runs as (images/step.Dockerfile's user)
     ttl_after_completion_s: int = 7 * 24 * 3600  # delete finished workflows after this long
     outputs_dir: str = "/tmp/outputs"  # --output-dir of each step; files there are outputs
     argo_ui: str = "http://localhost:2746"  # Argo Server URL for links and `submit`
@@ -125,7 +128,7 @@ class PretrainConfig:
     # The background `ckptflow.steps.evaluate` (it follows the run), set as pretrain.evaluator.KEY.
     evaluator: EvaluateArgs = step_args(
         EvaluateArgs(run_root="", poll_seconds=5.0, timeout_seconds=24 * 3600.0),
-        hide=(*WIRED, "step", "until_finished"),
+        hide=(*WIRED, "step", "until_finished", "forever"),
         flat=False,
     )
     ranks: int = 2  # rank pods (torchrun nodes)
@@ -138,7 +141,14 @@ class PretrainConfig:
     max_restarts: int = 3  # in-pod restarts of the worker group (torchrun --max-restarts)
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
-    rank_deadline_s: int = 24 * 3600  # activeDeadlineSeconds of one rank pod
+    # timeout of each rank pod (Argo duration, e.g. 120h; "" = none): the default of the
+    # workflow parameter pretrain_timeout, so a run sets its own (-p pretrain_timeout=120h)
+    timeout: str = ""
+    # timeout of the evaluators beside the ranks (workflow parameter evaluator_timeout)
+    evaluator_timeout: str = ""
+    # retries avoid the nodes where the rank failed (a required node anti-affinity): only
+    # with a spare node per rank, else a retry can never be scheduled
+    retry_elsewhere: bool = False
     grace_s: int = 120  # terminationGracePeriodSeconds of a rank pod: its preemption save
     # Defaults fit the README's laptop cluster (tests/deploy/test_resources.py sums them).
     rank_resources: Resources = Resources(cpu="1", memory="1536Mi")  # per rank pod
@@ -168,7 +178,9 @@ class FinetuneConfig:
     workers: int = 1  # processes per variant pod (M, fewer than the pretraining ranks)
     retries: int = 2  # pod retries per variant
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
-    deadline_s: int = 12 * 3600  # activeDeadlineSeconds of one variant pod
+    # timeout of each variant pod (Argo duration; "" = none; parameter finetune_timeout)
+    timeout: str = ""
+    retry_elsewhere: bool = False  # retries avoid the nodes where the variant failed
     grace_s: int = 120  # terminationGracePeriodSeconds of a variant pod: its preemption save
     resources: Resources = Resources(cpu="1", memory="1536Mi")  # per variant pod (in parallel)
     shm_size: str = "1Gi"  # size of the /dev/shm emptyDir
@@ -206,7 +218,7 @@ class EvaluateConfig:
     # The pod's `ckptflow.steps.evaluate` arguments (one step: no polling), set as evaluate.KEY.
     evaluator: EvaluateArgs = step_args(
         EvaluateArgs(run_root=""),
-        hide=(*WIRED, "step", "until_finished", "poll_seconds", "timeout_seconds"),
+        hide=(*WIRED, "step", "until_finished", "forever", "poll_seconds", "timeout_seconds"),
     )
     retries: int = 2  # pod retries
     deadline_s: int = 3600  # activeDeadlineSeconds of the evaluation pod

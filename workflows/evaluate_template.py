@@ -40,7 +40,8 @@ def evaluator(
     platform: PlatformConfig,
     resources: Resources,
     retries: int,
-    deadline_s: int,
+    deadline_s: int | None = None,
+    timeout: str | None = None,
     backoff_s: int = 10,
     daemon: bool = False,
 ) -> Container:
@@ -60,6 +61,7 @@ def evaluator(
         retries=retries,
         backoff_s=backoff_s,
         deadline_s=deadline_s,
+        timeout=timeout,
         daemon=daemon,
     )
 

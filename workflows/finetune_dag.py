@@ -65,7 +65,8 @@ def variant_template(cfg: PipelineConfig) -> Container:
         launcher=["--standalone", "--nnodes=1", f"--nproc-per-node={c.workers}"],
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
-        deadline_s=c.deadline_s,
+        timeout=ref("finetune_timeout"),  # "" by default: no deadline
+        retry_elsewhere=c.retry_elsewhere,
         shm_size=c.shm_size,
         grace_s=c.grace_s,
     )

@@ -59,12 +59,21 @@ PRETRAIN = (
     Knob("pretrain_lr", "pretrain.lr", "pretraining peak learning rate"),
     Knob("ckpt_every", "pretrain.ckpt_every", "pretraining: save a checkpoint every K steps"),
     Knob("full_every", "pretrain.full_every", "every F-th save is full, the others are deltas"),
+    Knob(
+        "pretrain_timeout", "pretrain.timeout", "timeout of each rank pod, e.g. 120h (empty: none)"
+    ),
+    Knob(
+        "evaluator_timeout",
+        "pretrain.evaluator_timeout",
+        "timeout of each evaluator beside training, e.g. 120h (empty: none)",
+    ),
 )
 FINETUNE = (
     Knob("finetune_task", "finetune.task", "task the variants are fine-tuned and ranked on"),
     Knob("finetune_steps", "finetune.max_steps", "fine-tuning optimizer steps per variant"),
     Knob("finetune_ckpt_every", "finetune.ckpt_every", "fine-tuning: save every K steps"),
     Knob("base_step", "finetune.base_step", "base checkpoint: latest | best:METRIC | a step"),
+    Knob("finetune_timeout", "finetune.timeout", "timeout of each variant pod (empty: none)"),
     Knob(
         "variants",
         "",

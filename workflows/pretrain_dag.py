@@ -21,9 +21,11 @@ shares the daemon's host (the local runner: every task is 127.0.0.1) from hostin
 store. Under the local runner the same manifest runs unchanged: `{{tasks.rdzv.ip}}` is
 127.0.0.1 and `python` is the runner's interpreter.
 
-The evaluator (`ckptflow.steps.evaluate --until-finished`) runs beside the ranks in the same DAG,
-evaluating each committed checkpoint once and exiting when the run's FINISHED marker is
-there; only URIs pass between tasks, the checkpoints themselves go through object storage.
+The background evaluator (`ckptflow.steps.evaluate --forever`, a daemon) runs beside the ranks in
+the same DAG, evaluating each committed checkpoint once, until the DAG ends and stops it (Argo
+fails a daemon that exits by itself); `evaluate-final` (`--until-finished`) follows the ranks and
+exits once the run's FINISHED marker is there and every step has a result. Only URIs pass
+between tasks, the checkpoints themselves go through object storage.
 """
 
 from __future__ import annotations
@@ -108,25 +110,31 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         launcher=torchrun_args(c),
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
-        deadline_s=c.rank_deadline_s,
+        timeout=ref("pretrain_timeout"),  # "" by default: no deadline
+        retry_elsewhere=c.retry_elsewhere,
         shm_size=c.shm_size,
         grace_s=c.grace_s,
     )
-    following = replace(c.evaluator, until_finished=True)  # it exits once the run is FINISHED
-    kinds = {"background": True, "final": False}
+    # Argo fails a daemon whose pod exits 0 (operator.go), so the background evaluator never
+    # exits by itself (--forever): its DAG stops it. The final one is a regular task that
+    # exits once the run is FINISHED and every step has a result.
+    kinds = {
+        "background": (replace(c.evaluator, forever=True), True),
+        "final": (replace(c.evaluator, until_finished=True), False),
+    }
     background, final = (
         evaluator(
             f"evaluate-{kind}",
-            following,
+            args,
             ("run_root", "parent_run_id"),
             platform=p,
             resources=c.evaluator_resources,
             retries=c.retries,
             backoff_s=c.retry_backoff_s,
-            deadline_s=c.rank_deadline_s,
+            timeout=ref("evaluator_timeout"),
             daemon=daemon,
         )
-        for kind, daemon in kinds.items()
+        for kind, (args, daemon) in kinds.items()
     )
     refs = {"run_root": param("run_root"), "parent_run_id": param("parent_run_id")}
     with DAG(
@@ -138,9 +146,9 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
             arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
             with_sequence=Sequence(count=ref("ranks")),
         )
-        # The background evaluator is a daemon: when the ranks fail, failFast starts nothing
-        # more and the DAG ends (Failed) at once, stopping it, rather than waiting for a
-        # FINISHED that never comes (issue 15). When they succeed, `evaluate-final` follows
+        # The background evaluator is a daemon that never exits: when the ranks fail, failFast
+        # starts nothing more and the DAG ends (Failed) at once, stopping it, rather than
+        # waiting for a FINISHED that never comes (issue 15). When they succeed, `evaluate-final` follows
         # the run to its end beside it: every checkpoint is evaluated once (claims).
         background(name="evaluate", arguments=refs)
         last = final(name="evaluate-final", arguments=refs)

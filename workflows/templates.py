@@ -27,9 +27,12 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     Backoff,
+    Capabilities,
     PodGC,
     RetryAffinity,
     RetryNodeAntiAffinity,
+    SeccompProfile,
+    SecurityContext,
     Toleration,
     TTLStrategy,
     ValueFrom,
@@ -158,7 +161,8 @@ def retry(
     Always: training and evaluation resume where they were), or with `transient_only` only when
     the pod errored (policy OnError: deleted, evicted, its node lost), never when the step
     itself failed; `avoid_node` keeps a retry off the nodes where this task failed (a rank that
-    failed preflight there)."""
+    failed preflight there: opt-in, since on a cluster without a spare node per task such a
+    retry can never be scheduled, workflow/controller/retry_tweak.go)."""
     if limit <= 0:
         return None
     return RetryStrategy(
@@ -214,6 +218,8 @@ def step(
     backoff_s: int = 10,
     transient_only: bool = False,
     deadline_s: int | None = None,
+    timeout: str | None = None,
+    retry_elsewhere: bool = False,
     shm_size: str | None = None,
     daemon: bool = False,
     with_env: bool = True,
@@ -227,8 +233,11 @@ def step(
     `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`.
     `with_env=False` leaves out credentials and MLflow (least privilege for helpers such as
     the rendezvous store). A launcher's template also gets `rank_env`, `grace_s` as its
-    terminationGracePeriodSeconds, and retries kept off the nodes where it failed. Must be
-    called inside a hera Workflow context, which collects it.
+    terminationGracePeriodSeconds. `retry_elsewhere` keeps retries off the nodes where the task
+    failed. `deadline_s` is a fixed activeDeadlineSeconds, `timeout` Argo's template timeout
+    (a workflow parameter's expression: "" = none). Every container passes the `restricted`
+    Pod Security Standard (`restricted_context`). Must be called inside a hera Workflow
+    context, which collects it.
     """
     target = module if "." in module else f"ckptflow.steps.{module}"
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
@@ -255,13 +264,30 @@ def step(
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),
         retry_strategy=retry(
-            retries, backoff_s, transient_only=transient_only, avoid_node=bool(launcher)
+            retries, backoff_s, transient_only=transient_only, avoid_node=retry_elsewhere
         ),
         active_deadline_seconds=deadline_s,
+        timeout=timeout,
+        security_context=restricted_context(platform),
         volumes=volumes or None,
         daemon=daemon or None,
         metrics=metrics or None,
         pod_spec_patch=grace_patch(grace_s),
+    )
+
+
+def restricted_context(platform: PlatformConfig) -> SecurityContext:
+    """A container securityContext that passes the `restricted` Pod Security Standard
+    (kubernetes.io/docs/concepts/security/pod-security-standards): a non-root numeric user
+    (the image's, so runAsNonRoot can verify it), no privilege escalation, every capability
+    dropped, the runtime's default seccomp profile. A namespace enforcing `restricted` rejects
+    a pod without it."""
+    return SecurityContext(
+        run_as_non_root=True,
+        run_as_user=platform.run_as_user,
+        allow_privilege_escalation=False,
+        capabilities=Capabilities(drop=["ALL"]),
+        seccomp_profile=SeccompProfile(type="RuntimeDefault"),
     )
 
 
@@ -294,7 +320,7 @@ def workflow_kwargs(platform: PlatformConfig, *, title: str, description: str) -
             "workflows.argoproj.io/title": title,
             "workflows.argoproj.io/description": description,
         },
-        "active_deadline_seconds": platform.workflow_deadline_s,
+        "active_deadline_seconds": platform.workflow_deadline_s or None,  # 0: none
         "pod_gc": PodGC(strategy=platform.pod_gc) if platform.pod_gc else None,
         "ttl_strategy": TTLStrategy(seconds_after_completion=platform.ttl_after_completion_s)
         if platform.ttl_after_completion_s

@@ -135,6 +135,9 @@ class EvaluateArgs:
     run_root: str = arg(doc="run root URI (checkpoints under ckpt/, FINISHED marker)")
     step: int = arg(-1, "evaluate only this step (-1: every committed step)")
     until_finished: bool = arg(False, "keep polling until FINISHED appears and all steps are done")
+    forever: bool = arg(
+        False, "keep following the run until stopped, never exiting by itself (a daemon)"
+    )
     poll_seconds: float = arg(10.0, "pause between polls of the checkpoint root")
     timeout_seconds: float = arg(6 * 3600.0, "give up following the run after this long")
     claim_ttl_seconds: float = arg(

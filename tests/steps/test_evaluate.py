@@ -124,3 +124,41 @@ def test_pretrain_and_evaluate_on_s3(s3_bucket, monkeypatch):
         assert json.loads(st.read(f"ckpt/step-{step:08d}/eval.json"))["status"] == "ok"
     with pytest.raises(AlreadyExists):  # a second evaluator could not claim the step again
         st.write("ckpt/step-00000002/eval.claim", b"{}", exclusive=True)
+
+
+def test_a_forever_evaluator_keeps_following_a_finished_run(tmp_path, monkeypatch):
+    """The background evaluator is a daemon: Argo fails a daemon that exits by itself
+    (workflow/controller/operator.go), so with --forever it polls on past FINISHED until its
+    DAG stops it; --until-finished returns at once."""
+    from ckptflow.steps import evaluate as ev_mod
+    from ckptflow.steps.lib.lineage import Lineage
+
+    from ckptflow.contract import EvaluateArgs
+    from ckptflow.core import runroot
+    from ckptflow.core.storage import Storage
+
+    root = tmp_path / "run"
+    root.mkdir()
+    runroot.write_finished(Storage(str(root)), {"step": 0})
+    done = ev_mod.Evaluator(
+        EvaluateArgs(run_root=str(root), until_finished=True, poll_seconds=0.01), Lineage(None)
+    )
+    assert done.follow() is True
+    polls = []
+
+    class Stopped(Exception):
+        pass
+
+    def sleep(seconds):
+        polls.append(seconds)
+        if len(polls) == 3:
+            raise Stopped  # the DAG ending stops it
+
+    monkeypatch.setattr(ev_mod.time, "sleep", sleep)
+    forever = ev_mod.Evaluator(
+        EvaluateArgs(run_root=str(root), forever=True, poll_seconds=0.01, timeout_seconds=0),
+        Lineage(None),
+    )
+    with pytest.raises(Stopped):
+        forever.follow()
+    assert polls == [0.01, 0.01, 0.01]

@@ -39,7 +39,7 @@ def _without_local_addr(manifest: dict) -> None:
 
 
 def _run_pretrain(tmp_path: Path, name: str, deadline_s: int, edit=None):
-    overrides = [*SMALL, f"pretrain.rank_deadline_s={deadline_s}"]
+    overrides = [*SMALL, f"pretrain.timeout={deadline_s}"]
     out = run_isolated(tmp_path, name, overrides, edit=edit)
     return out.result, out.text
 

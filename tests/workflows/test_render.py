@@ -135,7 +135,8 @@ def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
     assert rank_args[:2] == ["--run-root", "{{inputs.parameters.run_root}}"]
     assert rank_args[-2:] == ["--output-dir", "/tmp/outputs"]
     eval_args = tpl["evaluate-background"]["container"]["args"]
-    assert "--until-finished" in eval_args
+    assert "--forever" in eval_args  # Argo fails a daemon that exits (issue 33)
+    assert "--until-finished" in tpl["evaluate-final"]["container"]["args"]
     # A daemon: failed ranks end the DAG at once (stopping it); the final one follows the
     # run to FINISHED after the ranks succeeded (issue 15).
     assert tpl["evaluate-background"]["daemon"] is True
@@ -158,7 +159,7 @@ def test_rank_pods_retry_and_are_scheduled_as_configured():
     doc = render(
         "pretrain",
         "pretrain.retries=5",
-        "pretrain.rank_deadline_s=7200",
+        "pretrain.timeout=7200",
         "pretrain.shm_size=8Gi",
         "pretrain.rank_resources.gpu=1",
         "platform.node_selector=pool=gpu",
@@ -170,7 +171,8 @@ def test_rank_pods_retry_and_are_scheduled_as_configured():
     assert rank["retryStrategy"]["retryPolicy"] == "Always"
     for name in ("evaluate-background", "evaluate-final"):  # they resume where they were
         assert templates(doc)[name]["retryStrategy"]["retryPolicy"] == "Always"
-    assert rank["activeDeadlineSeconds"] == 7200
+    assert rank["timeout"] == "{{workflow.parameters.pretrain_timeout}}"
+    assert arguments(doc)["pretrain_timeout"] == "7200"
     assert rank["volumes"] == [
         {"emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}, "name": "dshm"}
     ]
