@@ -15,6 +15,15 @@ class CorruptCheckpoint(CheckpointError):
         self.files = files or []
 
 
+class FileMissing(CorruptCheckpoint):
+    """A file a committed step names is absent: damage while the step is still committed, a
+    deletion (GC, retention, an archive move) when it no longer is (a load tells them apart)."""
+
+
+class NotCommitted(CheckpointError):
+    """The step has no commit marker: never committed, or deleted (GC deletes COMMIT first)."""
+
+
 class StateDictMismatch(CheckpointError):
     """The state dict to load into does not match the checkpoint (keys, shapes, dtypes)."""
 

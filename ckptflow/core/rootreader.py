@@ -15,7 +15,7 @@ import uuid
 
 from ckptflow.core import codec, jsonfile, layout, marks
 from ckptflow.core import manifest as mf
-from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
+from ckptflow.core.errors import CheckpointError, CorruptCheckpoint, FileMissing, NotCommitted
 from ckptflow.core.storage import AlreadyExists, Storage
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS, "events"}  # events: ckptflow.core.health
@@ -276,7 +276,7 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
     try:
         commit = read_commit(storage, step)
     except FileNotFoundError:
-        raise CheckpointError(
+        raise NotCommitted(
             f"step {step} has no committed checkpoint under {storage.uri}; "
             f"committed steps: {committed_steps(storage) or 'none'}"
         ) from None
@@ -287,7 +287,7 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
     try:
         blob = storage.read(rel)  # (a 512 MiB limit would allocate 512 MiB up front)
     except FileNotFoundError:
-        raise CorruptCheckpoint(
+        raise FileMissing(
             f"{url}: manifest named by the {namer} marker is missing", [url]
         ) from None
     if codec.digest(blob) != xxh3:

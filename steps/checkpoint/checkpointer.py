@@ -25,11 +25,12 @@ from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
-from ckptflow.core import adaptive, locator, rootreader, slim
+from ckptflow.core import adaptive, candidates, locator, rootreader, slim
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import (
     CheckpointError,
     CorruptCheckpoint,
+    NotCommitted,
     StateDictMismatch,
 )
 from ckptflow.core.storage import Storage
@@ -114,6 +115,8 @@ class Checkpointer:
             try:
                 self.manifest(step)
                 return step
+            except NotCommitted:
+                continue  # deleted since the listing (GC): not damage
             except CorruptCheckpoint as exc:
                 log.warning("skipping step %d: %s", step, exc)
         return None
@@ -279,42 +282,50 @@ class Checkpointer:
             self.last_init = load_from(self, state_dict, source, step=step, cast=cast)
             return self.last_init.step
         t0 = time.perf_counter()
-        candidates = [step] if step is not None else list(reversed(self.committed_steps()))
-        if not candidates:
-            raise CheckpointError(f"no committed checkpoint under {self.root}: nothing to load")
-        fell_back: list = []
-        for s in candidates:
+        if step is not None:
+            reader = self._load_step(state_dict, step, cast)
+            return self._loaded(step, step, [], reader, t0)
+        # newest first, re-resolved when saves or deleters change the root under the read
+        cands = candidates.Candidates(self.root, self.committed_steps)
+        while (s := cands.next()) is not None:
             try:
                 reader = self._load_step(state_dict, s, cast)
-            except CorruptCheckpoint as exc:
-                if step is not None:
-                    raise
-                log.warning(
-                    "checkpoint step %d is corrupt (%s); falling back to an older one", s, exc
-                )
-                fell_back.append((s, str(exc)))
+            except (CorruptCheckpoint, NotCommitted) as exc:
+                what = cands.failed(s, exc)
+                if what == "damaged":
+                    log.warning(
+                        "checkpoint step %d is corrupt (%s); falling back to an older one", s, exc
+                    )
+                else:  # deleted or moved under the read (GC, retention, archive): not damage
+                    log.info("step %d changed while it was read (%s); re-resolving", s, what)
                 continue
-            self.last_load = LoadInfo(
-                s,
-                step,
-                fell_back,
-                reader.stats.bytes_read,
-                reader.stats.bytes_received,
-                time.perf_counter() - t0,
-                reader.stats.chunks_held_peak,
-                getattr(reader.exchange, "bytes_local", 0),
-            )
-            if fell_back:
-                log.warning(
-                    "loaded step %d after skipping corrupt steps %s", s, [f for f, _ in fell_back]
-                )
-            events.loaded(self.storage, self.rank, self.last_load)
-            return s
+            return self._loaded(s, None, cands.fell_back, reader, t0)
+        if not cands.fell_back:
+            raise CheckpointError(f"no committed checkpoint under {self.root}: nothing to load")
         raise CorruptCheckpoint(
             f"no valid checkpoint under {self.root}; all candidates are corrupt: "
-            + "; ".join(r for _, r in fell_back),
+            + "; ".join(r for _, r in cands.fell_back),
             [],
         )
+
+    def _loaded(self, s: int, step, fell_back: list, reader, t0: float) -> int:
+        """Record (last_load, the event log) that step `s` was loaded."""
+        self.last_load = LoadInfo(
+            s,
+            step,
+            fell_back,
+            reader.stats.bytes_read,
+            reader.stats.bytes_received,
+            time.perf_counter() - t0,
+            reader.stats.chunks_held_peak,
+            getattr(reader.exchange, "bytes_local", 0),
+        )
+        if fell_back:
+            log.warning(
+                "loaded step %d after skipping corrupt steps %s", s, [f for f, _ in fell_back]
+            )
+        events.loaded(self.storage, self.rank, self.last_load)
+        return s
 
     def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
         m = self.manifest(step)

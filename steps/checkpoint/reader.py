@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from ckptflow.core import codec, deltas, layout, locator
-from ckptflow.core.errors import CorruptCheckpoint
+from ckptflow.core.errors import CorruptCheckpoint, FileMissing
 from ckptflow.core.localio import READ_BUFFER, scratch
 from ckptflow.core.storage import Storage
 
@@ -100,7 +100,7 @@ class ObjectFetcher:
                 self.storage, key, self.fallbacks, size, get
             )
         except FileNotFoundError:
-            raise CorruptCheckpoint(f"{url}: data file is missing", [url]) from None
+            raise FileMissing(f"{url}: data file is missing", [url]) from None
         with self._lock:
             self.stats.bytes_read += found if blob is not None else 0
             self.stats.objects_read += 1

@@ -99,6 +99,38 @@ class AdversaryStorage(Storage):
             super().delete([rel])
 
 
+class RaceStorage(Storage):
+    """A Storage that runs `action` once, right before its `at`-th read (0-based) of a file of
+    one of `kinds` (`file_kind`): a reader racing a writer or a deleter at a chosen point of
+    its read, deterministically. Local objects are read through the filesystem, not `read`:
+    their hook is the fingerprint the reader takes right before each (ObjectFetcher)."""
+
+    def __init__(self, uri: str, at: int, kinds, action):
+        super().__init__(uri)
+        self.at, self.kinds, self.action = at, frozenset(kinds), action
+        self.seen = 0
+        self.fired = False
+        self.lock = threading.Lock()
+
+    def _tick(self, rel: str) -> None:
+        if file_kind(rel) not in self.kinds:
+            return
+        with self.lock:
+            fire = not self.fired and self.seen == self.at
+            self.seen += 1
+            self.fired = self.fired or fire
+        if fire:
+            self.action()
+
+    def read(self, rel, limit=None):
+        self._tick(rel)
+        return super().read(rel, limit)
+
+    def fingerprint(self, rel):
+        self._tick(rel)
+        return super().fingerprint(rel)
+
+
 # -- roots -----------------------------------------------------------------------------------------
 @dataclass
 class Roots:
