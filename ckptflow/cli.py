@@ -12,6 +12,11 @@ import sys
 
 # subcommand -> ("module", "function taking argv and returning an exit code", "help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": (
+        "ckptflow.check_cli",
+        "main",
+        "what would hang or be rejected on a cluster, before submit",
+    ),
     "ckpt": (
         "ckptflow.ckpt_cli",
         "main",

@@ -84,6 +84,13 @@ SMALL = (
     "finetune.log_every=10",
     "finetune.retries=1",
     "finetune.retry_backoff_s=1",
+    # requests this machine's one node can schedule with every pod of a run at once (the
+    # cluster model binds by request: runner/scheduler.py; a pod's use is bounded by its limits)
+    "platform.step_resources.cpu=100m",
+    "pretrain.rank_resources.cpu=100m",
+    "pretrain.evaluator_resources.cpu=100m",
+    "finetune.resources.cpu=100m",
+    "evaluate.resources.cpu=100m",
 )
 
 
