@@ -34,6 +34,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "render": ("ckptflow.workflows.render", "main", "render a workflow's manifests (Argo YAML)"),
     "submit": ("ckptflow.workflows.submit", "main", "submit a workflow to the Argo Server (hera)"),
+    "generate": (
+        "ckptflow.model_cli",
+        "generate_main",
+        "complete prompts with a checkpoint, an export or a registered model",
+    ),
+    "evaluate": (
+        "ckptflow.model_cli",
+        "evaluate_main",
+        "exact match of a checkpoint, an export or a registered model on a task",
+    ),
 }
 
 
