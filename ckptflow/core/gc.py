@@ -29,7 +29,7 @@ from ckptflow.core import health, intent, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.gc_objects import delete_files, free_objects
 from ckptflow.core.policy_syntax import parse_duration
-from ckptflow.core.retention import Policy, RetentionPlan, plan_retention
+from ckptflow.core.retention import Policy, RetentionPlan, check_applies, plan_retention
 from ckptflow.core.storage import Storage, is_temporary
 
 DEFAULT_GRACE_S = 3600.0
@@ -113,6 +113,7 @@ def gc(
     rootreader.require_marker(st)  # never delete on a guessed root id (all steps "foreign")
     report = GcReport(root=st.uri, policy=policy.to_spec(), applied=apply, grace_s=grace_s)
     rows = listing.build_rows(st, now=now, check=True)
+    check_applies(policy, listing.entries(rows))  # before anything is planned or deleted
     plan = plan_on_sound_latest(st, rows, policy, now, report.warnings)
     report.keep, report.delete_steps = dict(plan.reasons), list(plan.delete)
     report.warnings += plan.warnings

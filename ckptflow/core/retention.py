@@ -34,6 +34,8 @@ pinned or is the base of a kept delta, so GC removes corrupt checkpoints by defa
   (ckptflow.core.slim) before it frees objects.
 - Always: pinned entries (``pinned``), the valid entry with the highest step (``latest-valid``),
   and, transitively, the base of every kept delta (``base-of:STEP``).
+- A rule naming a metric or kind no valid entry has is refused by gc (`check_applies`): it
+  would keep nothing, and a typo would delete what it meant to keep.
 - When no entry is valid at all, nothing is deleted (reason ``no-valid-step``, with a warning):
   all steps failing at once says the catalog cannot be read (a lost root marker), and deleting
   them would leave nothing to recover from.
@@ -328,6 +330,30 @@ def _add(reasons: dict[int, list[str]], step: int, why: str) -> None:
     bucket = reasons.setdefault(step, [])
     if why not in bucket:
         bucket.append(why)
+
+
+def check_applies(policy: Policy, entries: Iterable[CatalogEntry]) -> None:
+    """PolicyError when a rule names a metric or a kind that no valid checkpoint has: such a
+    rule keeps nothing, and a typo (`best=acc` for `best=exact_match`) would let gc delete
+    what the user meant to keep. A catalog with no valid entry yet is not judged (a run that
+    saved nothing: gc deletes nothing there anyway)."""
+    valid = [e for e in entries if e.valid]
+    if not valid:
+        return
+    have = sorted({m for e in valid for m in e.metrics})
+    for metric, mode, k in policy.keep_best:
+        if metric not in have:
+            raise PolicyError(
+                f"best={metric}:{mode}:{k}: no checkpoint has metric {metric!r} (they have: "
+                f"{', '.join(have) or 'no metrics'}); fix the metric name, or evaluate first"
+            )
+    kinds = {e.kind for e in valid}
+    for kind, age in (("full", policy.keep_full), ("delta", policy.keep_delta)):
+        if age is not None and kind not in kinds:
+            raise PolicyError(
+                f"{kind}={age}: no checkpoint is a {kind} (they are: {', '.join(sorted(kinds))}); "
+                f"drop {kind}= from the policy"
+            )
 
 
 def plan_retention(

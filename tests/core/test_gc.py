@@ -12,6 +12,7 @@ from ckptflow.steps.checkpoint import Checkpointer, CheckpointError
 
 from ckptflow.core import layout, listing, rootreader
 from ckptflow.core.gc import gc
+from ckptflow.core.policy_syntax import PolicyError
 from ckptflow.core.retention import Policy
 from ckptflow.core.storage import Storage
 
@@ -526,3 +527,38 @@ def test_an_old_alias_of_a_young_object_does_not_get_it_collected(tmp_path):
     os.utime(alias, (old, old))
     report = gc(root, "last=1", apply=True)
     assert key not in report.objects and os.path.exists(real)
+
+
+@pytest.mark.parametrize(
+    ("policy", "phrase"),
+    [
+        ("best=acc:max:1", "no checkpoint has metric 'acc' (they have: val_loss)"),
+        ("last=1,best=val_loss:min:1,best=acc:max:1", "no checkpoint has metric 'acc'"),
+        ("delta=7d", "no checkpoint is a delta"),
+    ],
+)
+def test_a_policy_naming_what_no_checkpoint_has_is_refused(tmp_path, capsys, policy, phrase):
+    """`best=acc:max:1` with no `acc` anywhere was ignored and gc planned to delete 6 steps:
+    with --yes a typo deleted checkpoints (issue 38, point 5). Now: one line, exit 2."""
+    from ckptflow.ckpt_cli import main
+
+    from ckptflow.core import runroot
+
+    root = str(tmp_path / "ckpt")
+    save_steps(root, range(1, 5), full_every=1)
+    for step in range(1, 5):
+        runroot.write_eval(Storage(root), runroot.EvalRecord(step, metrics={"val_loss": 1.0}))
+    before = tree(root)
+    with pytest.raises(PolicyError, match="no checkpoint"):
+        gc(root, policy, apply=True, now=time.time() + 2 * HOUR)
+    rc = main(["gc", root, "--policy", policy, "--grace", "0", "--yes"])
+    err = capsys.readouterr().err
+    assert rc == 2 and phrase in err and err.count("\n") == 1, err
+    assert tree(root) == before  # nothing deleted
+    assert gc(root, "best=val_loss:min:1,full=7d").delete_steps == []  # what exists is fine
+
+
+def test_a_root_with_no_checkpoint_yet_is_no_policy_error(tmp_path):
+    """The retention CronWorkflow collects roots of runs that have saved nothing yet."""
+    Checkpointer(str(tmp_path / "ckpt")).close()
+    assert gc(str(tmp_path / "ckpt"), "best=acc:max:1").delete_steps == []
