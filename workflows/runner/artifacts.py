@@ -12,33 +12,39 @@ What Argo's executor does around a pod, done around a local process:
 - DAG/steps templates pass artifacts of their children on (`outputs.artifacts[].from`), and
   `globalName` exports one as `{{workflow.outputs.artifacts.NAME}}`.
 
-Artifact paths are private to the node, like a pod's filesystem: `/tmp/message` becomes
-`WORKDIR/pods/<node id>/tmp/message` (where a private /tmp is, leaf.map_tmp) in the template's command, args, env, workingDir and
-source (`map_paths`); only an output path that already exists on this machine outside /tmp (an
-image's `/etc`) is read where it is. A reference is passed through `{{...}}` substitution as a
-small JSON object (`{"name":..., "key":...}`), so the runner's variables carry it unchanged.
+Artifact paths are private to the node, like a pod's filesystem (artifact_paths.py: mapped
+after substitution, cleaned by Argo's rule, refused with one line when they would leave it).
+A reference is passed through `{{...}}` substitution as a small JSON object (`{"name":..., "key":...}`), so the runner's variables carry it unchanged.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from ckptflow.workflows.runner.artifact_paths import (
+    clean_path,
+    inside,
+    map_paths,
+    resolve_paths,
+    template_artifacts,
+)
 from ckptflow.workflows.runner.artifact_repo import ArtifactError, Repository, pack, unpack
 from ckptflow.workflows.runner.substitution import to_str, unresolved
 
 __all__ = [
     "artifact_problems",
     "bind",
+    "clean_path",
     "input_values",
     "map_paths",
     "output_values",
     "ref_json",
+    "resolve_paths",
     "save_outputs",
     "stage_inputs",
     "template_artifacts",
@@ -64,6 +70,22 @@ def _parse_ref(text: str) -> dict | None:
     except ValueError:
         return None
     return ref if isinstance(ref, dict) and isinstance(ref.get("key"), str) else None
+
+
+def _path_problem(a: dict, kind: str) -> str | None:
+    """Why an artifact's written path is refused before the run (a path holding a parameter is
+    checked again once substituted, `resolve_paths`)."""
+    raw = a.get("path")
+    if kind == "arguments" or raw is None:
+        return None
+    path = to_str(raw)
+    if path.startswith("{{"):  # a whole parameter: only its value can tell
+        return None
+    try:
+        clean_path(a["name"], path)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def artifact_problems(block: Any, kind: str) -> list[tuple[str, str]]:
@@ -103,11 +125,10 @@ def artifact_problems(block: Any, kind: str) -> list[tuple[str, str]]:
             problems.append((f"{at}.archive", "only archive none or tar work locally"))
         if kind == "outputs" and "path" not in a and "from" not in a:
             problems.append((f"{at}.path", "an output artifact needs a path (or from)"))
+        why = _path_problem(a, kind)
+        if why:
+            problems.append((f"{at}.path", why))
     return problems
-
-
-def template_artifacts(tmpl: dict, side: str) -> list[dict]:
-    return list((tmpl.get(side) or {}).get("artifacts") or [])
 
 
 def bind(tmpl: dict, given: list[dict]) -> list[dict]:
@@ -161,83 +182,6 @@ def output_values(prefix: str, outputs: dict | None) -> dict[str, str]:
     return values
 
 
-def _mapped(path: str, output: bool) -> bool:
-    if not path.startswith("/") or "{{" in path:
-        return False
-    # an output at an image's own files (`/etc`) is read where it is
-    return not (output and not path.startswith("/tmp") and os.path.lexists(path))
-
-
-def _private(tmpl: dict) -> list[str]:
-    """The paths to make the node's own: each artifact path, and the directory of an output
-    artifact unless that is `/`, `/tmp` or a directory of this machine (the program creates
-    `/mnt/out` before writing `/mnt/out/part.json`: that must not touch the host's)."""
-    paths = []
-    for side in ("inputs", "outputs"):
-        for a in template_artifacts(tmpl, side):
-            path = to_str(a.get("path") or "")
-            if not _mapped(path, side == "outputs"):
-                continue
-            norm = os.path.normpath(path)
-            paths.append(norm)
-            parent = os.path.dirname(norm)
-            own_dir = parent.startswith("/tmp/") or not os.path.isdir(parent)
-            if side == "outputs" and parent not in ("/", "/tmp") and own_dir:
-                paths.append(parent)
-    return paths
-
-
-def _make_ancestors(root: Path, paths: list[str]) -> None:
-    """Create under `root` the ancestors of `paths` that this machine has (an image's `/mnt`,
-    `/tmp`), as a pod's filesystem has them; the rest is the program's to create."""
-    (root / "tmp").mkdir(parents=True, exist_ok=True)  # a pod's /tmp always exists
-    for p in paths:
-        for parent in Path(p).parents:
-            if str(parent) != "/" and (os.path.isdir(parent) or str(parent).startswith("/tmp")):
-                (root / str(parent).lstrip("/")).mkdir(parents=True, exist_ok=True)
-
-
-def map_paths(tmpl: dict, root: Path) -> tuple[dict, dict[str, str]]:
-    """A copy of a container/script template whose artifact paths are under `root` (the node's
-    filesystem), and the `{{inputs/outputs.artifacts.X.path}}` values (mapped)."""
-    paths = {p: str(root) + p for p in _private(tmpl)}
-    values: dict[str, str] = {}
-    for side in ("inputs", "outputs"):
-        for a in template_artifacts(tmpl, side):
-            path = to_str(a.get("path") or "")
-            if path:
-                norm = os.path.normpath(path)
-                values[f"{side}.artifacts.{a['name']}.path"] = paths.get(norm, path)
-    for p in (tmpl.get("outputs") or {}).get("parameters") or []:
-        path = (p.get("valueFrom") or {}).get("path")
-        if path is not None:  # already the node's own when under /tmp (leaf.map_tmp)
-            values[f"outputs.parameters.{p['name']}.path"] = to_str(path)
-    if not paths:
-        return tmpl, values
-    longest = sorted(paths, key=len, reverse=True)
-    # a path already under root (leaf.map_tmp's, when WORKDIR is under /tmp) is left alone
-    done = rf"{re.escape(str(root))}[^\s'\";:]*"
-    pattern = re.compile(
-        "|".join([done, *(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest)])
-    )
-
-    def fix(value):
-        if isinstance(value, str):
-            return pattern.sub(lambda m: paths.get(m.group(0), m.group(0)), value)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
-
-    out = dict(tmpl)
-    for key in ("container", "script", "inputs", "outputs"):
-        if key in out:
-            out[key] = {k: (v if k == "readinessProbe" else fix(v)) for k, v in out[key].items()}
-    _make_ancestors(root, list(paths))
-    return out, values
-
-
 def _load(repo: Repository, key: str, dest: str, work: str) -> None:
     """Load the artifact stored at `key` (an archive/file, or a directory of keys) to `dest`."""
     blob = os.path.join(work, "blob")
@@ -261,18 +205,26 @@ def _chmod(path: str, mode: Any) -> None:
     if os.path.isdir(path):
         targets = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
     for t in targets:
-        os.chmod(t, bits)
+        if not os.path.islink(t):  # chmod follows a link: a file outside the artifact
+            os.chmod(t, bits)
 
 
-def stage_inputs(repo: Repository, bound: list[dict] | None, body: dict) -> str | None:
-    """Load each bound input artifact to its (mapped) path; return a problem or None."""
+def stage_inputs(
+    repo: Repository, bound: list[dict] | None, body: dict, root: Path | None = None
+) -> str | None:
+    """Load each bound input artifact to its (mapped) path; return a problem or None. With
+    `root` (the node's directory) a path that is not inside it is refused, never touched."""
     paths = {a["name"]: to_str(a.get("path") or "") for a in template_artifacts(body, "inputs")}
     for b in bound or []:
         dest = paths.get(b["name"]) or ""
         if not dest or unresolved(dest):
             return f"inputs.artifacts.{b['name']}: no path to load it to"
-        if os.path.lexists(dest):
-            shutil.rmtree(dest) if os.path.isdir(dest) else os.remove(dest)
+        if not os.path.isabs(dest) or (root is not None and not inside(root, dest)):
+            return f"inputs.artifacts.{b['name']}: path {dest!r} is not in the pod's filesystem"
+        if os.path.isdir(dest) and not os.path.islink(dest):
+            shutil.rmtree(dest)
+        elif os.path.lexists(dest):
+            os.remove(dest)  # a file, or a link itself (never what it points at)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         try:
             _stage_one(repo, b, dest)

@@ -161,8 +161,12 @@ def run_template(
     /tmp paths, substitution, volume mounts, then the process."""
     if run.private_tmp and run.isolation is None:
         tmpl = map_tmp(tmpl, pod_dir(run, node))
-    tmpl, paths = arts.map_paths(tmpl, pod_dir(run, node))  # artifacts.py
-    body = substitute(tmpl, {**values, **paths})
+    try:  # artifact paths are mapped after substitution, so `-p x=../home` stays in the pod
+        paths = arts.resolve_paths(tmpl, pod_dir(run, node), values)  # artifacts.py
+        body = arts.map_paths(substitute(tmpl, {**values, **paths}), pod_dir(run, node))
+    except ValueError as exc:  # a path that leaves the node's filesystem: one line
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return
     if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
         mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
         body = volumes.apply_mounts(body, mapping)
@@ -210,7 +214,7 @@ def _spawn(run: cx.Run, node: Node, body: dict, container: dict):
         Path(script_path).write_text(to_str(container.get("source", "")))
         # Argo's script file is executable: `command: [sh, -c]` runs it by its path
         os.chmod(script_path, 0o755)
-    problem = arts.stage_inputs(run.artifacts, node.input_artifacts, body)
+    problem = arts.stage_inputs(run.artifacts, node.input_artifacts, body, root)
     if problem:
         run.store.update(node, phase=ERROR, message=problem)
         return
