@@ -541,7 +541,6 @@ def test_a_policy_naming_what_no_checkpoint_has_is_refused(tmp_path, capsys, pol
     """`best=acc:max:1` with no `acc` anywhere was ignored and gc planned to delete 6 steps:
     with --yes a typo deleted checkpoints (issue 38, point 5). Now: one line, exit 2."""
     from ckptflow.ckpt_cli import main
-
     from ckptflow.core import runroot
 
     root = str(tmp_path / "ckpt")
