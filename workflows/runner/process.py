@@ -17,9 +17,26 @@ import time
 import urllib.error
 import urllib.request
 
-__all__ = ["Proc", "ProcessRegistry", "probe_once", "stop_group"]
+__all__ = ["PUMP_CHUNK", "Proc", "ProcessRegistry", "probe_once", "pump", "stop_group"]
 
 RESULT_LIMIT = 1 << 20  # stdout kept for outputs.result; more is logged but not kept
+PUMP_CHUNK = 1 << 16  # the most a pump reads at once: its memory, whatever the newlines
+
+
+def pump(stream, write, kept: bytearray | None, lock) -> None:
+    """Copy a pipe to `write` (the log) in reads of at most PUMP_CHUNK bytes, keeping its first
+    RESULT_LIMIT bytes in `kept` (stdout for outputs.result; None: stderr), then close it.
+    Bounded in bytes, not lines: one 150 MiB line read by readline() was held whole (477 MiB
+    of runner memory, a 157 MB status.json). Both Proc and the pods' Pod pump through it."""
+    while True:
+        chunk = stream.read1(PUMP_CHUNK)
+        if not chunk:
+            break
+        with lock:
+            write(chunk)
+            if kept is not None and len(kept) < RESULT_LIMIT:
+                kept.extend(chunk[: RESULT_LIMIT - len(kept)])
+    stream.close()
 
 
 def stop_group(popen: subprocess.Popen, grace: float) -> None:
@@ -66,12 +83,7 @@ class Proc:
             t.start()
 
     def _pump(self, stream, keep: bool) -> None:
-        for line in iter(stream.readline, b""):
-            with self._lock:
-                self.log.write(line)
-                if keep and len(self.stdout) < RESULT_LIMIT:
-                    self.stdout.extend(line)
-        stream.close()
+        pump(stream, self.log.write, self.stdout if keep else None, self._lock)
 
     @property
     def pid(self) -> int:

@@ -28,7 +28,7 @@ import time
 from ckptflow.workflows.runner.pods import net, podinit
 from ckptflow.workflows.runner.pods.check import tool
 from ckptflow.workflows.runner.pods.podspec import Volume
-from ckptflow.workflows.runner.process import RESULT_LIMIT, stop_group
+from ckptflow.workflows.runner.process import RESULT_LIMIT, pump, stop_group
 
 __all__ = ["Pod", "PodError", "RESULT_LIMIT"]
 
@@ -234,13 +234,11 @@ class Pod:
         return status_r, go_w
 
     def _pump(self, stream, keep: bool) -> None:
-        for line in iter(stream.readline, b""):
-            with self._lock:
-                if not self._finished:
-                    self.log.write(line)
-                if keep and len(self.stdout) < RESULT_LIMIT:
-                    self.stdout.extend(line)
-        stream.close()
+        pump(stream, self._write_log, self.stdout if keep else None, self._lock)
+
+    def _write_log(self, data: bytes) -> None:  # under self._lock (process.pump)
+        if not self._finished:
+            self.log.write(data)
 
     def go(self, status: int, go: int, spec: dict) -> None:
         """Send the spec; return once the task runs, PodError with the pod's reason if not."""
