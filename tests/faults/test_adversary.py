@@ -27,6 +27,7 @@ VARIANTS = {
     "archive": ("gc", "archive", "crash"),
     "inflight": ("gc", "inflight"),
     "names": ("names",),
+    "races": ("gc", "races"),  # loads racing commits, GC and archive (issue 37)
     "all": GROUPS,
 }
 # Variants that find a defect the current engine still has, each replayed (minimal) in

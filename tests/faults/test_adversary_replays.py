@@ -39,6 +39,13 @@ def load(how: str = "newest, fresh process", pick: int = 0):
     return ("load", {"pick": pick, "how": how})
 
 
+def race(kind: str, at: int, *, pin: bool, saves: list, deleter: str | None):
+    return (
+        "load_racing_deleters",
+        {"kind": kind, "at": at, "pin": pin, "saves": saves, "deleter": deleter},
+    )
+
+
 def obj(how: str, pick: int = 0, which: str = "the newest step's own"):
     return ("damage_object", {"pick": pick, "pick2": 0, "n": 0, "how": how, "which": which})
 
@@ -257,6 +264,21 @@ REPLAYS = {
         NotClean,
         [save(), save(), obj("empty")],
         {"backend": "s3"},
+    ),
+    # issue 37 defect 2: the step being read is deleted by GC after a newer commit; the load
+    # called it corrupt and fell back to the older step (found by the races variant)
+    "load-racing-commit-and-gc-falls-back-to-an-older-step": (
+        "a load racing two commits and gc last=1 called the deleted step corrupt, then failed "
+        "on the older one GC deleted too ('step 1 has no committed checkpoint') (b)",
+        NewestLost,
+        [save(), save(),
+         race("object", 0, pin=False, saves=["save same", "save"], deleter="gc last=1")],
+    ),
+    "load-racing-commit-and-gc-reports-a-pinned-step-deleted": (
+        "a load racing a pin, a commit and gc last=1 called the deleted step corrupt and "
+        "returned the older pinned step, not the newer intact one (b)",
+        NewestLost,
+        [save(), save(), race("manifest", 0, pin=True, saves=["save"], deleter="gc last=1")],
     ),
 }  # fmt: skip
 

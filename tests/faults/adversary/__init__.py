@@ -7,7 +7,8 @@ tensors that stay frozen), a trainer restart, loads (the newest, a given step, i
 dtype), `ckptflow ckpt` ls / ls --verify / verify / pin / unpin / gc (last=N, --grace 0 or 1h)
 / archive (to the archive root or to an alias of the hot root), GC while a save is held between
 its data and its manifest or COMMIT, a tool or save that dies at its N-th write (a local
-in-place write then leaves half of its bytes), an evaluator writing eval.json. Damage: see
+in-place write then leaves half of its bytes), an evaluator writing eval.json, a load with
+saves, GC, archive and pins fired at a generated read of it (races.py). Damage: see
 damage.py. Which of them a machine uses is its `groups` (see `make_machine`); `replay` runs
 one given sequence (a regression test of a sequence hypothesis found).
 
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 from tests.faults.adversary.attacks import AttackRules
 from tests.faults.adversary.machine import GROUPS, Machine, Stats
+from tests.faults.adversary.races import RaceRules
 from tests.faults.adversary.tools import ToolRules
 
 
-class Adversary(AttackRules, ToolRules, Machine):
-    """The whole machine: saves and loads (Machine), tools (ToolRules), damage (AttackRules)."""
+class Adversary(RaceRules, AttackRules, ToolRules, Machine):
+    """The whole machine: saves and loads (Machine), tools (ToolRules), damage (AttackRules),
+    loads racing saves and deleters (RaceRules)."""
 
 
 def make_machine(name: str, groups, backend: str = "local", bucket: str | None = None):

@@ -37,7 +37,7 @@ from tests.faults.adversary.truth import (
     zeros_like,
 )
 
-GROUPS = ("gc", "inflight", "archive", "crash", "objects", "json", "folders", "names")
+GROUPS = ("gc", "inflight", "archive", "crash", "objects", "json", "folders", "names", "races")
 
 
 # -- counts ----------------------------------------------------------------------------------------

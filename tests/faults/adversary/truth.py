@@ -64,6 +64,10 @@ class Undetected(Violation):
     code = "f"  # verify/ls called a step sound although an object it needs is damaged
 
 
+class FalseDamage(Violation):
+    code = "g"  # a load racing saves and deleters reported a step intact when it began as damaged
+
+
 # -- state dicts -----------------------------------------------------------------------------------
 def make_state(seed: int, frozen: int, names: str) -> dict:
     """A tiny state dict: a 2x3 and a 3-element float tensor that change with `seed`, a frozen
