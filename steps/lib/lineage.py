@@ -313,6 +313,25 @@ class Lineage:
             lambda: self.client.log_inputs(rid, models=[LoggedModelInput(model_id)]),
         )
 
+    def log_dataset(self, task: str, seed: int, context: str) -> None:
+        """The generated corpus this run reads (steps.lib.data: the task and the seed decide
+        every sample) as a dataset input of the run, for MLflow's lineage and its Datasets
+        column; `context` is MLflow's `mlflow.data.context` tag (training, evaluation)."""
+        if not (task and self.run_id):
+            return
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.types import ColSpec, Schema
+
+        source = CodeDatasetSource(
+            {"generator": "ckptflow.steps.lib.data", "task": task, "seed": str(seed)}
+        )
+        data = MetaDataset(source, name=f"{task}-seed{seed}", schema=Schema([ColSpec("string")]))
+        inp = DatasetInput(data._to_mlflow_entity(), [InputTag("mlflow.data.context", context)])
+        rid = self.run_id
+        self._call("log dataset input", lambda: self.client.log_inputs(rid, datasets=[inp]))
+
     def log_artifact_bytes(self, name: str, data: bytes, run_id: str | None = None) -> None:
         """A file (the run report) as an artifact of `run_id` (default: this step's run)."""
         rid = run_id or self.run_id

@@ -58,6 +58,9 @@ class StepRun:
         self.status, self.exit_code = "FAILED", exit_code
 
 
+TRAINING = ("pretrain", "finetune")  # steps whose config's task and seed name their corpus
+
+
 def _open_lineage(kind: str, cfg, *, run_root, run_name, params, tags, attach) -> Lineage | None:
     """The step's MLflow run: a new one (nested under the config's parent run when it names
     one), or the existing run `attach` names; None when `attach` is "" (no run to end)."""
@@ -76,6 +79,8 @@ def _open_lineage(kind: str, cfg, *, run_root, run_name, params, tags, attach) -
         tags=tags,
         params=asdict(cfg) if params is None else params,
     )
+    if kind in TRAINING:  # the corpus it trains on, as MLflow's dataset input
+        lineage.log_dataset(getattr(cfg, "task", ""), getattr(cfg, "seed", 0), "training")
     return lineage
 
 

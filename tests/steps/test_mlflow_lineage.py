@@ -117,3 +117,14 @@ def test_a_report_is_logged(store, finetuned):  # noqa: F811
     )
     assert [a.path for a in store["client"].list_artifacts(sel.info.run_id)] == ["report.png"]
     assert Path(store["chosen"]).exists()
+
+
+def test_each_training_run_has_its_corpus_as_a_dataset_input(store):
+    for name, task in (("pretrain-pre", "add"), ("finetune-a", "rev"), ("finetune-b", "rev")):
+        run = _run(store, name)
+        assert run.data.params["task"] == task
+        (inp,) = run.inputs.dataset_inputs
+        assert inp.dataset.name == f"{task}-seed{run.data.params['seed']}"
+        assert json.loads(inp.dataset.source)["tags"]["task"] == task
+        assert inp.dataset.source_type == "code"
+        assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "training"}
