@@ -290,7 +290,7 @@ def _check_text(key: str, name: str, value: Any, shown: str) -> None:
         return
     if key in REQUIRED and not value.strip():
         raise _bad(key, shown, "must not be empty")
-    if key in URLS and not re.fullmatch(r"https?://\S+", value):
+    if key in URLS and value and not re.fullmatch(r"https?://\S+", value):  # "": no UI
         raise _bad(key, shown, "give a URL such as http://localhost:2746")
     if key == "platform.outputs_dir" and not value.startswith("/"):
         raise _bad(key, shown, "give an absolute path inside the container, e.g. /tmp/outputs")

@@ -109,6 +109,7 @@ def local_config(
         f"platform.storage_root={storage}",
         f"platform.mlflow_tracking_uri={tracking}",
         f"pretrain.rdzv_port={free_port()}",
+        "platform.argo_ui=",  # no Argo Server runs here: no MLflow run links to its UI
     ]
     if s3_endpoint:
         computed.append(f"platform.s3_endpoint={s3_endpoint}")
