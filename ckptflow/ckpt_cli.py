@@ -281,9 +281,14 @@ def cmd_gc(args) -> int:
     from ckptflow.core.gc import gc, parse_policy
 
     policy = parse_policy(args.policy)  # a bad policy is named before the root is read
-    # A root with nothing yet is no mistake here: the retention CronWorkflow collects roots
-    # of runs that may not have saved their first checkpoint.
-    storage = env.open_storage(args.root)
+    # A root that does not exist or holds no checkpoint is a mistake (a wrong URI): "nothing
+    # was deleted" would let retention silently do nothing. The retention CronWorkflow
+    # collects the roots `ckptflow ckpt roots` finds, each with a committed step.
+    storage = _open(args.root)
+    if not rootreader.step_names(storage):
+        raise CheckpointError(
+            f"{storage.uri} holds no checkpoint: nothing to collect; check the root URI"
+        )
     report = gc(args.root, policy, apply=args.yes, grace_s=args.grace, storage=storage)
     print(json.dumps(report.as_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0

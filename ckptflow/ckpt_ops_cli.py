@@ -3,6 +3,7 @@
 
     ckptflow ckpt slim ROOT --older-than 7d [--keep PREFIX ...] [--yes] [--json]
     ckptflow ckpt stats ROOT [--json]
+    ckptflow ckpt roots STORAGE_ROOT [--json]
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import json
 
 from ckptflow import env
-from ckptflow.core import listing
+from ckptflow.core import listing, rootguess, rootreader
 
 
 def add_parsers(sub, duration) -> None:
@@ -31,6 +32,9 @@ def add_parsers(sub, duration) -> None:
     t = sub.add_parser("stats", help="checkpoint health: rates, stalls, bytes, RPO, recoveries")
     t.add_argument("root")
     t.add_argument("--json", action="store_true", help="print JSON")
+    r = sub.add_parser("roots", help="the checkpoint roots under a storage root (retention)")
+    r.add_argument("root", help="storage root, e.g. s3://ckptflow/runs")
+    r.add_argument("--json", action="store_true", help="print a JSON list (Argo's withParam)")
 
 
 def cmd_slim(args: argparse.Namespace) -> int:
@@ -56,4 +60,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"slim": cmd_slim, "stats": cmd_stats}
+def cmd_roots(args: argparse.Namespace) -> int:
+    """Every checkpoint root with a committed step under the storage root: what the retention
+    CronWorkflow collects (a root still waiting for its first commit is left for later). None
+    is a mistake (a wrong storage root), never an empty success."""
+    from ckptflow.core.errors import CheckpointError
+
+    found = rootguess.find_roots(env.open_storage(args.root))
+    roots = [r for r in found if rootreader.committed_steps(env.open_storage(r))]
+    if not roots:
+        raise CheckpointError(
+            f"no checkpoint root with a committed step under {args.root}; check the storage root"
+        )
+    print(json.dumps(roots) if args.json else "\n".join(roots))
+    return 0
+
+
+COMMANDS = {"slim": cmd_slim, "stats": cmd_stats, "roots": cmd_roots}

@@ -23,7 +23,7 @@ from ckptflow.steps.lib.model import GPT, ModelConfig
 from ckptflow import env
 from ckptflow.contract.argv import parse
 from ckptflow.contract.stepargs import DrillArgs
-from ckptflow.core import drill, health
+from ckptflow.core import drill, health, rootreader
 from ckptflow.core.errors import CheckpointError
 
 log = logging.getLogger("ckptflow.drill")
@@ -56,6 +56,11 @@ def test_load(ck: Checkpointer, step: int) -> None:
 def run_drill(cfg: DrillArgs, run: plumbing.StepRun) -> None:
     """The drill; fails the run (exit 1) when a step was found corrupt."""
     st = env.open_storage(cfg.ckpt_root)
+    if not rootreader.committed_steps(st):  # a wrong root must not pass as a clean drill
+        raise plumbing.StepError(
+            f"{st.uri} holds no committed checkpoint (or does not exist): nothing to drill; "
+            "check the root URI"
+        )
     report = drill.verify_newest(st, cfg.newest)
     loaded = None
     if cfg.test_load:

@@ -225,10 +225,13 @@ def test_an_unexpected_failure_is_one_line_with_a_debug_hint(places, capsys, mon
         cli.main(["ckpt", "ls", places["root"]])
 
 
-def test_gc_of_a_root_with_nothing_yet_is_no_error(places, capsys):
-    """The retention CronWorkflow collects the roots of runs that may not have saved yet."""
-    assert cli.main(["ckpt", "gc", places["tmp"] + "/not-yet", "--policy", "last=1", "--yes"]) == 0
-    assert "0 step(s)" in capsys.readouterr().out
+def test_gc_of_a_root_with_nothing_is_an_error_in_one_line(places, capsys):
+    """A wrong root must not look like retention that ran (issue 33): the retention
+    CronWorkflow collects only roots `ckptflow ckpt roots` found with a committed step."""
+    assert cli.main(["ckpt", "gc", places["tmp"] + "/not-yet", "--policy", "last=1", "--yes"]) == 2
+    out, err = capsys.readouterr()
+    assert "0 step(s)" not in out and len(err.strip().splitlines()) == 1
+    assert "no checkpoints there" in err
 
 
 def test_the_valid_commands_still_work(places, capsys):

@@ -193,7 +193,9 @@ class RetentionConfig:
     name: str = "ckptflow-retention"  # CronWorkflow name
     schedules: tuple[str, ...] = ("17 * * * *",)  # cron schedules (Argo v4 `schedules`)
     timezone: str = "UTC"  # timezone of the schedules
-    roots: tuple[str, ...] = ()  # checkpoint roots; () = <storage_root>/main/pretrain/ckpt
+    # checkpoint roots; () = every root the pipelines write under platform.storage_root
+    # (NAME/pretrain/ckpt, NAME/finetune/VARIANT/ckpt), found at each run (ckptflow ckpt roots)
+    roots: tuple[str, ...] = ()
     policy: str = "2h:all,1d:1h,7d:1d,*:7d"  # `ckptflow ckpt gc --policy` spec
     concurrency_policy: str = "Forbid"  # Allow | Forbid | Replace
     starting_deadline_s: int = 600  # a missed schedule older than this is skipped

@@ -13,12 +13,18 @@ import posixpath
 import struct
 
 from ckptflow.core import layout, runroot
+from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import Storage
 
-__all__ = ["describe"]
+__all__ = ["describe", "find_roots"]
 
 MAX_LISTED = 6  # roots named in one message
 MAX_LISTINGS = 200  # folders listed looking for them
+# roots find_roots returns at most: their JSON list stays under the 256 KiB Argo keeps of a
+# container's stdout (`outputs.result`, the retention CronWorkflow's withParam)
+FIND_LIMIT = 2_000
+FIND_LISTINGS = 50_000  # folders find_roots lists at most
+FIND_WIDTH = 10_000  # entries of one folder find_roots looks into (runs under a storage root)
 _SEE = "ckptflow ckpt ls"
 
 
@@ -81,9 +87,42 @@ def _roots_below(st: Storage, names: set[str]) -> list[str]:
     return [f"{st.uri.rstrip('/')}/{rel}" for rel in out]
 
 
-def _walk(st: Storage, rel: str, names: set[str], depth: int, out: list[str], budget) -> None:
-    for name in sorted(names)[:64]:  # bounded: the folder may hold anything
-        if name.startswith(".") or budget[0] <= 0 or len(out) > MAX_LISTED:
+def find_roots(st: Storage) -> list[str]:
+    """Every checkpoint root the pipelines write under the storage root `st`
+    (`NAME/pretrain/ckpt`, `NAME/finetune/VARIANT/ckpt`, a run root's `ckpt`), sorted: what
+    the retention CronWorkflow collects. Bounded (FIND_LIMIT roots, FIND_LISTINGS folders
+    listed): a storage root may hold anything. Empty when `st` holds nothing."""
+    try:
+        names = set(st.listdir())
+    except (OSError, ValueError):
+        return []
+    out: list[str] = []
+    if runroot.CKPT in names:
+        out.append(runroot.CKPT)
+    budget = [FIND_LISTINGS]
+    _walk(st, "", names, 3, out, budget, limit=FIND_LIMIT, width=FIND_WIDTH)
+    if budget[0] <= 0 or len(out) > FIND_LIMIT or len(names) > FIND_WIDTH:
+        # a partial list would silently leave roots uncollected
+        raise CheckpointError(
+            f"{st.uri} holds more than the {FIND_LIMIT} roots or {FIND_LISTINGS} folders "
+            "looked through; name the roots explicitly (retention.roots)"
+        )
+    return sorted(f"{st.uri.rstrip('/')}/{rel}" for rel in out)
+
+
+def _walk(
+    st: Storage,
+    rel: str,
+    names: set[str],
+    depth: int,
+    out: list[str],
+    budget,
+    *,
+    limit: int = MAX_LISTED,
+    width: int = 64,
+) -> None:
+    for name in sorted(names)[:width]:  # bounded: the folder may hold anything
+        if name.startswith(".") or budget[0] <= 0 or len(out) > limit:
             return
         child = f"{rel}/{name}" if rel else name
         if st.is_file(child):
@@ -93,7 +132,7 @@ def _walk(st: Storage, rel: str, names: set[str], depth: int, out: list[str], bu
         if runroot.CKPT in below:
             out.append(f"{child}/{runroot.CKPT}")
         elif depth > 1 and layout.ROOT_MARKER not in below:
-            _walk(st, child, below, depth - 1, out, budget)
+            _walk(st, child, below, depth - 1, out, budget, limit=limit, width=width)
 
 
 def _parent(uri: str) -> str:

@@ -104,3 +104,14 @@ def test_a_step_marked_corrupt_is_not_read_again_whatever_its_reason_says(tmp_pa
     assert marks.mark_corrupt(st, 2, "operator: bad node", "a person")
     report = drill.verify_newest(st, 2)
     assert report.already_marked == [2] and report.verified == [1] and report.ok
+
+
+@pytest.mark.parametrize("kind", ["missing", "no checkpoint"])
+def test_a_root_with_no_checkpoint_fails_the_drill(tmp_path, caplog, kind):
+    """Retention must not look like it ran on a wrong root (issue 33): exit 2, one line."""
+    uri = str(tmp_path / "ckpt")
+    if kind == "no checkpoint":
+        rootreader.ensure_root(Storage(uri))
+    rc = drill_step.main(["--ckpt-root", uri, "--newest", "2", "--output-dir", str(tmp_path / "o")])
+    assert rc == 2
+    assert any("holds no committed checkpoint" in r.getMessage() for r in caplog.records)
