@@ -99,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ckptflow {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        # A path or file the user gave that cannot be used: one line, the usage exit code
+        # (classified by type in one table: cli_errors.py).
+        from ckptflow import cli_errors
+
+        line = cli_errors.user_error(exc)
+        if line is not None:
+            print(f"ckptflow {name}: {line}", file=sys.stderr)
+            return cli_errors.USAGE_EXIT
         # A subcommand names every mistake a user can make; what reaches here is a bug or an
         # unforeseen failure: one line (a traceback helps only whoever debugs it).
         from ckptflow import env

@@ -31,6 +31,7 @@ from ckptflow.workflows.runner import (
 )
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 from ckptflow.workflows.runner.cluster import ClusterError, load_profile
+from ckptflow.workflows.runner.document import workflow_name_problem
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
@@ -99,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class UsageError(ValueError):
+    """An option's value cannot be used (one line naming the fix; exit code 2)."""
+
+
 def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     """Semaphore limits from `--semaphore-config` files, then `--semaphore NAME=N` (winning)."""
     limits: dict[str, int] = {}
@@ -163,6 +168,9 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     """Run a manifest dict with the parsed CLI options; print the table; return the exit code."""
     params = parse_parameters(args.parameter)
     name = args.name or workflow_name(manifest)
+    problem = args.name and workflow_name_problem(args.name)
+    if problem:
+        raise UsageError(f"--name: {problem}")
     workdir = args.workdir or str(Path("runs") / "local" / name)
     result = run_workflow(
         manifest,
@@ -202,7 +210,7 @@ def run_file(argv: list[str]) -> int:
     except SpecError as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return REFUSED_EXIT
-    except (IsolationError, ClusterError) as exc:
+    except (IsolationError, ClusterError, UsageError) as exc:
         print(f"ckptflow run: {exc}", file=sys.stderr)
         return 2
 

@@ -5,6 +5,8 @@ validator (spec.py) raises too.
 
 from __future__ import annotations
 
+import errno
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ __all__ = [
     "load_documents",
     "load_manifest",
     "resolve_template_ref",
+    "workflow_name_problem",
     "workflow_spec",
 ]
 
@@ -28,13 +31,48 @@ class SpecError(ValueError):
     field. (Not `ckptflow.core.manifest.ManifestError`: that one is a checkpoint's JSON manifest.)"""
 
 
+# A Workflow is a Kubernetes object: its name is an RFC 1123 subdomain (lower-case letters,
+# digits, '-' and '.', starting and ending alphanumeric: k8s.io/apimachinery
+# pkg/util/validation/validation.go IsDNS1123Subdomain, applied to every custom resource's
+# metadata.name), and Argo refuses one over 63 characters (workflow/validate/validate.go:
+# maxCharsInObjectName, "because of the limitation of Kubernetes label" values).
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # validation.go dns1123LabelFmt
+_WORKFLOW_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")  # dns1123SubdomainFmt
+MAX_WORKFLOW_NAME = 63
+
+
+def workflow_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a Workflow (one line naming the fix), or None."""
+    if len(name) > MAX_WORKFLOW_NAME:
+        return (
+            f"workflow name {name[:70]!r} is {len(name)} characters; Argo allows at most "
+            f"{MAX_WORKFLOW_NAME}"
+        )
+    if not _WORKFLOW_NAME.fullmatch(name):
+        return (
+            f"workflow name {name!r} is not a Kubernetes name: use lower-case letters, digits, "
+            "'-' and '.', starting and ending with a letter or digit (e.g. my-run-1)"
+        )
+    return None
+
+
+def read_text(path: Path) -> str:
+    """A manifest's text; a file that is not UTF-8 is an OSError (EILSEQ) naming it, which the
+    CLI's error table (ckptflow/cli_errors.py) reports as a usage error."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text (byte {exc.start}): give a UTF-8 YAML or JSON file"
+        raise OSError(errno.EILSEQ, why, str(path)) from exc
+
+
 def load_manifest(path: str) -> dict:
     """Read a YAML (or JSON) manifest holding one Workflow or WorkflowTemplate."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{path}: no such manifest file")
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        docs = [d for d in yaml.safe_load_all(read_text(p)) if d is not None]
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from exc
     if len(docs) != 1 or not isinstance(docs[0], dict):
@@ -152,6 +190,6 @@ def load_documents(path: str) -> list[dict]:
     if not p.is_file():
         raise SpecError(f"{path}: no such manifest file")
     try:
-        return [d for d in yaml.safe_load_all(p.read_text()) if isinstance(d, dict)]
+        return [d for d in yaml.safe_load_all(read_text(p)) if isinstance(d, dict)]
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from exc

@@ -87,9 +87,12 @@ def final_table(store: NodeStore) -> str:
 def write_status(path: str, document: dict) -> None:
     """Write the status JSON atomically (readers never see half a file)."""
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(document, fh, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(document, fh, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:  # named by the status file's path, not its temporary one's
+        raise type(exc)(exc.errno, exc.strerror, path) from exc
 
 
 class Reporter:

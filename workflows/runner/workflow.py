@@ -304,6 +304,9 @@ def run_workflow(
         manifest, spec, params, store, name=wf_name, workdir=str(work), cwd=cwd,
         kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
     )  # fmt: skip
+    # the status file written before anything runs: an unwritable --status-file (a missing
+    # folder) is an OSError now, not after the whole workflow ran
+    write_status(status_path, _document(run, state))
     if isolate or pod_node is not None:
         run.isolation = isolation.open_isolation(spec, pod_node)
         run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
