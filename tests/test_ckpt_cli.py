@@ -239,3 +239,13 @@ def test_gc_says_what_the_grace_period_kept(tmp_path, capsys):
     report = json.loads(run(capsys, "gc", root, "--policy", "last=1", "--grace", "1h", "--json")[1])
     assert report["grace_objects"] > 0 and report["grace_bytes"] > 0 and report["grace_s"] == 3600
     assert report["grace_bytes"] >= report["bytes_freed"]  # what was freed is the smaller part
+
+
+def test_ls_of_a_malformed_s3_uri_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """`ckpt ls s3:/` was read as a local path named `s3:` (issue 37): one line, exit 2, and
+    no folder of that name is made or read."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "ls", "s3:/")
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "malformed storage URI 's3:/'" in err and "s3://" in err
+    assert not (tmp_path / "s3:").exists()

@@ -14,10 +14,29 @@ from ckptflow.core.storage_errors import StorageError
 
 
 def split_uri(uri: str) -> tuple[str, str]:
+    """(scheme, path) of a root URI; a local path is ("file", its absolute path). A scheme this
+    module serves spelled without `://` and a name (`s3:/`, `s3:bucket`, `s3://`) is refused:
+    read as a local path, it named a folder `s3:` beside the user (issue 37)."""
     if "://" in uri:
         protocol, rest = uri.split("://", 1)
+        if protocol.lower() in OBJECT_STORES and (rest.startswith("/") or not rest.strip("/")):
+            raise _malformed(uri, protocol.lower())  # no bucket (container) named
         return protocol, rest.rstrip("/")
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else None
+    if scheme in PROTOCOLS and scheme != "local":
+        raise _malformed(uri, scheme)
     return "file", os.path.abspath(os.path.expanduser(uri))
+
+
+def _malformed(uri: str, scheme: str) -> StorageError:
+    form = {
+        "file": "file:///absolute/path (or the path itself)",
+        "memory": "memory://name",
+        "gs": "gs://BUCKET/PREFIX",
+        "az": "az://CONTAINER/PREFIX",
+        "abfs": "abfs://CONTAINER/PREFIX",
+    }.get(scheme, "s3://BUCKET/PREFIX")
+    return StorageError(f"malformed storage URI {uri[:200]!r}: write it as {form}")
 
 
 def join_path(base: str, rel: str, uri: str) -> str:
@@ -46,4 +65,7 @@ OBJECT_STORES = ("s3", "gs", "az", "abfs")
 def supported(uri: str) -> bool:
     """True when `uri` is a local path or uses a scheme this module serves (a URI read from a
     file, such as an ARCHIVED marker's, is checked with this before anything is opened)."""
-    return split_uri(uri)[0] in PROTOCOLS
+    try:
+        return split_uri(uri)[0] in PROTOCOLS
+    except StorageError:  # malformed: `s3:/x`, `s3:///x`
+        return False

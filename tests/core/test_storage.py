@@ -11,6 +11,7 @@ import pytest
 
 from ckptflow.core import locator
 from ckptflow.core.storage import Storage, StorageOptions
+from ckptflow.core.storage_errors import StorageError
 from ckptflow.core.uris import join_uri
 
 CORE = Path(__file__).resolve().parents[2] / "ckptflow" / "core"
@@ -113,3 +114,21 @@ def test_join_uri_is_storage_url_without_a_filesystem():
     for uri in ("/tmp/r", "/tmp/r/", "rel/p", "file:///tmp/r", "memory://a/b", "s3://b/p/"):
         for rel in ("ckpt", "", "a/b", "."):
             assert join_uri(uri, rel) == Storage(uri).url(rel), (uri, rel)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3:/", "s3:", "s3:/bucket/run", "s3:bucket", "S3:/b", "gs:/b/p", "az:/c", "abfs:/c",
+     "memory:/x", "file:/tmp/x", "s3://", "s3:///run", "gs://", "az://"],
+)  # fmt: skip
+def test_a_malformed_uri_with_a_known_scheme_is_refused_not_read_as_a_local_path(uri):
+    """`s3:/` was read as a local folder named `s3:` (issue 37): a scheme this module serves
+    followed by anything but `://` and a name is refused, naming the form to use."""
+    with pytest.raises(StorageError, match="malformed storage URI") as ei:
+        Storage(uri)
+    assert "://" in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("path", ["rel/s3:/x", "./s3:", "/tmp/gs:/b", "runs:1", "memoryx:/y"])
+def test_local_paths_holding_a_colon_are_still_local(path):
+    assert Storage(path).protocol == "file"
