@@ -73,3 +73,100 @@ def test_a_tensor_subclass_in_a_torch_file_is_refused(tmp_path):
     torch.save({"w": torch.ones(2).as_subclass(Sub)}, tmp_path / "sub.pt")
     with pytest.raises(ForeignFormatError, match="save plain tensors|weights-only"):
         import_checkpoint(str(tmp_path / "sub.pt"), str(tmp_path / "ckpt"))
+
+
+def _adam_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 4)).square().sum().backward()
+        opt.step()
+    return model, opt
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same_structure(got, want, where="state"):
+    """Equal containers of equal types (int keys stay ints, tuples stay tuples), tensors
+    bitwise."""
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want), (where, list(got), list(want))
+        for k in want:
+            _same_structure(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            _same_structure(a, b, f"{where}[{i}]")
+    elif isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(_bytes(got), _bytes(want)), where
+    else:
+        assert got == want, (where, got, want)
+
+
+def test_an_optimizer_state_dict_round_trips_with_its_adam_moments(tmp_path):
+    """Issue 37 defect 1: an optimizer's `state` is keyed by int; import -> export torch
+    must give those ints back, so load_state_dict gives each parameter its moments."""
+    model, opt = _adam_state()
+    src = {"model": model.state_dict(), "optim": opt.state_dict()}
+    torch.save(src, tmp_path / "src.pt")
+    root = str(tmp_path / "ckpt")
+    import_checkpoint(str(tmp_path / "src.pt"), root, step=3)
+    export_checkpoint(root, str(tmp_path / "out"), fmt="torch")
+    back = torch.load(tmp_path / "out" / "model.pt", weights_only=True)
+    assert list(back["optim"]["state"]) == [0, 1, 2, 3]
+    fresh_model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    fresh = torch.optim.Adam(fresh_model.parameters(), lr=0.5)
+    fresh_model.load_state_dict(back["model"])
+    fresh.load_state_dict(back["optim"])
+    for p_old, p_new in zip(model.parameters(), fresh_model.parameters(), strict=True):
+        old, new = opt.state[p_old], fresh.state[p_new]
+        assert set(new) == {"step", "exp_avg", "exp_avg_sq"}
+        for k in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(new[k], old[k]), k
+    assert fresh.param_groups[0]["lr"] == 0.01
+    _same_structure(back["optim"], src["optim"])
+
+
+def test_int_keys_empty_containers_and_tuples_keep_their_structure(tmp_path):
+    src = {
+        "state": {},  # an optimizer before its first step
+        "ints": {0: torch.ones(2), 7: {"x": torch.zeros(1)}, -3: 1.5},
+        "empty_list": [],
+        "nested_empty": {"a": {}, "b": [torch.ones(1), {}]},
+        "pair": (1, "two"),
+        "lrs": [0.1, 0.2],
+        "none": None,
+    }
+    torch.save(src, tmp_path / "src.pt")
+    root = str(tmp_path / "ckpt")
+    import_checkpoint(str(tmp_path / "src.pt"), root, step=1)
+    export_checkpoint(root, str(tmp_path / "out"), fmt="torch")
+    _same_structure(torch.load(tmp_path / "out" / "model.pt", weights_only=True), src)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.eye(3).to_sparse(),
+        lambda: torch.eye(3).to_sparse_csr(),
+        lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+    ],
+    ids=["coo", "csr", "nested"],
+)
+def test_sparse_and_nested_tensors_are_refused_naming_file_and_key(tmp_path, make, capsys):
+    """Issue 37 defect 10: a refusal naming the file and the key, exit 2 (was a RuntimeError)."""
+    from ckptflow.cli import main
+
+    torch.save({"w": torch.ones(2), "odd": {"t": make()}}, tmp_path / "odd.pt")
+    with pytest.raises(ForeignFormatError, match=r"odd\.pt.*odd\.t"):
+        import_checkpoint(str(tmp_path / "odd.pt"), str(tmp_path / "ckpt"))
+    argv = ["ckpt", "import", str(tmp_path / "odd.pt"), "--to", str(tmp_path / "ckpt")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "odd.pt" in err and "odd.t" in err and len(err.strip().splitlines()) == 1

@@ -12,22 +12,24 @@ for small models).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
-from ckptflow.steps.checkpoint.interop import dcp_writer
+from ckptflow.steps.checkpoint.interop import dcp_writer, structure
 from ckptflow.steps.checkpoint.interop import safetensors_io as sft
+from ckptflow.steps.checkpoint.interop.shards import DTYPES
+from ckptflow.steps.checkpoint.interop.shards import file_record as _file
+from ckptflow.steps.checkpoint.interop.shards import out_dtype as _out_dtype
+from ckptflow.steps.checkpoint.interop.shards import read_shard as _read_shard
 from ckptflow.steps.checkpoint.interop.sources import Source, nest, open_source
 
 from ckptflow import env
 from ckptflow.core.errors import CheckpointError
 
 FORMATS = ("hf", "dcp", "torch")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SHARD_BYTES = 5 * 10**9  # Hugging Face's own default max_shard_size ("5GB")
 TORCH_FILE = "model.pt"
 MODEL_PREFIX = "model."  # the model's part of a training state saved by ckptflow's steps
@@ -90,10 +92,6 @@ def select_names(
     return out, dropped
 
 
-def _out_dtype(t: torch.dtype, dtype: str | None) -> torch.dtype:
-    return DTYPES[dtype] if dtype and t.is_floating_point else t
-
-
 def plan_shards(src: Source, names: dict[str, str], dtype: str | None, limit: int) -> list:
     """Consecutive groups of exported names whose output bytes stay under `limit` (a larger
     tensor has a shard of its own), planned from the declared shapes: nothing is read."""
@@ -111,27 +109,6 @@ def plan_shards(src: Source, names: dict[str, str], dtype: str | None, limit: in
         cur.append(new)
         size += n
     return [*shards, cur] if cur else shards
-
-
-def _read_shard(src: Source, names: dict[str, str], shard: list[str], dtype: str | None) -> dict:
-    got = src.read_many([names[n] for n in shard])
-    out = {}
-    for n in shard:
-        v = got[names[n]]
-        if isinstance(v, torch.Tensor):
-            v = v.to(_out_dtype(v.dtype, dtype)).contiguous()
-        out[n] = v
-    return out
-
-
-def _file(name: str, blob, tensors: int) -> dict:
-    """A written file's record; `blob` is its bytes or its list of buffers."""
-    bufs = blob if isinstance(blob, list) else [blob]
-    digest = hashlib.sha256()
-    for buf in bufs:
-        digest.update(buf)
-    size = sum(memoryview(b).nbytes for b in bufs)
-    return {"name": name, "bytes": size, "sha256": digest.hexdigest(), "tensors": tensors}
 
 
 def _write_hf(src, dest, names, shards, dtype, info) -> list[dict]:
@@ -185,7 +162,13 @@ def _write_torch(src, dest, names, dtype) -> list[dict]:
     import io
 
     state = _read_shard(src, names, list(names), dtype)
-    nested = nest(state, {n: src.paths[o] for n, o in names.items() if n == o and o in src.paths})
+    nested = None
+    if src.structure and all(n == o for n, o in names.items()):  # the containers as saved
+        nested = structure.rebuild(src.structure, state, src.uri)
+    if nested is None:  # renamed, a part, or no record: DCP's naming (keys as strings)
+        nested = nest(
+            state, {n: src.paths[o] for n, o in names.items() if n == o and o in src.paths}
+        )
     buf = io.BytesIO()
     torch.save(nested, buf)
     blob = buf.getvalue()

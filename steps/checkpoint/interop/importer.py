@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from ckptflow.steps.checkpoint.interop import structure
 from ckptflow.steps.checkpoint.interop.sources import Source, nest, open_source
 
 from ckptflow.core.errors import CheckpointError
@@ -52,6 +53,8 @@ def _metadata(src: Source) -> dict:
         meta["imported_from"]["step"] = src.step
     elif src.model_config:
         meta["hf_config"] = src.model_config
+    if src.kind == "torch" and src.structure:  # an export as torch gives it back
+        meta[structure.KEY] = src.structure
     return meta
 
 

@@ -13,7 +13,8 @@ import io
 import posixpath
 
 import torch
-from ckptflow.steps.checkpoint.interop import dcp_pickle
+from ckptflow.steps.checkpoint import safe_value
+from ckptflow.steps.checkpoint.interop import dcp_pickle, structure
 from ckptflow.steps.checkpoint.interop import safetensors_io as sft
 from ckptflow.steps.checkpoint.interop.base import (
     MAX_HEADER,
@@ -51,6 +52,7 @@ class Source:
         self.step: int | None = None
         self.model_config: dict | None = None
         self.paths: dict[str, tuple] = {}  # fqn -> its path in the nested state dict, if known
+        self.structure: list | None = None  # its containers as they were (interop.structure)
 
     def chunks(self, fqn: str) -> list[tuple[tuple, tuple]]:
         """The stored pieces of a tensor as (offsets, sizes): one whole piece unless DCP."""
@@ -216,6 +218,42 @@ def _flatten(obj, where: str) -> tuple[dict, dict]:
     return flat, {k: tuple(v) for k, v in paths.items()}
 
 
+def _odd_tensor(t: torch.Tensor) -> str | None:
+    """What makes a tensor one ckptflow cannot store as it is (None: a plain dense tensor)."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return (
+            f"a {type(t).__name__}: save plain tensors (a DTensor's full_tensor(), or "
+            "get_state_dict with full_state_dict=True)"
+        )
+    if t.is_nested:
+        return "a nested tensor: save its components (t.unbind()) as plain tensors"
+    if t.layout != torch.strided:
+        return f"a {str(t.layout).removeprefix('torch.')} tensor: save it dense (t.to_dense())"
+    return None
+
+
+def _check_leaf(v, where: str) -> None:
+    """A leaf of a torch.save file: a plain dense tensor, or a value the engine's safe value
+    encoding stores (tensors inside a value are checked alike). Without this a sparse or
+    nested tensor crashed the import with torch's own RuntimeError (issue 37 defect 10)."""
+    stack = [(v, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, torch.Tensor):
+            odd = _odd_tensor(x)
+            if odd:
+                fail(where, f"is {odd}")
+        elif isinstance(x, (list, tuple)) and depth < MAX_DEPTH:
+            stack.extend((y, depth + 1) for y in x)
+        elif isinstance(x, dict) and depth < MAX_DEPTH:
+            stack.extend((y, depth + 1) for y in (*x.keys(), *x.values()))
+    if not isinstance(v, torch.Tensor):
+        try:
+            safe_value.encode_value(v)
+        except (safe_value.UnsafeValueError, RecursionError) as exc:
+            fail(where, f"cannot be stored: {str(exc)[:200]}")
+
+
 class TorchSource(Source):
     """One torch.save file, loaded weights_only (torch's allow-list unpickler): a plain or
     nested state dict. Local files are memory-mapped, not read into memory."""
@@ -239,16 +277,12 @@ class TorchSource(Source):
                 "save a state dict (model.state_dict()), not a pickled module",
             )
         flat, self.paths = _flatten(obj, self.uri)
+        self.structure = structure.record(obj, self.paths, self.uri)
         self._flat = flat
         for k, v in flat.items():
             if isinstance(v, torch.nn.Parameter):
                 v = flat[k] = v.detach()
-            if isinstance(v, torch.Tensor) and type(v) is not torch.Tensor:
-                fail(
-                    self.uri,
-                    f"{k!r:.200} is a {type(v).__name__}: save plain tensors (a DTensor's "
-                    "full_tensor(), or get_state_dict with full_state_dict=True)",
-                )
+            _check_leaf(v, f"{self.uri}: {k!r:.200}")
             if isinstance(v, torch.Tensor):
                 dtype = check_dtype(v.dtype, f"{self.uri}: {k!r:.200}")
                 self.tensors[k] = TensorInfo(dtype, check_shape(list(v.shape), self.uri, dtype))
@@ -308,6 +342,7 @@ class CkptflowSource(Source):
         self.values = sorted(m["values"])
         self.paths = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
         self.model_config = (m.get("metadata") or {}).get("model_config")
+        self.structure = (m.get("metadata") or {}).get(structure.KEY)
         self.uri = st.url(layout.step_dir(self.step))
 
     def read_many(self, names):
