@@ -1,6 +1,7 @@
 """`ckptflow ckpt`: list, verify, pin, collect and archive the checkpoints of a root.
 
     ckptflow ckpt ls ROOT [--json] [--verify]
+    ckptflow ckpt inspect ROOT STEP [--json]
     ckptflow ckpt verify ROOT [--step N | --all]
     ckptflow ckpt pin ROOT STEP [--reason TEXT]
     ckptflow ckpt unpin ROOT STEP
@@ -25,7 +26,7 @@ import json
 import sys
 import time
 
-from ckptflow import ckpt_ops_cli, env
+from ckptflow import ckpt_ops_cli, env, inspect_cli
 from ckptflow.contract import cli_args
 from ckptflow.core import drill, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
@@ -55,6 +56,23 @@ EXAMPLES = """ROOT is a checkpoint root: a run's ckpt/ folder, e.g.
 exit codes: 0 ok, 1 bad data found (verify, ls --verify), 2 a usage error"""
 
 
+LS_COLUMNS = """columns:
+  STEP     training step; STATE committed, corrupt or uncommitted (a save in progress or
+           crashed); AGE since its commit
+  KIND     full; delta<N: stores only what changed since step N (its base, kept while the
+           delta is); deduplicated: a full step whose bytes mostly exist already
+  LOGICAL  the tensors' and values' bytes as loaded (uncompressed)
+  STORED   bytes on storage this step needs to load: its own objects and, for a delta,
+           its base's (shared objects counted in every step that needs them)
+  NEW      bytes this save wrote (objects that did not exist before it)
+  RATIO    LOGICAL / STORED: above 1x, compression and sharing saved space; a delta's
+           can be below 1x, as its base's bytes count in its STORED
+  PIN      pinned: never deleted by a policy; TIER hot, or archive (moved by `archive`)
+  METRICS  the step's evaluation (eval.json), when it was evaluated
+a delta stores the changed bytes' planes; weights an optimizer moved change in every low
+mantissa byte, so their deltas can be as large as a full step (docs/format.md, deltas)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = cli_args.Parser(
         prog="ckptflow ckpt",
@@ -63,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    ls = sub.add_parser("ls", help="one row per step: kind, sizes, state, pin, tier, metrics")
+    ls = sub.add_parser(
+        "ls",
+        help="one row per step: kind, sizes, state, pin, tier, metrics",
+        epilog=LS_COLUMNS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ls.add_argument("root", help="checkpoint root: a local path or s3://bucket/prefix")
     ls.add_argument("--json", action="store_true", help="print JSON rows for scripts")
     ls.add_argument("--verify", action="store_true", help="read every byte (slow; finds bit rot)")
@@ -95,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("root")
     r.add_argument("--yes", action="store_true", help="really write it (default: dry run)")
     ckpt_ops_cli.add_parsers(sub, _duration)
+    inspect_cli.add_parsers(sub)
     _interop_parsers(sub)
     return p
 
@@ -347,6 +371,7 @@ COMMANDS = {
     "archive": cmd_archive,
     "repair": cmd_repair,
     **ckpt_ops_cli.COMMANDS,
+    "inspect": inspect_cli.cmd_inspect,
     "import": cmd_import,
     "export": cmd_export,
 }
