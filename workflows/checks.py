@@ -72,7 +72,21 @@ AT_LEAST: dict[str, float] = {
     "timeout_seconds": 0,
     "claim_ttl_seconds": 0,
 }
-AT_MOST: dict[str, float] = {"dropout": 1, "min_lr_ratio": 1, "compression_level": 22}
+# The largest value of a number, by field name; every other number is at most NUMBER_CEILING.
+AT_MOST: dict[str, float] = {
+    "dropout": 1,
+    "min_lr_ratio": 1,
+    "compression_level": 22,
+    # pods of one job: Kubernetes supports clusters of up to 5,000 nodes (kubernetes.io,
+    # "Considerations for large clusters"), one rank (variant worker) pod per node
+    "ranks": 5000,
+    "workers": 5000,
+}
+# Every number of a setting fits a signed 32-bit integer, the width of the Kubernetes and Argo
+# fields it reaches (a port, a retry limit, a count of pods, seconds): `pretrain.ranks=10**23`
+# was rendered as is. A learning rate is at most LR_CEILING.
+NUMBER_CEILING = 2**31 - 1
+LR_CEILING = 10.0
 PORTS = ("rdzv_port",)
 QUANTITIES = ("cpu", "memory", "shm_size")  # "" for shm_size: no /dev/shm volume
 _QUANTITY = re.compile(
@@ -273,16 +287,21 @@ def _check_number(key: str, name: str, value: Any, meta: dict, shown: str) -> No
     low = meta.get("at_least")
     low = AT_LEAST.get(name, 0 if name.endswith("_s") else None) if low is None else low
     if name == "lrs" or name == "lr":
-        if value <= 0:
-            raise _bad(key, shown, "a learning rate must be above 0, e.g. 1e-3")
+        if not 0 < value <= LR_CEILING:
+            why = f"a learning rate must be above 0 and at most {LR_CEILING:g}, e.g. 1e-3"
+            raise _bad(key, shown, why)
         return
     if name in PORTS and not 1 <= value <= 65535:
         raise _bad(key, shown, "a TCP port is 1 to 65535")
     if low is not None and value < low:
         raise _bad(key, shown, f"must be at least {low:g}")
-    high = AT_MOST.get(name)
-    if high is not None and value > high:
-        raise _bad(key, shown, f"must be at most {high:g}")
+    high = AT_MOST.get(name, NUMBER_CEILING)
+    if value > high or value < -NUMBER_CEILING:
+        raise _bad(key, shown, f"must be at most {_number(high)}" if value > high else "too small")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _check_text(key: str, name: str, value: Any, shown: str) -> None:
