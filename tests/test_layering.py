@@ -148,3 +148,85 @@ def test_torch_free_groups_load_neither_torch_nor_hera(group):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"importing {group} loaded {out.stdout.strip()}"
+
+
+def module_edges(path: Path, module: str) -> set[str]:
+    """The ckptflow modules a file's imports load first, also inside functions: `from P import
+    N` names module P.N when that is a module, else P itself (its package face)."""
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found |= {
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            }
+    return {n for n in found if n in MODULES and n != module}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                scc = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    scc.append(w)
+                    if w == v:
+                        break
+                if len(scc) > 1:
+                    cycles.append(sorted(scc))
+    return cycles
+
+
+def test_import_cycle_finder_sees_one():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    """No ckptflow module reaches itself through imports, in-function ones included: a cycle
+    works only by the order modules happen to load in (the runner's recursion takes its
+    executor as an argument instead)."""
+    graph = {m: module_edges(p, m) for m, p in MODULES.items()}
+    cycles = import_cycles(graph)
+    shown = [
+        " <-> ".join(c)
+        + ": "
+        + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c)
+        for c in cycles
+    ]
+    assert shown == []

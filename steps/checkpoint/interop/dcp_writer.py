@@ -10,6 +10,7 @@ import io
 import pickle
 
 import torch
+from ckptflow.steps.checkpoint.interop.shards import file_record, read_shard
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -41,13 +42,11 @@ def _path(src, names: dict[str, str], name: str) -> tuple:
 
 def write(src, dest: Storage, names: dict[str, str], shards: list, dtype, info) -> list[dict]:
     """Write the shards (exported names, values among them) and `.metadata`; file records."""
-    from ckptflow.steps.checkpoint.interop.exporter import _file, _read_shard
-
     sdm, storage, files = {}, {}, []
     for i, shard in enumerate(shards):
         rel = f"__{i}_0.distcp"
         parts, pos = [], 0
-        for name, obj in _read_shard(src, names, shard, dtype).items():
+        for name, obj in read_shard(src, names, shard, dtype).items():
             blob = _saved(obj)
             if isinstance(obj, torch.Tensor):
                 zero = torch.Size([0] * obj.dim())
@@ -64,7 +63,7 @@ def write(src, dest: Storage, names: dict[str, str], shards: list, dtype, info) 
             parts.append(blob)
             pos += len(blob)
         dest.write(rel, parts)  # a list of buffers: never joined into a second copy
-        files.append(_file(rel, parts, len(shard)))
+        files.append(file_record(rel, parts, len(shard)))
         del parts
     meta = Metadata(
         state_dict_metadata=sdm,
