@@ -7,7 +7,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ckptflow.workflows.runner import run_workflow
+import pytest
+from ckptflow.workflows.runner import SpecError, run_workflow
 from ckptflow.workflows.runner.cluster import default_cluster
 from ckptflow.workflows.runner.execute import add_hostnames_to_affinity
 
@@ -141,3 +142,53 @@ def test_an_empty_timeout_is_no_deadline(tmp_path):
     cut = run(manifest, tmp_path, "cut", arguments={"t": "1"})
     assert cut.phase == "Failed"
     assert "deadline" in cut.node("cut.w")["message"]
+
+
+@pytest.mark.parametrize(
+    "strategy, deleted",
+    [
+        ("OnPodSuccess", {"ok"}),
+        ("OnPodCompletion", {"ok", "bad"}),
+        ("OnWorkflowCompletion", {"ok", "bad"}),
+        ("OnWorkflowSuccess", set()),  # the workflow failed
+        ("", set()),
+    ],
+)
+def test_pod_gc_marks_the_pods_argo_deletes(tmp_path, strategy, deleted):
+    """cleanup.go determinePodCleanupAction: a deleted pod's logs are gone on Argo."""
+    manifest = dag_workflow(
+        [leaf("ok", "true"), leaf("bad", "exit 3")],
+        [{"name": "ok", "template": "ok"}, {"name": "bad", "template": "bad"}],
+        podGC={"strategy": strategy},
+    )
+    result = run(manifest, tmp_path, "gc")
+    assert result.phase == "Failed"
+    got = {n["displayName"] for n in result.nodes.values() if n["local"].get("podDeleted")}
+    assert got == deleted
+    assert all(
+        Path(n["local"]["logFile"]).exists() for n in result.nodes.values() if n["type"] == "Pod"
+    )
+
+
+def test_pod_gc_label_selector_limits_what_is_deleted(tmp_path):
+    manifest = dag_workflow(
+        [leaf("keep", "true"), leaf("drop", "true", metadata={"labels": {"gc": "yes"}})],
+        [{"name": "keep", "template": "keep"}, {"name": "drop", "template": "drop"}],
+        podGC={"strategy": "OnPodSuccess", "labelSelector": {"matchLabels": {"gc": "yes"}}},
+    )
+    result = run(manifest, tmp_path, "sel")
+    got = {n["displayName"] for n in result.nodes.values() if n["local"].get("podDeleted")}
+    assert result.phase == "Succeeded" and got == {"drop"}
+
+
+@pytest.mark.parametrize(
+    "pod_gc, phrase",
+    [
+        ({"strategy": "Sometimes"}, "unknown strategy 'Sometimes'"),
+        ({"strategy": "OnPodSuccess", "labelSelector": {"matchExpressions": []}}, "matchLabels"),
+    ],
+)
+def test_a_pod_gc_argo_refuses_or_the_runner_cannot_read_is_refused(tmp_path, pod_gc, phrase):
+    manifest = dag_workflow([leaf("ok", "true")], [{"name": "ok", "template": "ok"}], podGC=pod_gc)
+    with pytest.raises(SpecError, match=phrase):
+        run(manifest, tmp_path, "bad-gc")

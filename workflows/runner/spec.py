@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner import podgc
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.machine import command_problems, os_problems
@@ -308,6 +309,8 @@ class _Checker:
             for field, why in sync_problems(spec["synchronization"], self.limits):
                 self.err("spec", field, why)
         self.machine("spec", os_problems(spec))
+        for field, why in podgc.problems(spec):
+            self.err("spec", field, why)
         for field, why in volume_problems(spec, None):
             self.err("spec", field, why)
         for t in spec["templates"]:

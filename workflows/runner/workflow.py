@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, steps_exec, sync
+from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, podgc, steps_exec, sync
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.cluster import Cluster, default_cluster
 from ckptflow.workflows.runner.document import arguments_of, workflow_spec
@@ -131,6 +131,7 @@ def _new_run(manifest: dict, spec: dict, params: dict[str, str], store: NodeStor
 def _document(run: cx.Run, state: dict) -> dict:
     """The status document as `argo get -o json` shows it (`state`: phase, message, times)."""
     nodes = run.store.to_status()
+    podgc.mark_deleted(run.spec, run.templates, nodes, state["phase"])  # podgc.py
     pods = [n for n in nodes.values() if n["type"] == "Pod"]
     done = sum(1 for n in pods if n["phase"] in DONE)
     status = {
