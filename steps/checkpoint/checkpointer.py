@@ -20,6 +20,7 @@ from ckptflow.steps.checkpoint import compat, coop, events, parent_root
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
 from ckptflow.steps.checkpoint.save_job import SaveJob
+from ckptflow.steps.checkpoint.single import quiet_single_process
 from ckptflow.steps.checkpoint.staging import Stager, default_copy_threads
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
@@ -83,6 +84,7 @@ class Checkpointer:
         self.pack_bytes = pack_kib << 10  # parts under this share objects (packing.py); 0: none
         self.cooperative = cooperative
         self._distributed = dist.is_available() and dist.is_initialized()
+        quiet_single_process()  # DCP's "torch.distributed is disabled" on every call
         self.rank = dist.get_rank() if self._distributed else 0
         self.world_size = dist.get_world_size() if self._distributed else 1
         # A gloo group of our own: background saves never share a communicator with training.
