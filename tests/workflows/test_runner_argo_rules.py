@@ -192,3 +192,17 @@ def test_a_pod_gc_argo_refuses_or_the_runner_cannot_read_is_refused(tmp_path, po
     manifest = dag_workflow([leaf("ok", "true")], [{"name": "ok", "template": "ok"}], podGC=pod_gc)
     with pytest.raises(SpecError, match=phrase):
         run(manifest, tmp_path, "bad-gc")
+
+
+def test_a_pending_pod_is_not_ended_by_its_active_deadline(tmp_path):
+    """A pod's activeDeadlineSeconds counts from its start on a node (Kubernetes sets
+    startTime once bound), so an unschedulable retry is ended by the workflow's deadline
+    (operator.go: "Step exceeded its deadline"), not by its own."""
+    strategy = {"limit": 1, "affinity": {"nodeAntiAffinity": {}}}
+    manifest = dag_workflow(
+        [leaf("flaky", "exit 1", retryStrategy=strategy, activeDeadlineSeconds=1)],
+        [{"name": "r", "template": "flaky"}],
+        activeDeadlineSeconds=3,
+    )
+    result = run(manifest, tmp_path, "pend")
+    assert result.node("pend.r(1)")["message"] == "Step exceeded its deadline"

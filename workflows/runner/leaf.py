@@ -189,7 +189,7 @@ def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, o
         run.store.update(node, phase=FAILED, message=own.reason()[1])
         return
     try:
-        if run.isolation is None and not pod_rules.bind_this_machine(run, node, body, own):
+        if run.isolation is None and not pod_rules.bind_this_machine(run, node, body, scope):
             return  # no cluster model: one node, this machine (pod_rules.py)
         # under the cluster model the pod waits Pending until the scheduler binds it
         if run.scheduler is None or isolation.bind_pod(run, node, body, own):

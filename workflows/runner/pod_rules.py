@@ -18,6 +18,7 @@ from ckptflow.workflows.runner.scheduler import (
     match_node_affinity,
     pending_message,
 )
+from ckptflow.workflows.runner.substitution import parse_duration, to_str
 
 __all__ = ["DAEMON_SUCCEEDED", "bind_this_machine", "pod_succeeded"]
 
@@ -72,6 +73,12 @@ def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> b
     Only required node affinity is read here (this node has only the hostname and os labels);
     with `--isolate` the scheduler over the cluster model also checks nodeSelector, taints and
     resources."""
+    # Pending: the pod's activeDeadlineSeconds has not started (Kubernetes counts it from the
+    # pod's startTime, set once bound); the template's `timeout` counts Pending time
+    # (operator.go checkTemplateTimeouts), the workflow's deadline ends it too
+    timeout = body.get("timeout")
+    if timeout is not None and to_str(timeout).strip():
+        scope = scope.child(parse_duration(timeout), cx.TEMPLATE_DEADLINE)
     local = this_machine()
     why = match_node_affinity(
         PodRequest(node.id, {}, {}, (), _required_terms(body, run.spec)), local
