@@ -91,3 +91,23 @@ def test_installed_wheel_lives_beside_another_workflows_package(wheel, tmp_path)
     _, theirs, ours = out.stdout.split()
     assert Path(theirs) == site / "workflows" / "__init__.py"
     assert Path(ours) == site / "ckptflow" / "workflows" / "runner" / "__init__.py"
+
+
+def test_license_is_declared_the_way_setuptools_wants_it(tmp_path):
+    """`license = { text = ... }` made setuptools warn ("project.license as a TOML table is
+    deprecated") three times per install (issue 38, point 10): an SPDX expression, with a
+    setuptools that reads it (PEP 639: setuptools 77)."""
+    import warnings
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    conf = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert conf["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in conf["build-system"]["requires"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        dist = apply_configuration(Distribution(), REPO / "pyproject.toml")
+    said = [str(w.message) for w in seen if "license" in str(w.message).lower()]
+    assert not said, said
+    assert dist.metadata.license_expression == "Apache-2.0"
