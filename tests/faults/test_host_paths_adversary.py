@@ -1,6 +1,7 @@
 """The adversarial model of host paths reached through manifests (issue 37 points 6-7): hypothesis
-generates workflows whose artifact paths and parameters hold `..`, absolute and relative paths,
-symlinks out of a directory and `{{inputs.parameters.x}}` substitutions, and runs each with
+generates workflows whose artifact paths, volume subPaths and claim names and parameters hold
+`..`, absolute and relative paths, symlinks out of a directory and `{{inputs.parameters.x}}`
+substitutions, and runs each with
 the local runner whose cwd is a sandbox full of sentinel files. Either the runner refuses the
 manifest (SpecError) or a node errors with one line, or it runs: in every case no sentinel
 changed and nothing appeared outside the workdir.
@@ -100,12 +101,16 @@ def manifests(draw, box: Path) -> tuple[dict, dict]:
     out_path = draw(st.sampled_from(["/tmp/{{inputs.parameters.x}}", draw(host_paths(box))]))
     dir_path = draw(st.sampled_from(["/tmp/in", "/tmp/in/link_out", draw(host_paths(box))]))
     mode = draw(st.sampled_from([None, 0o600, "0755"]))
+    volume = draw(st.sampled_from([None, "emptyDir", "claim"]))
+    sub = draw(st.sampled_from(["{{inputs.parameters.x}}", draw(host_paths(box, in_param=True))]))
+    mounts = [{"name": "v", "mountPath": "/mnt/v", "subPath": sub}] if volume else []
     link = f"ln -s {box / 'outside'} /tmp/d/l; ln -s ../../.. /tmp/d/up"
     make = {
         "name": "make",
         "inputs": {"parameters": [{"name": "x"}]},
         "container": {"command": ["sh", "-c"], "args": [
-            f"mkdir -p /tmp/d; echo new > /tmp/a.txt; echo in > /tmp/d/f; {link}"]},
+            f"mkdir -p /tmp/d; echo new > /tmp/a.txt; echo in > /tmp/d/f; {link}"],
+            "volumeMounts": mounts},
         "outputs": {"artifacts": [
             {"name": "a", "path": "/tmp/a.txt"},  # the program's /tmp/a.txt is the pod's
             {"name": "out", "path": out_path, "optional": True},
@@ -118,7 +123,7 @@ def manifests(draw, box: Path) -> tuple[dict, dict]:
             "parameters": [{"name": "x"}],
             "artifacts": [in_art, {"name": "dir", "path": dir_path, "optional": True}],
         },
-        "container": {"command": ["sh", "-c"], "args": ["true"]},
+        "container": {"command": ["sh", "-c"], "args": ["true"], "volumeMounts": mounts},
     }
     x = [{"name": "x", "value": "{{workflow.parameters.x}}"}]
     arts = [
@@ -140,6 +145,11 @@ def manifests(draw, box: Path) -> tuple[dict, dict]:
             "templates": [main, make, use],
         },
     }
+    if volume == "emptyDir":
+        wf["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    elif volume == "claim":  # a claim's name is a directory of the workdir too
+        name = draw(st.sampled_from(["c", "../../" + str(box / "cwd" / "data").lstrip("/")]))
+        wf["spec"]["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": name}}]
     return wf, {"x": param}
 
 

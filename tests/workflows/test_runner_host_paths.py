@@ -136,3 +136,48 @@ def test_a_static_traversal_is_refused_before_anything_runs(cwd):
         run(passing("/tmp/x/../../" + str(cwd / "etc").lstrip("/")), cwd, False)
     assert not (cwd.parent / "w" / "pods").exists()
     intact(cwd)
+
+
+def with_volume(volume: dict, mount: dict) -> dict:
+    """One task mounting `volume` (the workflow's) with `mount`'s extra fields."""
+    return {
+        "metadata": {"name": "wf"},
+        "spec": {
+            "entrypoint": "t",
+            "arguments": {"parameters": [{"name": "x", "value": "ok"}]},
+            "volumes": [{"name": "v", **volume}],
+            "templates": [{
+                "name": "t",
+                "container": {"command": ["sh", "-c"], "args": ["true"], "volumeMounts": [
+                    {"name": "v", "mountPath": "/mnt/v", **mount}]},
+            }],
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "volume, mount",
+    [
+        ({"persistentVolumeClaim": {"claimName": "c"}}, {"subPath": "../../../../../../{out}"}),
+        ({"emptyDir": {}}, {"subPath": "../../../../../../../../../{out}"}),
+        ({"persistentVolumeClaim": {"claimName": "../../../../../../{out}"}}, {}),
+        ({"persistentVolumeClaim": {"claimName": "c"}}, {"subPath": "/{out}"}),
+    ],
+)
+def test_a_volume_path_that_leaves_the_workdir_is_refused(cwd, volume, mount):
+    out = str(cwd / "escape").lstrip("/")
+    volume = {k: {kk: vv.format(out=out) for kk, vv in v.items()} for k, v in volume.items()}
+    mount = {k: v.format(out=out) for k, v in mount.items()}
+    with pytest.raises(SpecError, match="subPath|claimName"):
+        run(with_volume(volume, mount), cwd, False)
+    intact(cwd)
+
+
+@pytest.mark.parametrize("isolate", ISOLATE)
+def test_a_volume_subpath_from_a_parameter_cannot_leave(cwd, isolate):
+    wf = with_volume({"emptyDir": {}}, {"subPath": "{{workflow.parameters.x}}"})
+    out = "../" * 12 + str(cwd / "escape").lstrip("/")
+    result = run(wf, cwd, isolate, arguments={"x": out})
+    intact(cwd)
+    node = result.node("wf")
+    assert node["phase"] == "Error" and "subPath" in node["message"], result.table

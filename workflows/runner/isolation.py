@@ -148,7 +148,7 @@ def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
         else:
             local = Path(run.workdir) / "volumes" / vol["persistentVolumeClaim"]["claimName"]
         if m.get("subPath"):
-            local = local / m["subPath"]
+            local = volumes.subpath(local, str(m["subPath"]))  # ValueError: leaves the volume
         local.mkdir(parents=True, exist_ok=True)
         out.append(Volume(str(m["mountPath"]), host_path=str(local), read_only=read_only))
     taken = {v.target for v in out}

@@ -164,12 +164,12 @@ def run_template(
     try:  # artifact paths are mapped after substitution, so `-p x=../home` stays in the pod
         paths = arts.resolve_paths(tmpl, pod_dir(run, node), values)  # artifacts.py
         body = arts.map_paths(substitute(tmpl, {**values, **paths}), pod_dir(run, node))
+        if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
+            mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
+            body = volumes.apply_mounts(body, mapping)
     except ValueError as exc:  # a path that leaves the node's filesystem: one line
         run.store.update(node, phase=ERROR, message=str(exc))
         return
-    if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
-        mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
-        body = volumes.apply_mounts(body, mapping)
     missing = unresolved(body, skip=("outputs", "metrics"))  # metrics: ignored, may use {{status}}
     if missing:
         run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")

@@ -14,9 +14,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["volume_problems", "declared", "mounts", "apply_mounts"]
+__all__ = ["volume_problems", "declared", "mounts", "apply_mounts", "subpath"]
 
 KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath")
+# A claim's name is a Kubernetes object name (IsDNS1123Subdomain): it names a directory here.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_OBJECT_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 _MOUNT_OK = {"name", "mountPath", "subPath", "readOnly", "mountPropagation"}
 
 
@@ -30,6 +33,32 @@ def declared(spec: dict, tmpl: dict) -> dict[str, dict]:
     return vols
 
 
+def subpath_problem(sub: str) -> str | None:
+    """Kubernetes' rule for a volumeMount's subPath (validateLocalDescendingPath in
+    pkg/apis/core/validation/validation.go): relative, and no `..` element, so the mount stays
+    in its volume (here: a directory of the workdir, which `../..` left)."""
+    if sub.startswith("/"):
+        return f"subPath {sub!r} must be a relative path"
+    if ".." in sub.replace("\\", "/").split("/"):
+        return f"subPath {sub!r} must not contain '..'"
+    return None
+
+
+def subpath(local: Path, sub: str) -> Path:
+    """The directory of a mount's (substituted) subPath in its volume's `local` directory;
+    ValueError (one line) for one Kubernetes refuses."""
+    why = subpath_problem(sub)
+    if why:
+        raise ValueError(why)
+    return local / sub
+
+
+def _claim_problem(name: object) -> str | None:
+    if isinstance(name, str) and ("{{" in name or _OBJECT_NAME.fullmatch(name)):
+        return None
+    return f"claimName {name!r} is not a Kubernetes name (lower-case letters, digits, '-', '.')"
+
+
 def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
     """(field, why) for every volume or mount the runner cannot provide."""
     problems = []
@@ -40,10 +69,18 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
             problems.append(
                 (f"volumes.{v.get('name')}", f"only {', '.join(KINDS)} volumes work locally")
             )
+    for v in vols:
+        claim = v.get("persistentVolumeClaim")
+        why = _claim_problem((claim or {}).get("claimName")) if isinstance(claim, dict) else None
+        if why:
+            problems.append((f"volumes.{v.get('name')}.persistentVolumeClaim", why))
     if tmpl is None:
         for claim in spec.get("volumeClaimTemplates") or []:
-            if not (claim.get("metadata") or {}).get("name"):
+            name = (claim.get("metadata") or {}).get("name")
+            if not name:
                 problems.append(("volumeClaimTemplates", "each claim template needs metadata.name"))
+            elif _claim_problem(name):
+                problems.append(("volumeClaimTemplates", _claim_problem(name)))
         return problems
     known = declared(spec, tmpl)
     for key in ("container", "script"):
@@ -57,6 +94,9 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
                 problems.append((f"volumeMounts.{m.get('name')}", "no volume of that name"))
             if not str(m.get("mountPath", "")).startswith("/"):
                 problems.append((f"volumeMounts.{m.get('name')}.mountPath", "must be absolute"))
+            sub = str(m.get("subPath") or "")
+            if sub and "{{" not in sub and subpath_problem(sub):
+                problems.append((f"volumeMounts.{m.get('name')}.subPath", subpath_problem(sub)))
     return problems
 
 
@@ -76,7 +116,7 @@ def mounts(spec: dict, tmpl: dict, workdir: str, pod_dir: Path) -> list[tuple[st
         else:
             local = pod_dir / "volumes" / m["name"]
         if m.get("subPath"):
-            local = local / m["subPath"]
+            local = subpath(local, str(m["subPath"]))  # ValueError: leaves the volume
         local.mkdir(parents=True, exist_ok=True)
         if str(local) != mount:
             out.append((mount, str(local)))
