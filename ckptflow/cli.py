@@ -44,6 +44,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "evaluate_main",
         "exact match of a checkpoint, an export or a registered model on a task",
     ),
+    "hf-export": (
+        "ckptflow.model_cli",
+        "hf_export_main",
+        "a checkpoint or model as a folder transformers loads (GPT-2)",
+    ),
 }
 
 
@@ -71,7 +76,8 @@ def version() -> str:
 
 def _usage() -> str:
     lines = ["usage: ckptflow [--version] COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, _, help_) in sorted(COMMANDS.items())]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {help_}" for name, (_, _, help_) in sorted(COMMANDS.items())]
     return "\n".join([*lines, "", COMMON])
 
 

@@ -1,10 +1,11 @@
-"""`ckptflow generate` and `ckptflow evaluate`: run a model from a checkpoint, an export folder
+"""`ckptflow generate`, `ckptflow evaluate` and `ckptflow hf-export`: run (or convert) a model from a checkpoint, an export folder
 or a registered MLflow version.
 
     ckptflow generate runs/NAME/finetune/lr0.01-freeze1 40 --prompt R12345= --prompt 07+12=
     ckptflow generate models:/ckptflow-tiny@champion --prompt R12345= \\
         --tracking-uri sqlite:///runs/NAME/mlflow.db
     ckptflow evaluate runs/NAME/export/lr0.01-freeze1-step-00000040-fp32 --task rev
+    ckptflow hf-export runs/NAME/pretrain 800 --to gpt2-folder   # transformers loads it
 
 A checkpoint (ROOT STEP: a run root or its ckpt/ root) and an export folder are rebuilt here
 (torch); a registered version is loaded with `mlflow.pyfunc.load_model`, as any MLflow user
@@ -51,31 +52,45 @@ def _tracking(args) -> str:
     return uri
 
 
-def predictor(args, max_new_tokens: int):
-    """prompts -> completions for the source the arguments name."""
-    if args.source.startswith(MODELS):
-        if args.step is not None:
-            raise ValueError("a models:/ source takes no STEP")
-        import mlflow
+def _pyfunc(args):
+    """The registered version a models:/ source names, loaded by MLflow."""
+    if args.step is not None:
+        raise ValueError("a models:/ source takes no STEP")
+    import mlflow
 
-        uri = _tracking(args)
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        model = mlflow.pyfunc.load_model(args.source)
+    uri = _tracking(args)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return mlflow.pyfunc.load_model(args.source)
+
+
+def load_gpt(args):
+    """The GPT a checkpoint (ROOT STEP), an export folder or a models:/ source holds."""
+    from ckptflow.steps.lib import generation
+
+    if args.source.startswith(MODELS):
+        return _pyfunc(args).unwrap_python_model().model
+    if args.step is not None:
+        return generation.load_checkpoint(args.source, args.step)
+    if os.path.isdir(args.source) and any(
+        n.endswith(".safetensors") for n in os.listdir(args.source)
+    ):
+        return generation.load_export(args.source)
+    raise ValueError(
+        f"{args.source}: not an export folder; give a STEP for a checkpoint root "
+        "(`ckptflow ckpt ls ROOT` lists them) or a models:/NAME@ALIAS"
+    )
+
+
+def predictor(args, max_new_tokens: int):
+    """prompts -> completions for the source the arguments name (a models:/ source through
+    the registered pyfunc's own predict)."""
+    if args.source.startswith(MODELS):
+        model = _pyfunc(args)
         return lambda prompts: model.predict(prompts, params={"max_new_tokens": max_new_tokens})
     from ckptflow.steps.lib import generation
 
-    if args.step is not None:
-        gpt = generation.load_checkpoint(args.source, args.step)
-    elif os.path.isdir(args.source) and any(
-        n.endswith(".safetensors") for n in os.listdir(args.source)
-    ):
-        gpt = generation.load_export(args.source)
-    else:
-        raise ValueError(
-            f"{args.source}: not an export folder; give a STEP for a checkpoint root "
-            "(`ckptflow ckpt ls ROOT` lists them) or a models:/NAME@ALIAS"
-        )
+    gpt = load_gpt(args)
     return lambda prompts: generation.complete(gpt, prompts, max_new_tokens)
 
 
@@ -132,3 +147,20 @@ def evaluate_main(argv=None) -> int:
         return 0
 
     return _run("evaluate", body, args)
+
+
+def hf_export_main(argv=None) -> int:
+    """`ckptflow hf-export SOURCE [STEP] --to DIR`: a transformers GPT-2 folder."""
+    p = _parser("ckptflow hf-export", "write a folder transformers loads as GPT-2")
+    p.add_argument("--to", required=True, help="a new (or empty) local folder")
+    args = p.parse_args(argv)
+
+    def body(a) -> int:
+        from ckptflow.steps.lib import hf_gpt2
+
+        gpt = load_gpt(a)
+        hf_gpt2.write(gpt.state_dict(), gpt.cfg.to_dict(), a.to)
+        print(f"wrote {a.to}: transformers.AutoModelForCausalLM.from_pretrained({a.to!r})")
+        return 0
+
+    return _run("hf-export", body, args)

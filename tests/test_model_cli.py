@@ -97,3 +97,16 @@ def test_mistakes_are_one_line_and_exit_2(sources, capsys, monkeypatch, argv, sa
     code, out, err = _cli(capsys, *argv)
     assert code == 2 and out == "", (out, err)
     assert len(err.strip().splitlines()) == 1 and says in err, err
+
+
+def test_hf_export_writes_a_folder_transformers_loads(sources, capsys, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    dest = str(tmp_path / "gpt2")
+    code, out, err = _cli(capsys, "hf-export", sources["root"], "8", "--to", dest)
+    assert code == 0 and dest in out, err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(dest).eval()
+    ids = torch.randint(0, 17, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, sources["model"](ids), atol=1e-5)
+    code, out, err = _cli(capsys, "hf-export", sources["root"], "8", "--to", dest)
+    assert code == 2 and "not empty" in err  # never over another export
