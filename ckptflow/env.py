@@ -22,6 +22,7 @@ SECRET_VARIABLES = (
     "AZURE_STORAGE_ACCOUNT_KEY",
     "AZURE_STORAGE_SAS_TOKEN",
     "AZURE_STORAGE_CLIENT_SECRET",
+    "ARGO_TOKEN",
 )
 
 
@@ -95,6 +96,23 @@ ARGO_VARIABLES = {
 
 
 ARGO_UI = "CKPTFLOW_ARGO_UI"  # the Argo Server's URL (platform.argo_ui), for links to the workflow
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def argo_client() -> dict:
+    """The Argo CLI's own variables, for `ckptflow submit` (they configure the client, never a
+    step): `server` (ARGO_SERVER, host:port or a URL; None when unset), `secure` (ARGO_SECURE,
+    https unless "false"), `token` (ARGO_TOKEN; None when unset) and `skip_verify`
+    (ARGO_INSECURE_SKIP_VERIFY=true: no TLS check)."""
+    return {
+        "server": os.environ.get("ARGO_SERVER") or None,
+        "secure": os.environ.get("ARGO_SECURE", "true").strip().lower() != "false",
+        "token": os.environ.get("ARGO_TOKEN") or None,
+        "skip_verify": _truthy(os.environ.get("ARGO_INSECURE_SKIP_VERIFY")),
+    }
 
 
 def argo_workflow_url() -> str | None:

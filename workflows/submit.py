@@ -9,20 +9,23 @@ Succeeded, 1 when it Failed, 2 on Error, 3 when it was still running at `--timeo
 
 Connection settings follow hera first, then the Argo CLI's environment variables:
 host = `--host`, else `hera.shared.global_config.host`, else `ARGO_SERVER` (host:port;
-`https` unless `ARGO_SECURE=false`), else `platform.argo_ui`. Token = hera's
+`https` unless `ARGO_SECURE=false`), else `platform.argo_ui`. Token = `--token`, else hera's
 `global_config.token`, else `ARGO_TOKEN` (hera adds `Bearer ` when missing). TLS: hera's
-`global_config.verify_ssl`, turned off by `ARGO_INSECURE_SKIP_VERIFY=true`. The token is
-never printed.
+`global_config.verify_ssl`, turned off by `ARGO_INSECURE_SKIP_VERIFY=true`. The Argo CLI's
+variables are read by ckptflow.env (`argo_client`). The token is never printed.
+
+A server that cannot be reached (refused, unknown host, TLS, timeout) and one that answers
+no (HTTP 401/403/404/409...) are told apart by the exception's type, each with its own fix.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import replace
 
+import requests
 from ckptflow.workflows.config import ConfigError, PipelineConfig
 from ckptflow.workflows.parameters import parse_pairs
 from ckptflow.workflows.render import add_common_args, builder, config, manifests
@@ -30,31 +33,43 @@ from hera.exceptions import HeraException
 from hera.shared import global_config
 from hera.workflows import CronWorkflow, Workflow, WorkflowsService, WorkflowTemplate
 
+from ckptflow import env
 from ckptflow.contract import cli_args
 
 PHASE_EXIT = {"Succeeded": 0, "Failed": 1, "Error": 2}
 STILL_RUNNING = 3
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def argo_connection(host: str | None, default_host: str) -> dict:
-    """host, token and verify_ssl for WorkflowsService, by hera's then the Argo CLI's rules."""
-    # The Argo CLI's variables are read here only: they configure the client, not the steps.
-    server = os.environ.get("ARGO_SERVER")
+def argo_connection(host: str | None, default_host: str, token: str | None = None) -> dict:
+    """host, token and verify_ssl for WorkflowsService: the options, then hera's settings,
+    then the Argo CLI's variables (ckptflow.env.argo_client)."""
+    argo = env.argo_client()
+    server = argo["server"]
     if not host and global_config.host:
         host = global_config.host
     if not host and server:
-        secure = os.environ.get("ARGO_SECURE", "true").strip().lower() != "false"
-        host = server if "://" in server else f"{'https' if secure else 'http'}://{server}"
+        host = server if "://" in server else f"{'https' if argo['secure'] else 'http'}://{server}"
     host = (host or default_host).rstrip("/")
     if "://" not in host:
         raise ConfigError(f"--host {host!r}: give a URL such as http://localhost:2746")
-    token = global_config.token or os.environ.get("ARGO_TOKEN") or None
-    verify = False if _truthy(os.environ.get("ARGO_INSECURE_SKIP_VERIFY")) else None
-    return {"host": host, "token": token, "verify_ssl": verify}
+    token = token or global_config.token or argo["token"]
+    return {"host": host, "token": token, "verify_ssl": False if argo["skip_verify"] else None}
+
+
+def submit_error(exc: BaseException, host: str, kind: str) -> str:
+    """One line for a failed submission, by the exception's type: not reached (no answer)
+    or refused (the server answered no), each naming its fix."""
+    if isinstance(exc, HeraException):  # the server answered with an HTTP error
+        return (
+            f"{host} refused the {kind}: {str(exc).strip()[:300]}; check --token/ARGO_TOKEN "
+            "(the server's auth mode) and that the namespace exists"
+        )
+    why = "did not answer in time" if isinstance(exc, requests.Timeout) else type(exc).__name__
+    return (
+        f"could not reach the Argo Server at {host} ({why}); start it or a port-forward "
+        "(kubectl -n argo port-forward svc/argo-server 2746:2746), or give its URL with "
+        "--host or ARGO_SERVER"
+    )
 
 
 def ui_link(host: str, kind: str, namespace: str, name: str) -> str:
@@ -148,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", action="store_true", help="follow the workflow to completion")
     ap.add_argument("--namespace", help="namespace (default: platform.namespace)")
     ap.add_argument("--host", help="Argo Server URL (default: hera config, ARGO_SERVER)")
+    ap.add_argument(
+        "--token",
+        help="Argo Server bearer token (default: hera config, ARGO_TOKEN); never printed",
+    )
     ap.add_argument("--poll", type=_seconds, default=10.0, help="seconds between --wait polls")
     ap.add_argument("--timeout", type=_seconds, default=6 * 3600, help="--wait gives up after")
     args = cli_args.parse(ap, argv, {"--set", "-p", "--parameter", "--poll", "--timeout"})
@@ -158,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.namespace:
             cfg = replace(cfg, platform=replace(cfg.platform, namespace=args.namespace))
         ns = cfg.platform.namespace
-        conn = argo_connection(args.host, cfg.platform.argo_ui)
+        conn = argo_connection(args.host, cfg.platform.argo_ui, args.token)
         b = builder(args.name)
         obj = hera_object(args.name, cfg, args.form, parse_pairs(args.parameters))
     except ConfigError as exc:
@@ -168,13 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     kind = obj.to_dict()["kind"]
     try:
         name = submit(obj, service, ns)
-    except (HeraException, OSError) as exc:
-        # requests' connection errors are OSErrors: name the server and the settings.
-        print(
-            f"ckptflow submit: {conn['host']} refused the {kind}: {exc}\n"
-            "  check --host/ARGO_SERVER, ARGO_TOKEN and the namespace",
-            file=sys.stderr,
-        )
+    except (HeraException, OSError) as exc:  # (requests' connection errors are OSErrors)
+        print(f"ckptflow submit: {submit_error(exc, conn['host'], kind)}", file=sys.stderr)
         return 2
     print(f"{kind} {name} submitted to {ns}")
     print(f"  {ui_link(conn['host'], kind, ns, name)}")

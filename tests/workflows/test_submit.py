@@ -177,9 +177,33 @@ def test_cron_workflow_and_template_are_created_or_updated(monkeypatch, capsys):
 
 
 def test_unreachable_server_is_a_clear_error(capsys):
+    """A refused connection said "http://127.0.0.1:9 refused the Workflow", as if the server
+    had answered and said no (issue 38, point 13): it names the URL and the fix, in one line."""
     assert submit_main(["pipeline", "--host", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
-    assert "http://127.0.0.1:9" in err and "ARGO_SERVER" in err
+    assert "could not reach the Argo Server at http://127.0.0.1:9" in err, err
+    assert "refused the" not in err and "--host" in err and "port-forward" in err
+    assert err.count("\n") == 1, err
+
+
+def test_a_server_that_answers_no_is_told_apart_from_one_not_reached(capsys):
+    with FakeArgo(phases=("Pending",)) as argo:
+        argo.server.RequestHandlerClass.do_POST = lambda self: self._reply(
+            403, {"code": 7, "message": "not allowed"}
+        )
+        assert submit_main(["pipeline", "--host", argo.url]) == 2
+    err = capsys.readouterr().err
+    assert f"{argo.url} refused the Workflow" in err and "--token" in err, err
+
+
+def test_token_option_is_sent_and_wins_over_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("ARGO_TOKEN", "from-env")
+    with FakeArgo(phases=("Succeeded",)) as argo:
+        assert submit_main(["pipeline", "--host", argo.url, "--token", "from-flag"]) == 0
+    assert argo.requests[0]["auth"] == "Bearer from-flag"
+    out = capsys.readouterr()
+    assert "from-flag" not in out.out + out.err
+    assert argo_connection(None, "https://d:2746", token="Bearer x")["token"] == "Bearer x"
 
 
 def test_connection_follows_hera_then_argo_cli_conventions(monkeypatch):
