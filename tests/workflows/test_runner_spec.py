@@ -172,3 +172,31 @@ def test_depends_boolean_logic():
 def test_bad_depends_is_refused(text):
     with pytest.raises(dep.DependsError):
         dep.parse_depends(text)
+
+
+def test_a_missing_secret_is_one_line_however_many_templates_use_it():
+    """The rendered cluster manifest, run locally, repeated one secretKeyRef message 14 times
+    (one per template and variable): one line per missing Secret (issue 38, point 13)."""
+
+    def tmpl(name: str) -> dict:
+        ref = {"name": "ckptflow-s3"}
+        env = [
+            {"name": v, "valueFrom": {"secretKeyRef": {**ref, "key": v}}}
+            for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+        ]
+        env.append({"name": "T", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "t"}}})
+        return {"name": name, "container": {"image": "x", "command": ["true"], "env": env}}
+
+    steps = [[{"name": f"s{i}", "template": f"t{i}"}] for i in range(7)]
+    spec = {
+        "entrypoint": "main",
+        "templates": [{"name": "main", "steps": steps}, *(tmpl(f"t{i}") for i in range(7))],
+    }
+    with pytest.raises(SpecError) as info:
+        validate(spec, env={"AWS_ACCESS_KEY_ID": "given"})
+    lines = str(info.value).splitlines()[1:]
+    secret = [s for s in lines if "ckptflow-s3" in s]
+    assert len(secret) == 1 and len(lines) == 2, lines
+    assert "export AWS_SECRET_ACCESS_KEY" in secret[0] and "7 templates" in secret[0]
+    assert "AWS_ACCESS_KEY_ID" not in secret[0]  # given: passed through
+    assert any("ConfigMap 'cm'" in s and "export T " in s for s in lines), lines

@@ -84,6 +84,8 @@ class _Checker:
         self, spec: dict, env: dict[str, str], parameters: dict[str, str], limits: dict[str, int]
     ) -> None:
         self.spec, self.env, self.errors, self.limits = spec, env, [], limits
+        # (kind, object name) -> {variable: templates}: said once per object (missing_refs)
+        self.refs: dict[tuple[str, str], dict[str, set[str]]] = {}
         # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
         self.workflow_values = {f"workflow.parameters.{k}": v for k, v in parameters.items()}
         self.templates = {
@@ -174,12 +176,8 @@ class _Checker:
             elif "secretKeyRef" in vf or "configMapKeyRef" in vf:
                 if name not in self.env:
                     kind = "secretKeyRef" if "secretKeyRef" in vf else "configMapKeyRef"
-                    self.err(
-                        where,
-                        f"env.{name}.valueFrom.{kind}",
-                        f"cannot read a Kubernetes {kind[:-6]} locally; export {name} in the "
-                        "environment of the runner and it is passed through",
-                    )
+                    ref = str((vf[kind] or {}).get("name"))
+                    self.refs.setdefault((kind, ref), {}).setdefault(name, set()).add(where)
             else:
                 self.err(where, f"env.{name}.valueFrom", "not supported locally")
         probe = c.get("readinessProbe")
@@ -316,6 +314,7 @@ class _Checker:
         for t in spec["templates"]:
             if isinstance(t, dict):
                 self.template(t)
+        self.missing_refs()
         for text in _strings(spec):
             for m in TAG.finditer(text):
                 if m.group(1).startswith("="):
@@ -325,6 +324,21 @@ class _Checker:
                         "expression tags ({{=...}}) are not supported locally; use simple tags",
                     )
         return self.errors
+
+    def missing_refs(self) -> None:
+        """One line per Secret or ConfigMap the runner cannot read, naming the variables to
+        export and how many templates use it (the cluster manifest, run locally, said the same
+        thing once per template and variable: 14 lines for one Secret)."""
+        for (kind, ref), used in sorted(self.refs.items()):
+            names = sorted(used)
+            places = len(set().union(*used.values()))
+            self.err(
+                f"{kind[:-6][0].upper()}{kind[1:-6]} {ref!r}",
+                ", ".join(f"env.{n}.valueFrom.{kind}" for n in names)
+                + f" in {places} template{'s' if places > 1 else ''}",
+                f"cannot read a Kubernetes {kind[:-6]} locally; export {' '.join(names)} in the "
+                "environment of the runner and it is passed through",
+            )
 
 
 def _strings(obj: Any):
