@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the k3d cluster for ckptflow and installs everything into it:
 #   Argo Workflows v4.1.2 from its pinned release manifest (namespace argo), the Argo Server
-#   on plain HTTP with server auth (development only), and deploy/k8s: MinIO with its buckets,
-#   MLflow, the workflow service account and RBAC, the S3 Secret and the controller config.
+#   on plain HTTP with server auth (development only), Argo Events v1.9.11 from its pinned
+#   release manifest (namespace argo-events), and deploy/k8s: MinIO with its buckets, MLflow,
+#   the workflow service account and RBAC, the S3 Secret, the controller config, the EventBus,
+#   the Sensor's service account and RBAC and the submitter Role.
 # Then it imports the step image and waits until every part is ready.
 #
 #   deploy/cluster-up.sh            (or: make cluster, which builds the image first)
@@ -14,6 +16,8 @@ CLUSTER=${CLUSTER:-ckptflow}
 IMAGE=${IMAGE:-ckptflow-steps:0.1.0}
 ARGO_VERSION=v4.1.2
 ARGO_MANIFEST=https://github.com/argoproj/argo-workflows/releases/download/${ARGO_VERSION}/install.yaml
+ARGO_EVENTS_VERSION=v1.9.11
+ARGO_EVENTS_MANIFEST=https://github.com/argoproj/argo-events/releases/download/${ARGO_EVENTS_VERSION}/install.yaml
 CONTEXT=k3d-${CLUSTER}
 
 need() {
@@ -53,12 +57,22 @@ kc apply --namespace argo --server-side --force-conflicts --field-manager=argo-i
 kc -n argo patch deployment argo-server --type json --patch-file deploy/k3d/argo-server-patch.json
 kc -n argo patch service argo-server --patch-file deploy/k3d/argo-server-service-patch.yaml
 
+step "Argo Events $ARGO_EVENTS_VERSION"
+# before deploy/k8s: its EventBus needs the CRD this manifest installs
+kc create namespace argo-events --dry-run=client -o yaml | kc apply -f -
+kc apply --namespace argo-events --server-side --force-conflicts --field-manager=argo-events-install \
+  -f "$ARGO_EVENTS_MANIFEST"
+kc wait --for=condition=established --timeout=120s crd/eventbus.argoproj.io
+
 step "ckptflow resources (deploy/k8s)"
 kc apply --server-side --force-conflicts --field-manager=ckptflow -k deploy/k8s
 
 step "waiting for readiness"
 kc -n argo rollout status deployment/workflow-controller --timeout=300s
 kc -n argo rollout status deployment/argo-server --timeout=300s
+kc -n argo-events rollout status deployment/controller-manager --timeout=300s
+# the EventBus is ready once its JetStream StatefulSet is (status condition Deployed)
+kc -n ckptflow wait --for=condition=Deployed eventbus/default --timeout=300s
 kc -n ckptflow rollout status deployment/minio --timeout=300s
 kc -n ckptflow wait --for=condition=complete job/minio-buckets --timeout=300s
 kc -n ckptflow rollout status deployment/mlflow --timeout=600s

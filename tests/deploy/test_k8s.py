@@ -29,6 +29,7 @@ KINDS = {
     "Job": ("batch/v1", True, {"spec"}),
     "Role": ("rbac.authorization.k8s.io/v1", True, {"rules"}),
     "RoleBinding": ("rbac.authorization.k8s.io/v1", True, {"roleRef", "subjects"}),
+    "EventBus": ("argoproj.io/v1alpha1", True, {"spec"}),  # Argo Events' CRD (test_events.py)
 }
 POD_SPEC_KEYS = {
     "containers",
