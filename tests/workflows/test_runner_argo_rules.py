@@ -206,3 +206,10 @@ def test_a_pending_pod_is_not_ended_by_its_active_deadline(tmp_path):
     )
     result = run(manifest, tmp_path, "pend")
     assert result.node("pend.r(1)")["message"] == "Step exceeded its deadline"
+
+
+def test_retry_affinity_on_a_dag_template_is_refused(tmp_path):
+    manifest = dag_workflow([leaf("ok", "true")], [{"name": "ok", "template": "ok"}])
+    manifest["spec"]["templates"][0]["retryStrategy"] = {"affinity": {"nodeAntiAffinity": {}}}
+    with pytest.raises(SpecError, match="retry affinity on a DAG/steps template"):
+        run(manifest, tmp_path, "dag-aff")

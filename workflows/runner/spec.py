@@ -265,6 +265,19 @@ class _Checker:
                     self.step(where, s, _STEP_OK)
         if "retryStrategy" in t:
             self.retry(where, t["retryStrategy"])
+            affinity = (
+                (t["retryStrategy"] or {}).get("affinity")
+                if isinstance(t["retryStrategy"], dict)
+                else None
+            )
+            if affinity and ("dag" in t or "steps" in t):
+                # retry_tweak.go FindRetryNode also applies it to pods below a retried DAG/steps
+                self.err(
+                    where,
+                    "retryStrategy.affinity",
+                    "retry affinity on a DAG/steps template is not followed locally; set it on "
+                    "its container templates",
+                )
         if "synchronization" in t:
             for field, why in sync_problems(t["synchronization"], self.limits):
                 self.err(where, field, why)
