@@ -56,6 +56,8 @@ def _pyfunc(args):
     """The registered version a models:/ source names, loaded by MLflow."""
     if args.step is not None:
         raise ValueError("a models:/ source takes no STEP")
+    # MLflow draws a download progress bar per load: noise around one line of output
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
     uri = _tracking(args)
