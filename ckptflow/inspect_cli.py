@@ -16,6 +16,7 @@ import time
 from ckptflow import env
 from ckptflow.contract import cli_args
 from ckptflow.core import listing, locator, rootreader, runroot
+from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 
 __all__ = ["add_parsers", "cmd_inspect", "describe"]
@@ -29,14 +30,14 @@ def add_parsers(sub) -> None:
 
 
 def _bytes_of(items: list[dict]) -> tuple[int, int, int]:
-    """(raw, stored, base) bytes of an entry's items: its own objects' stored sizes and, for a
-    delta, the stored sizes of the base objects it is applied to."""
+    """(raw, stored, base) bytes of an entry's items: its parts' stored bytes (a packed part's
+    span, not its whole pack) and, for a delta, those of the base parts it is applied to."""
     raw = stored = base = 0
     for rec in items:
         for p in rec["parts"]:
             raw += p["raw_size"]
-            stored += 0 if p.get("reused") else p["stored_size"]
-            base += p["base"]["stored_size"] if p.get("base") else 0
+            stored += mf.part_bytes(p)
+            base += mf.part_bytes(p["base"]) if p.get("base") else 0
     return raw, stored, base
 
 

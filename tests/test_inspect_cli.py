@@ -46,6 +46,10 @@ def test_inspect_shows_tensors_values_and_metadata_of_one_step(tmp_path, capsys)
     assert list(got["values"]) == ["lr"] and got["values"]["lr"]["stored_bytes"] > 0
     assert got["metadata"] == {} and got["metrics"] == {"val_loss": 1.25}
     assert got["stats"]["raw_bytes"] >= 8 * 4 * 4 + 16 * 8
+    full = json.loads(run(capsys, "inspect", root, 1, "--json")[1])
+    # small parts share one pack object: each entry counts its own span, not the whole pack
+    own = sum(e["stored_bytes"] for e in [*full["tensors"].values(), *full["values"].values()])
+    assert own == full["stats"]["stored_bytes"], full
     rc, text, _ = run(capsys, "inspect", root, 2)
     assert rc == 0
     line = next(s for s in text.splitlines() if s.lstrip().startswith("model.w"))
