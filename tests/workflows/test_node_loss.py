@@ -31,7 +31,7 @@ BASE = [
     "pretrain.retries=2",
     "pretrain.retry_backoff_s=1",
     "pretrain.rdzv_join_timeout_s=120",
-    "pretrain.rank_deadline_s=600",
+    "pretrain.timeout=600",
 ]
 
 
