@@ -210,12 +210,13 @@ def _leftovers(st: Storage, rows: list, now: float, grace_s: float, report: GcRe
         if row.state != "uncommitted":
             continue
         young = row.age_s is not None and row.age_s < grace_s
-        if young or intent.live_starts(st, row.step, now):
+        if young or intent.live_starts(st, row.step, now, row.files):
             report.in_progress.append(row.step)
             continue
         report.leftovers.append(row.step)
-        # Only old files: a new save of the same step may have started since the look above.
-        files = [e for e in listing.step_files(st, row.step) if e.mtime < now - grace_s]
+        # Only old files of the row's listing: a new save of the same step may have started
+        # since (its files are not in that listing, and are young).
+        files = [e for e in row.files if e.mtime < now - grace_s]
         doomed.append((row.step, files))
     return doomed
 

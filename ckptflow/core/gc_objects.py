@@ -56,12 +56,13 @@ def referenced(
         if row.slimmed_at is not None and (slim_cutoff is None or row.slimmed_at > slim_cutoff):
             # slimmed within the grace: a reader may still be loading the full step
             refs |= _manifest_refs(st, f"{layout.step_dir(row.step)}/manifest-{row.save_id}.json")
-    if fresh:
-        pending = [s for s in rootreader.step_names(st) if not st.exists(layout.commit_path(s))]
+    if fresh:  # one listing of the step folders, not a request per folder (issue 37)
+        folders = rootreader.step_folders(st)
+        pending = {s: f for s, f in folders.items() if not rootreader.has_commit(s, f)}
     else:
-        pending = [r.step for r in rows if r.state == "uncommitted"]
-    for step in pending:
-        refs |= _pending_refs(st, step)
+        pending = {r.step: r.files for r in rows if r.state == "uncommitted"}
+    for step, files in pending.items():
+        refs |= _pending_refs(st, step, [e.path.rsplit("/", 1)[-1] for e in files])
     return refs
 
 
@@ -85,17 +86,18 @@ def _live_saves(st: Storage, now: float) -> list[float]:
     """When each live save under the root started (looked at after the object listing, so a
     save that started before it is seen); see ckptflow.core.intent."""
     starts: list[float] = []
-    for step in rootreader.step_names(st):
-        if not st.exists(layout.commit_path(step)):
-            starts += intent.live_starts(st, step, now)
+    for step, files in rootreader.step_folders(st).items():  # one listing (issue 37)
+        if not rootreader.has_commit(step, files):
+            starts += intent.live_starts(st, step, now, files)
     return starts
 
 
-def _pending_refs(st: Storage, step: int) -> set[str]:
-    """Objects named by a manifest in an uncommitted folder (a save about to commit)."""
+def _pending_refs(st: Storage, step: int, names: list[str]) -> set[str]:
+    """Objects named by a manifest in an uncommitted folder (a save about to commit); `names`:
+    the folder's file names."""
     refs: set[str] = set()
     sd = layout.step_dir(step)
-    for name in st.listdir(sd):
+    for name in names:
         if name.startswith("manifest-") and name.endswith(".json"):
             # A damaged one protects nothing: a save still writing has objects younger than
             # the grace, and a leftover's objects are garbage.

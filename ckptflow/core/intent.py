@@ -67,12 +67,13 @@ def _read(storage: Storage, rel: str) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
-def live_starts(storage: Storage, step: int, now: float) -> list[float]:
+def live_starts(storage: Storage, step: int, now: float, files: list | None = None) -> list[float]:
     """When each live save in a step folder started (storage clock where it can tell, less
-    CLOCK_SKEW_S); -inf for a live intent that cannot be read (then every object is kept)."""
+    CLOCK_SKEW_S); -inf for a live intent that cannot be read (then every object is kept).
+    `files`: the folder's files when the caller listed them already."""
     out = []
     sd = layout.step_dir(step)
-    for e in storage.walk(sd):
+    for e in storage.walk(sd) if files is None else files:
         name = e.path.rsplit("/", 1)[-1]
         if not (name.startswith("saving-") and name.endswith(".json")):
             continue

@@ -37,6 +37,7 @@ CORRUPT = "CORRUPT"
 # GC takes an intent not refreshed for this long for a crashed save's (ckptflow.core.intent).
 SAVE_LEASE_S = 120.0
 
+STEP_PREFIX = "step-"  # how every step folder's name begins
 STEP_RE = re.compile(r"^step-(\d{8,})$")
 KEY_RE = re.compile(r"^[0-9a-f]{32}$")
 SAVE_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")

@@ -47,6 +47,7 @@ class StepRow:
     age_s: float | None = None  # since commit; uncommitted: since its newest file changed
     problems: list[str] = field(default_factory=list)  # bad files, for corrupt steps
     objects: dict[str, int] = field(default_factory=dict, repr=False)  # key -> stored size
+    files: list[Entry] = field(default_factory=list, repr=False)  # its folder, when listed
 
     @property
     def ratio(self) -> float | None:
@@ -73,6 +74,7 @@ class StepRow:
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("objects")
+        d.pop("files")
         d["ratio"] = self.ratio
         return d
 
@@ -107,11 +109,14 @@ def step_files(storage: Storage, step: int) -> list[Entry]:
     return storage.walk(layout.step_dir(step))
 
 
-def read_row(storage: Storage, step: int, root_id: str | None, now: float) -> StepRow:
-    """A step's row from its folder alone (no object checks; see `check_objects`)."""
-    files = step_files(storage, step)
+def read_row(
+    storage: Storage, step: int, root_id: str | None, now: float, files: list | None = None
+) -> StepRow:
+    """A step's row from its folder alone (no object checks; see `check_objects`); `files`:
+    the folder's files when the caller listed them already (rootreader.step_folders)."""
+    files = step_files(storage, step) if files is None else files
     names = {e.path.rsplit("/", 1)[-1] for e in files}
-    row = StepRow(step=step, state="uncommitted")
+    row = StepRow(step=step, state="uncommitted", files=files)
     if files:
         row.age_s = max(0.0, now - max(e.mtime for e in files))
     if runroot.PIN in names:
@@ -284,7 +289,10 @@ def build_rows(
 ) -> list[StepRow]:
     """One row per step folder, ascending. `check` lists objects; `deep` reads every byte."""
     root_id = rootreader.read_root_id(storage)
-    rows = [read_row(storage, s, root_id, now) for s in sorted(rootreader.step_names(storage))]
+    # one listing of every step folder's files: junk folders cost no request each (issue 37)
+    folders = rootreader.step_folders(storage)
+    steps = set(rootreader.step_names(storage)) | set(folders)  # (empty local folders too)
+    rows = [read_row(storage, s, root_id, now, folders.get(s, [])) for s in sorted(steps)]
     if not (check or deep):
         return rows
     # Objects are listed AFTER the manifests were read: a step committed by then has them all.

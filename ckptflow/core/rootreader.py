@@ -16,7 +16,8 @@ import uuid
 from ckptflow.core import codec, jsonfile, layout, marks
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint, FileMissing, NotCommitted
-from ckptflow.core.storage import AlreadyExists, Storage
+from ckptflow.core.storage import AlreadyExists, Entry, Storage
+from ckptflow.core.uris import OBJECT_STORES
 
 _KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS, "events"}  # events: ckptflow.core.health
 
@@ -152,7 +153,9 @@ def _check_marker_matches(storage: Storage, root_id: str) -> None:
     root id must name this one, or some older step must (a single foreign step is damage of
     that step, not of the marker). Usually costs one small read."""
     others: set[str] = set()
-    for step in sorted(step_names(storage), reverse=True):  # uncommitted ones read as None
+    # committed steps only (one listing on an object store): a read per junk step folder
+    # newer than the committed ones made a save into such a root take a minute (issue 37)
+    for step in reversed(committed_steps(storage)):
         found = step_root_id(storage, step)
         if found == root_id:
             return
@@ -227,8 +230,28 @@ def step_names(storage: Storage) -> dict[int, str]:
     return out
 
 
+def step_folders(storage: Storage) -> dict[int, list[Entry]]:
+    """The files of every step folder (committed or not), from one listing of the root's step
+    folders (on an object store one paged LIST, whatever junk folders the root holds)."""
+    out: dict[int, list[Entry]] = {}
+    for e in storage.walk(prefix=layout.STEP_PREFIX):
+        step = layout.parse_step_dir(e.path.split("/", 1)[0])
+        if step is not None and "/" in e.path:
+            out.setdefault(step, []).append(e)
+    return out
+
+
+def has_commit(step: int, files: list[Entry]) -> bool:
+    """Whether a step folder's files (step_folders) hold its commit marker."""
+    return any(e.path == layout.commit_path(step) for e in files)
+
+
 def committed_steps(storage: Storage) -> list[int]:
-    """Steps whose commit marker exists, ascending."""
+    """Steps whose commit marker exists, ascending. On an object store from one listing of
+    the step folders (a HEAD per folder cost two requests per junk folder, issue 37); locally
+    a stat per folder is cheaper than walking each."""
+    if storage.protocol in OBJECT_STORES:
+        return sorted(s for s, files in step_folders(storage).items() if has_commit(s, files))
     return sorted(s for s in step_names(storage) if storage.exists(layout.commit_path(s)))
 
 

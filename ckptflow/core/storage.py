@@ -209,12 +209,20 @@ class Storage:
         names = {posixpath.basename(str(e).rstrip("/")) for e in entries} - {""}
         return sorted(n for n in names if not localfs.is_temporary(n))
 
-    def walk(self, rel: str = "") -> list[Entry]:
-        """Every file below `rel`, recursively, with size and modification time."""
+    def walk(self, rel: str = "", prefix: str = "") -> list[Entry]:
+        """Every file below `rel`, recursively, with size and modification time; with `prefix`,
+        only those below children of `rel` whose names start with it. On an object store that
+        is one paged listing of the keys under `rel/prefix`, not one per child (a root's step
+        folders: 1,100 junk folders cost 1,100 listings each time, issue 37)."""
+        if prefix and self.protocol not in OBJECT_STORES:
+            names = [n for n in self.listdir(rel) if n.startswith(prefix)]
+            found = [e for n in names for e in self.walk(f"{rel.rstrip('/')}/{n}".lstrip("/"))]
+            return sorted(found, key=lambda e: e.path)
         base = self.path(rel)
+        span = {"prefix": prefix} if prefix else {}
         try:
             with translated(self.url(rel)):
-                found = self._io(self.fs.find, base, detail=True, withdirs=False)
+                found = self._io(self.fs.find, base, detail=True, withdirs=False, **span)
         except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             return []
         out = []
