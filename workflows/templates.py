@@ -98,10 +98,11 @@ def cloud_env(platform: PlatformConfig) -> list:
     if platform.gcs_secret:
         path = f"{GCS_KEY_DIR}/{platform.gcs_secret_file}"
         env.append(Env(name="GOOGLE_APPLICATION_CREDENTIALS", value=path))
+    if platform.azure_account_name:  # alone: workload identity (adlfs's DefaultAzureCredential)
+        env.append(Env(name="AZURE_STORAGE_ACCOUNT_NAME", value=platform.azure_account_name))
     if platform.azure_secret:
         var = "AZURE_STORAGE_CONNECTION_STRING"
         if platform.azure_account_name:
-            env.append(Env(name="AZURE_STORAGE_ACCOUNT_NAME", value=platform.azure_account_name))
             var = "AZURE_STORAGE_ACCOUNT_KEY"
         env.append(
             SecretEnv(

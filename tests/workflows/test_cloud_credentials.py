@@ -84,3 +84,14 @@ def test_defaults_wire_no_gcs_or_azure(name):
     for template, container in _containers(docs):
         assert not [n for n in _env(container) if n.startswith(("GOOGLE_", "AZURE_"))]
         assert "gcs-key" not in {v["name"] for v in template.get("volumes", [])}
+
+
+def test_an_azure_account_without_a_secret_is_for_workload_identity():
+    """AKS workload identity: no Secret, only the account; adlfs then authenticates with
+    DefaultAzureCredential, which needs AZURE_STORAGE_ACCOUNT_NAME (it was rendered only
+    beside an account-key Secret: docs/cluster.md)."""
+    cfg = apply_overrides(PipelineConfig(), ("platform.azure_account_name=acct",))
+    envs = [_env(c) for _, c in _containers(manifests("pretrain", cfg))]
+    steps = [e for e in envs if "MLFLOW_TRACKING_URI" in e]
+    assert steps and all(e["AZURE_STORAGE_ACCOUNT_NAME"]["value"] == "acct" for e in steps)
+    assert not [n for e in envs for n in e if n.startswith("AZURE_") and "valueFrom" in e[n]]
