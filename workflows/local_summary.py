@@ -177,15 +177,29 @@ def summary(
             lines.append(f"    {shown}  {_fmt(m)}{mark}")
         lines += [f"    unreadable evaluation: {p}" for p in problems]
     db = mlflow_db or runs_dir / "mlflow.db"
+    # a SQLite store keeps registered models' artifacts on this disk (--isolate's MLflow
+    # server serves them, and ends with the command)
+    local_store = cfg.platform.mlflow_tracking_uri.startswith("sqlite:")
     for chosen in _outputs(result, "select"):
         lines.append(_champion_line(chosen, cfg.finetune.select.model_name, db))
         lines.append(f"  exported: {chosen.get('export_uri', '?')}")
         lines.append(f"  run report: {run_root}/report.png")
+        if chosen.get("model_version") and local_store:  # it loads with MLflow alone
+            task = (values or {}).get("finetune_task") or cfg.finetune.train.task
+            lines.append(
+                f"  score it:   {_script('ckptflow')} evaluate "
+                f"models:/{cfg.finetune.select.model_name}@champion "
+                f"--tracking-uri sqlite:///{Path(db).resolve()} --task {task}"
+            )
     lines.append(f"\nMLflow UI:  {mlflow_ui_command(db)}")
     if url := mlflow_experiment_url(db, cfg.platform.experiment):
         lines.append(f"  then open {url}")
     if s3_endpoint:
-        lines.append("(the in-process S3 server, and the objects above, end with this command)")
+        kept = "; the registered model is a copy in MLflow's store and stays loadable"
+        lines.append(
+            "(the in-process S3 server, and the objects above, end with this command"
+            f"{kept if local_store else ''})"
+        )
     else:
         lines.append(
             f"checkpoints:  {_script('ckptflow')} ckpt ls {run_root}/pretrain/{runroot.CKPT}"

@@ -64,3 +64,19 @@ def test_summary_without_a_registry_does_not_claim_an_alias(tmp_path):
     text = summary(cfg, "run1", _select_node("3"), tmp_path, {}, mlflow_db=tmp_path / "none.db")
     line = next(s for s in text.splitlines() if "champion:" in s)
     assert f"registered as {name} version 3" in line and "@champion" not in line, line
+
+
+def test_summary_says_how_to_score_the_registered_champion(tmp_path):
+    """The registered version loads through MLflow (a pyfunc): the summary names the command
+    that scores it on the fine-tune task (issue 38 point 3)."""
+    cfg = local_config(tmp_path, s3_endpoint=None, overrides=[])
+    name = cfg.finetune.select.model_name
+    db = tmp_path / "mlflow.db"
+    _registry(db, name, versions=1, champion="1")
+    text = summary(cfg, "run1", _select_node("1"), tmp_path, {}, mlflow_db=db)
+    line = next(s for s in text.splitlines() if "score it:" in s)
+    want = f"evaluate models:/{name}@champion --tracking-uri sqlite:///{db.resolve()} --task "
+    assert want + cfg.finetune.train.task in line, line
+    s3 = local_config(tmp_path, s3_endpoint="http://127.0.0.1:9", overrides=[])
+    text = summary(s3, "run1", SimpleNamespace(nodes={}), tmp_path, {}, mlflow_db=db)
+    assert "the registered model is a copy in MLflow's store and stays loadable" in text
