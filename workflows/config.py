@@ -89,8 +89,7 @@ class PlatformConfig:
     # Tolerations of every pod: a YAML/JSON list as in a Pod spec (or key[=value]:Effect,...).
     tolerations: tuple[Toleration, ...] = ()
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
-    # activeDeadlineSeconds of each workflow; 0 = none, so a long run is never killed by a
-    # default (an integer field of the Workflow: set at render, no workflow parameter reaches it)
+    # activeDeadlineSeconds of each workflow, 0 = none (an integer field: no parameter reaches it)
     workflow_deadline_s: int = 0
     run_as_user: int = 1000  # the non-root UID every pod runs as (images/step.Dockerfile's user)
     ttl_after_completion_s: int = 7 * 24 * 3600  # delete finished workflows after this long
@@ -141,13 +140,9 @@ class PretrainConfig:
     max_restarts: int = 3  # in-pod restarts of the worker group (torchrun --max-restarts)
     retries: int = 3  # pod retries per rank; each resumes from the latest valid checkpoint
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
-    # timeout of each rank pod (Argo duration, e.g. 120h; "" = none): the default of the
-    # workflow parameter pretrain_timeout, so a run sets its own (-p pretrain_timeout=120h)
-    timeout: str = ""
-    # timeout of the evaluators beside the ranks (workflow parameter evaluator_timeout)
-    evaluator_timeout: str = ""
-    # retries avoid the nodes where the rank failed (a required node anti-affinity): only
-    # with a spare node per rank, else a retry can never be scheduled
+    timeout: str = ""  # rank pod timeout, e.g. 120h ("": none); per run -p pretrain_timeout=
+    evaluator_timeout: str = ""  # the evaluators' timeout; per run -p evaluator_timeout=
+    # retries avoid the nodes where the rank failed: needs a spare node per rank (retry_tweak.go)
     retry_elsewhere: bool = False
     grace_s: int = 120  # terminationGracePeriodSeconds of a rank pod: its preemption save
     # Defaults fit the README's laptop cluster (tests/deploy/test_resources.py sums them).
@@ -178,8 +173,7 @@ class FinetuneConfig:
     workers: int = 1  # processes per variant pod (M, fewer than the pretraining ranks)
     retries: int = 2  # pod retries per variant
     retry_backoff_s: int = 10  # first retry delay (doubles each retry)
-    # timeout of each variant pod (Argo duration; "" = none; parameter finetune_timeout)
-    timeout: str = ""
+    timeout: str = ""  # variant pod timeout, e.g. 24h ("": none); per run -p finetune_timeout=
     retry_elsewhere: bool = False  # retries avoid the nodes where the variant failed
     grace_s: int = 120  # terminationGracePeriodSeconds of a variant pod: its preemption save
     resources: Resources = Resources(cpu="1", memory="1536Mi")  # per variant pod (in parallel)
