@@ -160,6 +160,7 @@ class Evaluator:
             uri
         )
         self.lineage.log_input_model(model_id, "evaluated")
+        self.lineage.log_dataset(task, seed, "evaluation")  # the validation problems it scored
         self.lineage.log_metrics(metrics, step, model_id=model_id)
         return runroot.EvalRecord(
             step=step,

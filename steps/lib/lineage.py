@@ -84,6 +84,7 @@ class Lineage:
             max_queue=max_queue,
         )
         self._client = None
+        self._datasets: set[tuple] = set()  # (task, seed, context) logged on this run
         if tracking_uri is None:
             self._warn("MLflow disabled: set MLFLOW_TRACKING_URI (or use a local run root)")
 
@@ -317,8 +318,9 @@ class Lineage:
         """The generated corpus this run reads (steps.lib.data: the task and the seed decide
         every sample) as a dataset input of the run, for MLflow's lineage and its Datasets
         column; `context` is MLflow's `mlflow.data.context` tag (training, evaluation)."""
-        if not (task and self.run_id):
-            return
+        if not (task and self.run_id) or (task, seed, context) in self._datasets:
+            return  # an evaluator scores many checkpoints on one corpus: logged once
+        self._datasets.add((task, seed, context))
         from mlflow.data.code_dataset_source import CodeDatasetSource
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag

@@ -128,3 +128,6 @@ def test_each_training_run_has_its_corpus_as_a_dataset_input(store):
         assert json.loads(inp.dataset.source)["tags"]["task"] == task
         assert inp.dataset.source_type == "code"
         assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "training"}
+    (inp,) = _run(store, "evaluate-pre").inputs.dataset_inputs  # once for all its checkpoints
+    assert inp.dataset.name == "add-seed0"
+    assert {t.key: t.value for t in inp.tags} == {"mlflow.data.context": "evaluation"}
