@@ -5,7 +5,7 @@ of saves, loads, tools and damage, with the invariants of tests/faults/adversary
 every operation. Default run: a few dozen sequences per variant (derandomized, no shrinking, so
 a known failure costs little); `CKPTFLOW_ADVERSARY_EXAMPLES=N` sets the count,
 `CKPTFLOW_ADVERSARY_SHRINK=1` shrinks a failure to a minimal sequence; `-m slow` runs 10,000
-sequences of the full machine on local disk (and 500 on S3).
+sequences of the full machine and of the races variant on local disk (and 500 on S3).
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def test_adversary_s3(variant, s3_bucket, fault):
 
 
 @pytest.mark.slow
-def test_adversary_slow_local(fault):
-    _run("all", "local", fault, slow=True)
+@pytest.mark.parametrize("variant", ["all", "races"])
+def test_adversary_slow_local(variant, fault):
+    _run(variant, "local", fault, slow=True)
 
 
 @pytest.mark.slow
