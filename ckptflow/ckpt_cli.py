@@ -12,7 +12,7 @@
     ckptflow ckpt stats ROOT [--json]
     ckptflow ckpt import SRC --to ROOT [--step N]
     ckptflow ckpt export ROOT [--step N] --format hf|dcp|torch --to URI [--dtype bf16|fp32]
-                         [--model-only] [--shard-size 5GB]
+                         [--model-only | --full-state] [--shard-size 5GB]
 
 ROOT is a local path or s3://bucket/prefix. SRC is a DCP folder, a torch.save file, Hugging
 Face safetensors (a file or a folder) or a ckptflow root. gc and archive are dry runs unless --yes. Exit codes:
@@ -152,9 +152,19 @@ def _interop_parsers(sub) -> None:
     e.add_argument("root")
     e.add_argument("--step", type=cli_args.step, help="the step (default: the newest valid)")
     e.add_argument("--format", required=True, choices=("hf", "dcp", "torch"))
-    e.add_argument("--to", required=True, help="the folder to write (local path or URI)")
+    e.add_argument(
+        "--to", required=True, help="a new or empty folder, or an earlier export (replaced)"
+    )
     e.add_argument("--dtype", choices=("bf16", "fp32"), help="convert floating tensors")
-    e.add_argument("--model-only", action="store_true", help="the model's weights only")
+    part = e.add_mutually_exclusive_group()
+    part.add_argument(
+        "--model-only", action="store_true", help="the model's weights only (hf: the default)"
+    )
+    part.add_argument(
+        "--full-state",
+        action="store_true",
+        help="hf: every tensor of the training state, optimizer too (dcp, torch: the default)",
+    )
     e.add_argument("--shard-size", type=_size, default=5 * 10**9, help="per file (hf, dcp): 5GB")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -29,7 +29,7 @@ def cmd_export(args) -> int:
         step=args.step,
         fmt=args.format,
         dtype=args.dtype,
-        model_only=args.model_only,
+        model_only=True if args.model_only else False if args.full_state else None,
         shard_bytes=args.shard_size,
     )
     return _report(report, args.json)

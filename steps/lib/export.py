@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.interop import export_folder
 from ckptflow.steps.checkpoint.interop.exporter import DEFAULT_SHARD_BYTES, export_checkpoint
-from ckptflow.steps.checkpoint.interop.safetensors_io import INDEX
+from ckptflow.steps.checkpoint.interop.safetensors_io import INDEX, check_tensor_name
 from ckptflow.steps.lib.model import GPT, ModelConfig
 from safetensors.torch import save as st_save
 
@@ -111,9 +112,12 @@ def export_weights(
     dtype: str = "fp32",
     info: dict | None = None,
 ) -> Exported:
-    """Write `model.safetensors` and `config.json` under `dest_uri` (any storage URI)."""
+    """Write `model.safetensors` and `config.json` under `dest_uri` (any storage URI): a new or
+    empty folder, or an earlier export, which this one replaces (interop.export_folder)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    for name in tensors:
+        check_tensor_name(name)
     cast = {k: t.to(DTYPES[dtype]).contiguous() for k, t in sorted(tensors.items())}
     meta = {
         "format": "pt",
@@ -123,9 +127,11 @@ def export_weights(
     }
     blob = st_save(cast, metadata=meta)
     dest = env.open_storage(dest_uri)
-    dest.write(WEIGHTS, blob)
+    export_folder.claim(dest, None, "hf", [WEIGHTS])
     config = {"model_type": "ckptflow-gpt", **model_config, "dtype": dtype, **(info or {})}
     dest.write(CONFIG, json.dumps(config, indent=1, sort_keys=True, default=str).encode())
+    dest.write(WEIGHTS, blob)  # the entry point last: a crash leaves no half export to load
+    export_folder.finish(dest, "hf", [WEIGHTS, CONFIG], {"tensors": len(cast)})
     return Exported(
         uri=dest.url(),
         weights_uri=dest.url(WEIGHTS),

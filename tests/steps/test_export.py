@@ -101,3 +101,32 @@ def test_export_step_streams_shards_with_an_index(tmp_path, model):
             got.update({k: h.get_tensor(k) for k in h.keys()})  # noqa: SIM118 - safe_open is no dict
     assert set(got) == set(sd)
     assert all(torch.equal(got[k], t.to(torch.bfloat16)) for k, t in sd.items())
+
+
+def test_a_tensor_named_like_the_safetensors_metadata_is_refused(tmp_path, model):
+    """Issue 37 defect 5: `__metadata__` would replace the header's metadata map and no
+    reader could open the file; refused, nothing written."""
+    sd = {**model.state_dict(), "__metadata__": torch.ones(2)}
+    from ckptflow.core.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="__metadata__"):
+        export_weights(sd, model.cfg.to_dict(), str(tmp_path / "exp"))
+    assert not (tmp_path / "exp" / WEIGHTS).exists()
+
+
+def test_export_weights_over_a_sharded_export_leaves_one_checkpoint(tmp_path, model):
+    """Issue 37 defect 3: an earlier export's shards and index must not stay beside the new
+    model.safetensors (a loader reading the index would get the old step)."""
+    from ckptflow.steps.checkpoint import Checkpointer
+    from ckptflow.steps.lib.export import export_step
+
+    sd = model.state_dict()
+    with Checkpointer(str(tmp_path / "ckpt")) as ck:
+        ck.save(6, {"model": sd}, metadata={"model_config": model.cfg.to_dict()})
+    export_step(str(tmp_path / "ckpt"), 6, str(tmp_path / "exp"), shard_bytes=64 << 10)
+    new = {k: t + 1 for k, t in sd.items()}
+    export_weights(new, model.cfg.to_dict(), str(tmp_path / "exp"))
+    names = {p.name for p in (tmp_path / "exp").iterdir()}
+    assert names == {WEIGHTS, CONFIG, "ckptflow-export.json"}
+    got = load_file(str(tmp_path / "exp" / WEIGHTS))
+    assert all(np.array_equal(got[k], t.numpy()) for k, t in new.items())

@@ -40,6 +40,11 @@ def _path(src, names: dict[str, str], name: str) -> tuple:
     return tuple(known) if known else (name,)
 
 
+def data_files(n: int) -> list[str]:
+    """The data files of a DCP export in `n` shards."""
+    return [f"__{i}_0.distcp" for i in range(n)]
+
+
 def write(src, dest: Storage, names: dict[str, str], shards: list, dtype, info) -> list[dict]:
     """Write the shards (exported names, values among them) and `.metadata`; file records."""
     sdm, storage, files = {}, {}, []

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
-from ckptflow.steps.checkpoint.interop import dcp_writer, structure
+from ckptflow.steps.checkpoint.interop import dcp_writer, export_folder, structure
 from ckptflow.steps.checkpoint.interop import safetensors_io as sft
 from ckptflow.steps.checkpoint.interop.shards import DTYPES
 from ckptflow.steps.checkpoint.interop.shards import file_record as _file
@@ -28,6 +28,7 @@ from ckptflow.steps.checkpoint.interop.sources import Source, nest, open_source
 
 from ckptflow import env
 from ckptflow.core.errors import CheckpointError
+from ckptflow.core.storage import Storage
 
 FORMATS = ("hf", "dcp", "torch")
 DEFAULT_SHARD_BYTES = 5 * 10**9  # Hugging Face's own default max_shard_size ("5GB")
@@ -49,6 +50,7 @@ class ExportReport:
     bytes: int = 0  # tensor bytes written
     dtype: str = ""  # fp32 | bf16 | "" (as stored)
     dropped: list[str] = field(default_factory=list)  # values a format cannot hold
+    left_out: int = 0  # tensors not exported (outside the model, or dropped by name_map)
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
@@ -65,6 +67,11 @@ class ExportReport:
                 f"  not exported ({self.format} holds tensors only): {len(self.dropped)} "
                 f"value(s): {', '.join(self.dropped[:10])}"
             )
+        if self.left_out:
+            out.append(
+                f"  not exported: {self.left_out} tensor(s) outside the model or renamed away "
+                "(--full-state exports the whole training state)"
+            )
         return out
 
 
@@ -75,8 +82,10 @@ def select_names(
     `model.` part of a training state (names without the prefix) and drops values; `name_map`
     renames each (None drops it)."""
     names = sorted(src.tensors) + ([] if fmt == "hf" or model_only else sorted(src.values))
-    dropped = sorted(src.values) if fmt == "hf" and not model_only else []
-    if model_only and any(n.startswith(MODEL_PREFIX) for n in src.tensors):
+    part = model_only and any(n.startswith(MODEL_PREFIX) for n in src.tensors)
+    # values of the model's part, or of a state with no model part, that hf cannot hold
+    dropped = sorted(src.values) if fmt == "hf" and not part else []
+    if part:
         names = [n for n in names if n.startswith(MODEL_PREFIX)]
     out: dict[str, str] = {}
     for n in names:
@@ -86,6 +95,8 @@ def select_names(
             continue
         if new in out:
             raise CheckpointError(f"export names {out[new]!r} and {n!r} both as {new!r}")
+        if fmt == "hf":
+            sft.check_tensor_name(new, n)
         out[new] = n
     if not out:
         raise CheckpointError(f"{src.uri}: nothing to export (no tensor selected)")
@@ -112,6 +123,8 @@ def plan_shards(src: Source, names: dict[str, str], dtype: str | None, limit: in
 
 
 def _write_hf(src, dest, names, shards, dtype, info) -> list[dict]:
+    """Shards, then config.json and the index; a single `model.safetensors` (the name
+    transformers opens first) goes last, so a crash midway leaves no way in to a part."""
     meta = {
         "format": "pt",
         **{k: v if isinstance(v, str) else json.dumps(v) for k, v in (info or {}).items()},
@@ -120,24 +133,37 @@ def _write_hf(src, dest, names, shards, dtype, info) -> list[dict]:
         meta["model_config"] = json.dumps(src.model_config, sort_keys=True)
     if dtype:
         meta["dtype"] = dtype
-    files, wmap, total = [], {}, 0
-    for i, shard in enumerate(shards, 1):
-        rel = sft.SINGLE if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+    files, wmap, total, last = [], {}, 0, None
+    for rel, shard in zip(hf_files(len(shards)), shards, strict=True):
         tensors = _read_shard(src, names, shard, dtype)
         bufs = sft.encode(tensors, meta)  # the tensors' own memory: no second copy
-        dest.write(rel, bufs)
+        if rel == sft.SINGLE:
+            last = bufs  # one shard: held until the index and config are written
+        else:
+            dest.write(rel, bufs)
         files.append(_file(rel, bufs, len(tensors)))
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         wmap.update(dict.fromkeys(tensors, rel))
         del tensors, bufs  # one shard at a time
-    index = {"metadata": {"total_size": total}, "weight_map": wmap}
-    dest.write(sft.INDEX, json.dumps(index, indent=1, sort_keys=True).encode())
     config = _config(src, dtype, info)
     if config is not None:
         dest.write(
             "config.json", json.dumps(config, indent=1, sort_keys=True, default=str).encode()
         )
+    index = {"metadata": {"total_size": total}, "weight_map": wmap}
+    dest.write(sft.INDEX, json.dumps(index, indent=1, sort_keys=True).encode())
+    if last is not None:
+        dest.write(sft.SINGLE, last)
     return files
+
+
+def hf_files(n: int) -> list[str]:
+    """The shard files of an export in `n` shards, named as Hugging Face names them."""
+    return (
+        [sft.SINGLE]
+        if n == 1
+        else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    )
 
 
 def _config(src: Source, dtype: str | None, info: dict | None) -> dict | None:
@@ -183,14 +209,18 @@ def export_checkpoint(
     step: int | None = None,
     fmt: str = "hf",
     dtype: str | None = None,
-    model_only: bool = False,
+    model_only: bool | None = None,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     name_map: Callable[[str], str | None] | None = None,
     info: dict | None = None,
+    storage: Storage | None = None,
 ) -> ExportReport:
     """Export step `step` (None: the newest valid) of `root` (a ckptflow root; any source
-    open_source reads works) to `to` in `fmt`. `dtype` converts floating tensors; `info`
-    (str -> str) goes into the files' metadata and config.json."""
+    open_source reads works) to the folder `to` in `fmt`. `model_only` (default: for `hf`
+    only, the format serving stacks load) keeps the model's tensors; `dtype` converts floating
+    tensors; `info` (str -> str) goes into the files' metadata and config.json. `storage`:
+    the folder `to` (default: opened from the URI). The folder must be new, empty or an
+    earlier export (interop.export_folder); it then holds this export alone."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if dtype not in (None, *DTYPES):
@@ -198,19 +228,26 @@ def export_checkpoint(
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ValueError(f"shard_bytes must be a positive integer, got {shard_bytes!r}")
     t0 = time.perf_counter()
+    model_only = fmt == "hf" if model_only is None else model_only
+    dest = storage or env.open_storage(to)
     src = open_source(root, step)
-    names, dropped = select_names(src, fmt, model_only, name_map)
-    dest = env.open_storage(to)
-    if fmt == "torch":
-        files = _write_torch(src, dest, names, dtype)
-    else:
-        shards = plan_shards(src, names, dtype, shard_bytes)
-        writer = _write_hf if fmt == "hf" else dcp_writer.write
-        files = writer(src, dest, names, shards, dtype, info)
-    if src.kind == "ckptflow":
-        src.close()
+    try:
+        export_folder.check_apart(dest, src.location)
+        names, dropped = select_names(src, fmt, model_only, name_map)
+        if fmt == "torch":
+            export_folder.claim(dest, src.location, fmt, [TORCH_FILE])
+            files = _write_torch(src, dest, names, dtype)
+        else:
+            shards = plan_shards(src, names, dtype, shard_bytes)
+            planned = hf_files(len(shards)) if fmt == "hf" else dcp_writer.data_files(len(shards))
+            export_folder.claim(dest, src.location, fmt, planned)
+            writer = _write_hf if fmt == "hf" else dcp_writer.write
+            files = writer(src, dest, names, shards, dtype, info)
+    finally:
+        if src.kind == "ckptflow":
+            src.close()
     tensors = [n for n, old in names.items() if old in src.tensors]
-    return ExportReport(
+    report = ExportReport(
         uri=dest.url(),
         format=fmt,
         source=src.uri,
@@ -226,5 +263,12 @@ def export_checkpoint(
         ),
         dtype=dtype or "",
         dropped=dropped,
+        left_out=len(src.tensors) - len(tensors),
         seconds=time.perf_counter() - t0,
     )
+    written = [f["name"] for f in files] + [
+        a for a in export_folder.AUXILIARY[fmt] if dest.exists(a)
+    ]
+    about = {"source": src.uri, "step": src.step, "tensors": report.tensors}
+    export_folder.finish(dest, fmt, written, about)
+    return report

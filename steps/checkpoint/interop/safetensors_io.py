@@ -30,6 +30,7 @@ from ckptflow.steps.checkpoint.interop.base import (
     read_range,
 )
 
+from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import Storage
 
 INDEX = "model.safetensors.index.json"
@@ -166,6 +167,28 @@ def open_folder(st: Storage) -> tuple[dict[str, SafetensorsFile], dict[str, str]
     return files, wmap
 
 
+def check_tensor_name(name: str, source_name: str | None = None) -> str:
+    """A name a safetensors file can hold: not the header's own `__metadata__` key (the
+    tensor's entry replaced the metadata map and no reader could open the file, issue 37),
+    non-empty, and UTF-8 (a lone surrogate from a pickled key cannot be written)."""
+    shown = repr(name) if source_name in (None, name) else f"{name!r} (from {source_name!r})"
+    if name == "__metadata__":
+        raise CheckpointError(
+            f"tensor {shown:.200} cannot be written to safetensors: the name is the header's "
+            "own metadata key; rename it (export_checkpoint's name_map, or re-import it "
+            "under another name)"
+        )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CheckpointError(f"tensor {shown:.200} is not valid UTF-8: rename it") from None
+    if not name:
+        raise CheckpointError(
+            f"an empty tensor name{'' if source_name is None else f' (from {source_name!r})'} cannot be written to safetensors"
+        )
+    return name
+
+
 def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
     """A safetensors file as a list of buffers (the header, then each tensor's own bytes), so a
     shard is written without a second copy of it in memory. Tensors follow each other in name
@@ -173,6 +196,7 @@ def encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     bufs, pos = [], 0
     for name in sorted(tensors):
+        check_tensor_name(name)
         t = tensors[name].detach().contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
         header[name] = {

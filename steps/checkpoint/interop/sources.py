@@ -53,6 +53,7 @@ class Source:
         self.model_config: dict | None = None
         self.paths: dict[str, tuple] = {}  # fqn -> its path in the nested state dict, if known
         self.structure: list | None = None  # its containers as they were (interop.structure)
+        self.location: Storage | None = None  # the folder, file or root it lies in
 
     def chunks(self, fqn: str) -> list[tuple[tuple, tuple]]:
         """The stored pieces of a tensor as (offsets, sizes): one whole piece unless DCP."""
@@ -369,24 +370,40 @@ def open_source(
     """The checkpoint at `uri`, whichever kind it is (ForeignFormatError naming what was found
     when it is none we read). `process_group`: the group a ckptflow source loads over."""
     st = storage or env.open_storage(uri)
+    src = _open(st, step, process_group)
+    if src is not None and src.location is None:
+        src.location = st
+    return src if src is not None else _none_read(st)
+
+
+def _open(st: Storage, step: int | None, process_group) -> Source | None:
+    """The source at `st`. A ckptflow root comes first: stray foreign files in a root (an
+    export into it, made before such exports were refused) must never hide its committed
+    steps from a reader (issue 37 defect 4)."""
     if st.is_file():
         parent, name = posixpath.split(st.path())
         folder = st.peer(parent if st.protocol == "file" else f"{st.protocol}://{parent}")
         if name.endswith(".safetensors"):
             return SafetensorsSource(folder, name)
         return TorchSource(folder, name)
-    if st.exists(".metadata"):
-        return DcpSource(st)
-    if st.exists(sft.INDEX) or st.exists(sft.SINGLE):
-        return SafetensorsSource(st)
-    if rootreader.committed_steps(st):
+    if st.exists(layout.ROOT_MARKER) or rootreader.committed_steps(st):
         return CkptflowSource(st, step, process_group)
     name = posixpath.basename(st.path())
     parent = posixpath.dirname(st.path())
     if layout.parse_step_dir(name) is not None and step in (None, layout.parse_step_dir(name)):
         up = st.peer(parent if st.protocol == "file" else f"{st.protocol}://{parent}")
-        if rootreader.committed_steps(up):
-            return CkptflowSource(up, layout.parse_step_dir(name), process_group)
+        if up.exists(layout.ROOT_MARKER) or rootreader.committed_steps(up):
+            src = CkptflowSource(up, layout.parse_step_dir(name), process_group)
+            src.location = up  # the whole root: an export must stay out of all of it
+            return src
+    if st.exists(".metadata"):
+        return DcpSource(st)
+    if st.exists(sft.INDEX) or st.exists(sft.SINGLE):
+        return SafetensorsSource(st)
+    return None
+
+
+def _none_read(st: Storage):
     found = ", ".join(sorted(st.listdir())[:8]) if st.exists("") else "nothing"
     raise ForeignFormatError(
         f"{st.url()} is no checkpoint ckptflow reads (found: {found}); give a DCP folder "
