@@ -106,7 +106,7 @@ def test_step_arguments_are_the_contracts_dataclasses_with_their_defaults():
     assert isinstance(cfg.finetune.select, SelectArgs)
     # Only what the workflow runs differently is stated; the rest is the step's own default.
     assert cfg.pretrain.train.seq_len == PretrainArgs(run_root="").seq_len
-    assert cfg.pretrain.train.max_steps == 200
+    assert cfg.pretrain.train.max_steps == 800  # the main job's recipe (issue 38)
     cfg = apply_overrides(
         cfg,
         [

@@ -144,7 +144,7 @@ def test_whole_pipeline_runs_locally(tmp_path, capsys, monkeypatch):
     # the story: the model learned its task, each fine-tune beats the base on its own task
     last = json.loads((root / "pretrain" / "ckpt" / commits[-1] / "eval.json").read_text())
     assert last["metrics"]["exact_match"] >= 0.5, last
-    for ev in (root / "finetune").glob("*/ckpt/step-00000200/eval.json"):
+    for ev in (root / "finetune").glob("*/ckpt/step-00000600/eval.json"):
         rec = json.loads(ev.read_text())
         assert rec["metrics"]["val_loss"] < rec["base_metrics"]["val_loss"], rec
     assert (root / "report.png").read_bytes()[:4] == b"\x89PNG" and "<- selected" in out
@@ -165,7 +165,7 @@ def check_mlflow_links(db: str, workflow: str) -> None:
     children = {
         n for n, r in runs.items() if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }
-    variants = {"finetune-lr0.01-freeze1", "finetune-lr0.003-freeze1"}
+    variants = {"finetune-lr0.01-freeze0", "finetune-lr0.003-freeze0"}
     steps = {"pretrain", "evaluate-pretrain-follow", "evaluate-pretrain-final", "select"}
     assert children == steps | variants, children  # every child, each named by what it is
     assert not [r for r in runs.values() if "ckptflow.argo_url" in r.data.tags]
