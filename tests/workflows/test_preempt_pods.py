@@ -69,7 +69,8 @@ def _grace(manifest) -> None:
     for tmpl in manifest["spec"]["templates"]:
         if tmpl["name"] == "pretrain-rank":
             assert f'"terminationGracePeriodSeconds": {GRACE_S}' in tmpl["podSpecPatch"]
-            assert tmpl["retryStrategy"]["affinity"] == {"nodeAntiAffinity": {}}
+            # no default retry affinity (issue 33): on one node a retry must be schedulable
+            assert "affinity" not in tmpl["retryStrategy"]
 
 
 @pytest.mark.timeout(480)
