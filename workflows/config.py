@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 from ckptflow.workflows import checks
 from ckptflow.workflows.checks import ConfigError
+from ckptflow.workflows.pod_checks import check_pods
 
 from ckptflow.contract import (
     EXPERIMENT,
@@ -372,6 +373,8 @@ def validate(cfg: object) -> None:
             checks.check(
                 key, value_at(cfg, s.path), s.meta, shown=shown_value(value_at(cfg, s.path))
             )
+    if isinstance(cfg, PipelineConfig):
+        check_pods(cfg)  # settings that must fit together in one pod
 
 
 def shown_value(value: object) -> str:

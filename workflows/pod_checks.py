@@ -1,0 +1,50 @@
+"""Checks across settings of one pod, run with `config.validate` before anything is rendered.
+
+Each is one line naming the setting to change (a `ConfigError`), so a manifest that a GPU
+cluster would run badly is never rendered: a memory-backed /dev/shm larger than the pod's
+memory limit (the kubelet counts a `medium: Memory` emptyDir against it, so filling /dev/shm
+OOM-kills the pod), or more torchrun processes per pod than the GPUs it requests (two
+processes would share a GPU; fewer leave GPUs idle).
+"""
+
+from __future__ import annotations
+
+from ckptflow.workflows.checks import ConfigError
+from ckptflow.workflows.runner.cluster import MEMORY, resource_units
+
+__all__ = ["check_pods"]
+
+
+def _bytes(text: str) -> int:
+    return resource_units(MEMORY, text, "memory")
+
+
+def _shm(section: str, shm_size: str, resources_key: str, memory: str) -> None:
+    """A /dev/shm emptyDir (medium Memory) must fit inside the memory limit of its pod."""
+    if shm_size and _bytes(shm_size) > _bytes(memory):
+        raise ConfigError(
+            f"--set {section}.shm_size={shm_size}: above the pod's memory limit "
+            f"{resources_key}.memory={memory} (/dev/shm counts against it); lower it or raise "
+            "the memory"
+        )
+
+
+def _procs(key: str, procs: int, gpu_key: str, gpus: int) -> None:
+    """On GPU pods torchrun runs one process per requested GPU."""
+    if gpus and procs != gpus:
+        raise ConfigError(
+            f"--set {key}={procs}: a pod requesting {gpus} GPU(s) ({gpu_key}={gpus}) runs one "
+            f"process per GPU; set {key}={gpus}"
+        )
+
+
+def check_pods(cfg) -> None:
+    """Raise ConfigError for the first pod whose settings do not fit together."""
+    pre, fine = cfg.pretrain, cfg.finetune
+    _shm("pretrain", pre.shm_size, "pretrain.rank_resources", pre.rank_resources.memory)
+    _shm("finetune", fine.shm_size, "finetune.resources", fine.resources.memory)
+    _procs(
+        "pretrain.procs_per_rank", pre.procs_per_rank, "pretrain.rank_resources.gpu",
+        pre.rank_resources.gpu,
+    )  # fmt: skip
+    _procs("finetune.workers", fine.workers, "finetune.resources.gpu", fine.resources.gpu)
