@@ -79,7 +79,8 @@ def _enc(obj, depth: int):
         name = str(t.dtype).removeprefix("torch.")
         if name not in _TORCH_DTYPES:
             raise UnsafeValueError(f"tensor dtype {t.dtype} is not supported in values")
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        # reshape first: a 0-dim tensor cannot be viewed as bytes of another element size
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {"$tensor": [name, list(t.shape), base64.b64encode(data).decode()]}
     if isinstance(obj, np.ndarray):
         if obj.dtype.name not in _NP_DTYPES:

@@ -170,3 +170,10 @@ def test_sparse_and_nested_tensors_are_refused_naming_file_and_key(tmp_path, mak
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "odd.pt" in err and "odd.t" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dict_key_neither_str_nor_int_is_refused_naming_it(tmp_path):
+    """DCP names a key by str(key): True would come back as "True"; refused, not changed."""
+    torch.save({"w": torch.ones(2), "flags": {True: 1}}, tmp_path / "k.pt")
+    with pytest.raises(ForeignFormatError, match=r"k\.pt.*True.*bool"):
+        import_checkpoint(str(tmp_path / "k.pt"), str(tmp_path / "ckpt"))

@@ -77,6 +77,7 @@ def record(obj: dict, paths: dict[str, tuple], where: str) -> list:
 
 def _entry(e, where: str) -> tuple[str, tuple, str | None]:
     ok = isinstance(e, list) and len(e) in (2, 3) and isinstance(e[1], list)
+    ok = ok and isinstance(e[0], str)  # a list there is unhashable: no `in _KINDS` for it
     ok = ok and (e[0] in _KINDS if len(e) == 2 else e[0] == "v" and isinstance(e[2], str))
     if not ok or len(e[1]) > MAX_DEPTH + 1:
         fail(where, "an entry must be [kind, path] or ['v', path, name]")
