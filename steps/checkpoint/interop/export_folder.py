@@ -90,15 +90,15 @@ def claim(dest: Storage, source: Storage | None, fmt: str, new_files: list[str])
     check_apart(dest, source)
     if dest.is_file():
         raise ExportFolderError(f"--to {dest.url()} is a file: give a folder")
-    present = [e.path for e in dest.walk() if not is_temporary(posixpath.basename(e.path))]
+    top = dest.listdir()  # one level first: `--to ~` must not walk a whole home folder
     old: list[str] = []
-    if present:
-        if MARKER not in present:
-            shown = ", ".join(sorted(present)[:5])
+    if top:
+        if MARKER not in top:
             raise ExportFolderError(
                 f"--to {dest.url()} is not empty and holds no earlier export of ckptflow "
-                f"(found: {shown}): export into a new or empty folder"
+                f"(found: {', '.join(top[:5])}): export into a new or empty folder"
             )
+        present = [e.path for e in dest.walk() if not is_temporary(posixpath.basename(e.path))]
         old = _recorded(dest)
         theirs = sorted(
             p
