@@ -327,3 +327,10 @@ def test_a_zero_dim_tensor_inside_a_value_round_trips():
     """Found by the generated round trip: a tuple holding a 0-dim tensor (a value, kept by the
     engine's safe value encoding) crashed the import ("cannot view Float as Byte")."""
     check_torch_round_trip({0: (torch.tensor(0.5),), "b": (torch.tensor(7, dtype=torch.int16),)})
+
+
+def test_an_empty_dict_in_a_list_keeps_the_names_of_its_neighbours():
+    """Found by the generated round trip (slow run): [[], {}] is a list DCP walks (it holds a
+    dict); nested again without the empty dict it became one value, renamed, and the export
+    lost the structure."""
+    check_torch_round_trip({1: None, 0: [[], {}]})

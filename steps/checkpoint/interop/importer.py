@@ -72,7 +72,11 @@ def import_checkpoint(
     names = sorted(src.tensors) + sorted(src.values)
     if not names:
         raise CheckpointError(f"{src.uri} holds no tensors and no values: nothing to import")
-    state = nest(src.read_many(names), src.paths)  # the nesting it was saved with
+    flat = src.read_many(names)
+    # the object as it was saved where its structure is known (an empty dict in a list decides
+    # how DCP names the list's entries: nesting by paths alone would drop it and rename them)
+    state = structure.rebuild(src.structure, flat, src.uri) if src.structure else None
+    state = nest(flat, src.paths) if state is None else state
     with Checkpointer(root, **ck_options) as ck:
         if target in ck.committed_steps():
             raise CheckpointError(
