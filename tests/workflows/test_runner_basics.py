@@ -146,8 +146,37 @@ def test_live_view_reads_training_progress_from_a_task_log(tmp_path):
         b"x INFO checkpoint 100 committed: full stall 0.02s\n"
         b"x INFO step 150/800 train_loss 1.1 | 31.0 step/s, ETA 0:21\n"
     )
-    assert task_progress(str(log)) == "step 150/800, checkpoint 100"
+    assert task_progress(str(log)) == "step 150/800, loss 1.1, checkpoint 100"
     assert task_progress(str(tmp_path / "missing.log")) == "" and task_progress(None) == ""
+
+
+def test_off_a_terminal_training_progress_is_printed_as_plain_lines(tmp_path):
+    """Issue 38 point 9: off a terminal (`make run | tee`, CI) a long training task printed
+    nothing between its start and its end; now a plain line when its progress changed, at most
+    once per `progress_every` seconds per task."""
+    import io
+
+    from ckptflow.workflows.runner.nodes import Node, NodeStore
+    from ckptflow.workflows.runner.report import Reporter
+
+    log = tmp_path / "rank0.log"
+    log.write_bytes(b"x INFO step 100/800 train_loss 1.2 | 30.0 step/s, ETA 0:23\n")
+    store = NodeStore("wf")
+    node = Node("wf-1", "wf.pretrain.rank-0", "rank-0", "Pod", phase="Running")
+    node.log_file = str(log)
+    store.nodes[node.id] = node
+    out = io.StringIO()
+    reporter = Reporter(stream=out, progress_every=0.0)
+    reporter.store = store
+    reporter.print_progress()
+    reporter.print_progress()  # unchanged: no second line
+    with open(log, "ab") as fh:
+        fh.write(b"x INFO checkpoint 100 committed: full stall 0.02s\n")
+    reporter.print_progress()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("progress  wf.pretrain.rank-0 step 100/800, loss 1.2")
+    assert lines[1].endswith("step 100/800, loss 1.2, checkpoint 100")
 
 
 def test_the_downward_api_gives_pod_and_node_names(tmp_path):

@@ -1,8 +1,10 @@
 """What a person sees: a live view while the workflow runs, a final table, the status file.
 
 On a terminal the live view redraws one block (running tasks with their elapsed time, the
-counts per phase, and for a task whose log reports training progress its `step N/M` and last
-committed checkpoint); elsewhere (CI logs, files) it prints one plain line per start and finish.
+counts per phase, and for a task whose log reports training progress its `step N/M`, loss and
+last committed checkpoint); elsewhere (CI logs, files) it prints one plain line per start and
+finish, and for a training task a plain progress line when that changed, every
+`progress_every` seconds at most (a long pretraining was silent for minutes off a terminal).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ _WORK_TYPES = ("Pod", "Retry", "Skipped")
 # What a training step's log says (ckptflow.core.progress, ckptflow.steps.lib.loop)
 _STEP = re.compile(rb"\bstep (\d+)/(\d+)")
 _CKPT = re.compile(rb"\bcheckpoint (\d+) committed")
+_LOSS = re.compile(rb"\btrain_loss ([0-9.eE+-]+|nan|inf)")
 _TAIL = 16 * 1024  # bytes of a log read per redraw
 
 
 def task_progress(log_file: str | None) -> str:
-    """`step 300/1000, checkpoint 200` from the end of a task's log ("" when it says none)."""
+    """`step 300/1000, loss 1.23, checkpoint 200` from the end of a task's log ("" when it says
+    none)."""
     if not log_file:
         return ""
     try:
@@ -38,6 +42,9 @@ def task_progress(log_file: str | None) -> str:
         return ""
     steps, ckpts = _STEP.findall(tail), _CKPT.findall(tail)
     parts = [f"step {steps[-1][0].decode()}/{steps[-1][1].decode()}"] if steps else []
+    losses = _LOSS.findall(tail)
+    if losses:
+        parts.append(f"loss {losses[-1].decode()}")
     if ckpts:
         parts.append(f"checkpoint {ckpts[-1].decode()}")
     return ", ".join(parts)
@@ -98,7 +105,13 @@ def write_status(path: str, document: dict) -> None:
 class Reporter:
     """Receives node changes; prints them and keeps the status file fresh."""
 
-    def __init__(self, stream: TextIO | None = None, status=None, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        status=None,
+        interval: float = 0.5,
+        progress_every: float = 15.0,
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.status = status  # callable writing the status file
@@ -109,6 +122,9 @@ class Reporter:
         self._thread: threading.Thread | None = None
         self._drawn = 0
         self._t0 = time.monotonic()
+        self.progress_every = progress_every
+        self._progress_at = 0.0
+        self._progress_seen: dict[str, str] = {}  # node id -> the progress last printed
 
     def on_change(self, node: Node, event: str) -> None:
         self._dirty.set()
@@ -134,6 +150,24 @@ class Reporter:
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):
             self.flush()
+            if not self.tty:
+                self.print_progress()
+
+    def print_progress(self) -> None:
+        """Off a terminal: one plain line per running task whose training progress changed
+        since its last line, at most once per `progress_every` seconds."""
+        now = time.monotonic()
+        if self.store is None or now - self._progress_at < self.progress_every:
+            return
+        self._progress_at = now
+        with self.store.cond:
+            running = [n for n in self.store.nodes.values() if n.phase == "Running"]
+        for n in running:
+            done = task_progress(getattr(n, "log_file", None))
+            if done and self._progress_seen.get(n.id) != done:
+                self._progress_seen[n.id] = done
+                stamp = time.strftime("%H:%M:%S")
+                print(f"{stamp} progress  {n.name} {done}", file=self.stream, flush=True)
 
     def flush(self) -> None:
         if not self._dirty.is_set() and not self.tty:
