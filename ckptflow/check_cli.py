@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ckptflow.contract import cli_args
+from ckptflow.run_cli import parse_parameters
 from ckptflow.workflows.runner import SpecError, load_documents
 from ckptflow.workflows.runner.cluster import ClusterError, default_cluster, load_profile
 from ckptflow.workflows.runner.cluster_check import check_manifests, deploy_objects
@@ -55,23 +56,13 @@ def _deploy_dir(given: str | None) -> Path:
     return Path("deploy") if Path("deploy").is_dir() else REPO_DEPLOY
 
 
-def _params(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise ClusterError(f"-p {pair!r}: expected NAME=VALUE")
-        out[name] = value
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = cli_args.parse(build_parser(), argv, {"-p", "--parameter"})
     if isinstance(args, int):
         return args
     try:
         cluster = load_profile(args.cluster) if args.cluster else default_cluster()
-        params = _params(args.parameter)
+        params = parse_parameters(args.parameter)
         docs = [d for path in args.manifests for d in load_documents(path)]
         deploy_dir = _deploy_dir(args.deploy)
         deploy = deploy_objects(str(deploy_dir)) if deploy_dir.is_dir() else ([], "")

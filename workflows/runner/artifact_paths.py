@@ -17,7 +17,7 @@ import os
 import re
 from pathlib import Path
 
-from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
+from ckptflow.workflows.runner.substitution import map_strings, substitute, to_str, unresolved
 
 __all__ = ["clean_path", "inside", "map_paths", "resolve_paths", "template_artifacts"]
 
@@ -140,13 +140,7 @@ def map_paths(body: dict, root: Path) -> dict:
     )
 
     def fix(value):
-        if isinstance(value, str):
-            return pattern.sub(lambda m: paths.get(m.group(0), m.group(0)), value)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
+        return map_strings(value, lambda s: pattern.sub(lambda m: paths.get(m[0], m[0]), s))
 
     out = dict(body)
     for key in ("container", "script"):

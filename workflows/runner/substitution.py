@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -164,3 +165,15 @@ def parse_duration(value: Any) -> float:
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"invalid duration {text!r} (use e.g. 30, 30s, 2m, 1h30m)")
     return sum(float(n) * _UNIT[u] for n, u in parts)
+
+
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """A copy of a JSON-like value (dicts, lists, scalars) with `fn` applied to every string in
+    it: how a template's fields get their paths rewritten (volumes, artifact paths)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_strings(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: map_strings(v, fn) for k, v in value.items()}
+    return value

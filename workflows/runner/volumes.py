@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ckptflow.workflows.runner.substitution import map_strings
+
 __all__ = ["volume_problems", "declared", "mounts", "apply_mounts", "subpath"]
 
 KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath")
@@ -138,13 +140,7 @@ def rewrite_paths(body: dict, table: dict[str, str], *, keep: tuple[str, ...]) -
     pattern = re.compile("|".join(rf"(?<![\w./-]){re.escape(p)}(?![\w.-])" for p in longest_first))
 
     def fix(value: Any) -> Any:
-        if isinstance(value, str):
-            return pattern.sub(lambda m: table[m.group(0)], value)
-        if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, dict):
-            return {k: fix(v) for k, v in value.items()}
-        return value
+        return map_strings(value, lambda s: pattern.sub(lambda m: table[m[0]], s))
 
     out = dict(body)
     for key in ("container", "script"):
