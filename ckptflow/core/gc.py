@@ -106,6 +106,7 @@ def gc(
     storage: Storage | None = None,
 ) -> GcReport:
     """Collect a checkpoint root under `policy` (dry run unless `apply`); see the module doc."""
+    started = time.monotonic()  # the run's duration: `now` may be a given clock, not this one
     now = time.time() if now is None else now
     grace_s = check_grace(grace_s)
     policy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -146,7 +147,7 @@ def gc(
     report.grace_objects, report.grace_bytes = len(young), sum(young)
     if apply:
         health.prune(st)
-        health.record(st, "gc", duration_s=time.time() - now, bytes=report.bytes_freed)
+        health.record(st, "gc", duration_s=time.monotonic() - started, bytes=report.bytes_freed)
     return report
 
 

@@ -561,3 +561,19 @@ def test_a_root_with_no_checkpoint_yet_is_no_policy_error(tmp_path):
     """The retention CronWorkflow collects roots of runs that have saved nothing yet."""
     Checkpointer(str(tmp_path / "ckpt")).close()
     assert gc(str(tmp_path / "ckpt"), "best=acc:max:1").delete_steps == []
+
+
+def test_gc_at_a_given_clock_records_its_health_event(tmp_path, caplog):
+    """gc's duration was `time.time() - now`: with `now` given two hours ahead (as the retention
+    tests and the adversary's clock do) it was negative, the event was refused (`duration_s`)
+    and the health log lost every gc run made at a given time."""
+    from ckptflow.core import health
+    from ckptflow.core.storage import Storage
+
+    root = str(tmp_path / "root")
+    save_steps(root, [1, 2, 3])
+    gc(root, "last=1", apply=True, now=time.time() + 2 * HOUR)
+    assert "not recorded" not in caplog.text
+    events, damaged = health.read_events(Storage(root))
+    runs = [e for e in events if e.kind == "gc"]
+    assert damaged == 0 and len(runs) == 1 and 0 <= runs[0].duration_s < 60, runs
