@@ -148,7 +148,7 @@ def test_whole_pipeline_runs_locally(tmp_path, capsys, monkeypatch):
         rec = json.loads(ev.read_text())
         assert rec["metrics"]["val_loss"] < rec["base_metrics"]["val_loss"], rec
     assert (root / "report.png").read_bytes()[:4] == b"\x89PNG" and "<- selected" in out
-    check_mlflow_links(f"sqlite:///{tmp_path}/mlflow.db", "local-e2e")
+    check_mlflow_links(f"sqlite:///{runs}/mlflow.db", "local-e2e")
 
 
 def check_mlflow_links(db: str, workflow: str) -> None:
