@@ -165,6 +165,11 @@ def test_off_a_terminal_training_progress_is_printed_as_plain_lines(tmp_path):
     node = Node("wf-1", "wf.pretrain.rank-0", "rank-0", "Pod", phase="Running")
     node.log_file = str(log)
     store.nodes[node.id] = node
+    quiet = tmp_path / "rank1.log"  # a rank that logs only its commits prints no line of its own
+    quiet.write_bytes(b"x INFO checkpoint 100 committed: full stall 0.02s\n")
+    other = Node("wf-2", "wf.pretrain.rank-1", "rank-1", "Pod", phase="Running")
+    other.log_file = str(quiet)
+    store.nodes[other.id] = other
     out = io.StringIO()
     reporter = Reporter(stream=out, progress_every=0.0)
     reporter.store = store

@@ -164,7 +164,8 @@ class Reporter:
             running = [n for n in self.store.nodes.values() if n.phase == "Running"]
         for n in running:
             done = task_progress(getattr(n, "log_file", None))
-            if done and self._progress_seen.get(n.id) != done:
+            # a rank that logs no steps of its own (only commits) would repeat rank 0's news
+            if done.startswith("step") and self._progress_seen.get(n.id) != done:
                 self._progress_seen[n.id] = done
                 stamp = time.strftime("%H:%M:%S")
                 print(f"{stamp} progress  {n.name} {done}", file=self.stream, flush=True)
