@@ -55,21 +55,30 @@ def source_modules() -> dict[str, Path]:
     return out
 
 
-def imports_of(path: Path, module: str) -> set[str]:
-    """Every module name an import statement in the file names (relative ones resolved)."""
+def import_statements(path: Path, module: str) -> list[tuple[str, list[str]]]:
+    """Every import statement in the file, also inside functions, as (module, names): `import
+    a.b` is ("a.b", []), `from P import N` is (P, [N]) with relative P resolved."""
     is_pkg = path.name == "__init__.py"
-    found = set()
+    found: list[tuple[str, list[str]]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
+            found += [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = module.split(".")
                 anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}  # `from pkg import module`
+            found.append((base, [a.name for a in node.names]))
+    return found
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every module name an import statement in the file names (relative ones resolved)."""
+    found = set()
+    for base, names in import_statements(path, module):
+        found.add(base)
+        found |= {f"{base}.{n}" for n in names}  # `from pkg import module`
     return found
 
 
@@ -153,20 +162,9 @@ def test_torch_free_groups_load_neither_torch_nor_hera(group):
 def module_edges(path: Path, module: str) -> set[str]:
     """The ckptflow modules a file's imports load first, also inside functions: `from P import
     N` names module P.N when that is a module, else P itself (its package face)."""
-    is_pkg = path.name == "__init__.py"
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")
-                anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
-                base = ".".join([*anchor, base] if base else anchor)
-            found |= {
-                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
-            }
+    for base, names in import_statements(path, module):
+        found |= {f"{base}.{n}" if f"{base}.{n}" in MODULES else base for n in names} or {base}
     return {n for n in found if n in MODULES and n != module}
 
 
