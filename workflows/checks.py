@@ -96,6 +96,8 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes object name
 # Settings that are Kubernetes object names (a label for those used as generateName prefixes).
 OBJECT_NAMES = (
+    "platform.priority_class_name",
+    "platform.scheduler_name",
     "platform.service_account",
     "platform.s3_secret",
     "retention.name",
@@ -176,6 +178,37 @@ def node_selector_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
             raise _bad(key, raw, f"{label!r} is not a Kubernetes label key")
         if val and not _LABEL_NAME.fullmatch(val):
             raise _bad(key, raw, f"{val!r} is not a Kubernetes label value")
+    return tuple(pairs)
+
+
+# -- extra env ---------------------------------------------------------------------------------
+ENV_SETTINGS = ("platform.gpu_env",)  # (name, value) pairs, not labels
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+ENV_MAX = 64  # a bound on extra variables (each becomes a container env entry)
+
+
+def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON) or `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5` as (name,
+    value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
+    value = _structured(key, raw)
+    if value is None:
+        pairs = []
+        for entry in (p.strip() for p in raw.split(",") if p.strip()):
+            name, sep, val = entry.partition("=")
+            if not sep:
+                raise _bad(key, raw, f"{entry!r} is not NAME=VALUE; or give a mapping")
+            pairs.append((name.strip(), val.strip()))
+    elif isinstance(value, dict):
+        pairs = [(str(k), "" if v is None else _scalar(key, raw, v)) for k, v in value.items()]
+    else:
+        raise _bad(key, raw, 'expected a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}')
+    if len(pairs) > ENV_MAX:
+        raise _bad(key, raw, f"at most {ENV_MAX} variables")
+    for name, _ in pairs:
+        if not _ENV_NAME.fullmatch(name):
+            raise _bad(key, raw, f"{name!r} is not a variable name (letters, digits, '_')")
+    if len({n for n, _ in pairs}) != len(pairs):
+        raise _bad(key, raw, "a variable is named twice")
     return tuple(pairs)
 
 
@@ -271,12 +304,24 @@ def check(key: str, value: Any, meta: dict, shown: str | None = None) -> None:
         if hasattr(item, "operator"):
             _check_toleration(key, shown, item)
             continue
-        if isinstance(item, tuple):  # a node selector pair: checked when parsed
+        if isinstance(item, tuple):  # a label or env pair (also when set from Python)
+            _check_pair(key, shown, item)
             continue
         if choices and item not in choices:
             raise _bad(key, shown, _one_of(choices))
         _check_number(key, name, item, meta, shown)
         _check_text(key, name, item, shown)
+
+
+def _check_pair(key: str, shown: str, pair: tuple) -> None:
+    name, val = pair
+    if key in ENV_SETTINGS:
+        if not _ENV_NAME.fullmatch(name):
+            raise _bad(key, shown, f"{name!r} is not a variable name (letters, digits, '_')")
+    elif not _label_key(name):
+        raise _bad(key, shown, f"{name!r} is not a Kubernetes label key")
+    elif val and not _LABEL_NAME.fullmatch(val):
+        raise _bad(key, shown, f"{val!r} is not a Kubernetes label value")
 
 
 def _check_number(key: str, name: str, value: Any, meta: dict, shown: str) -> None:

@@ -89,6 +89,15 @@ class PlatformConfig:
     node_selector: tuple[tuple[str, str], ...] = ()
     # Tolerations of every pod: a YAML/JSON list as in a Pod spec (or key[=value]:Effect,...).
     tolerations: tuple[Toleration, ...] = ()
+    # Rank and fine-tune (GPU) pods only: set, they use these instead of node_selector /
+    # tolerations (Argo: a template's own replace the workflow's), so light steps (evaluator,
+    # select, register, start/finish) keep to node_selector and off tainted GPU nodes.
+    gpu_node_selector: tuple[tuple[str, str], ...] = ()
+    gpu_tolerations: tuple[Toleration, ...] = ()
+    # Extra env of rank and fine-tune pods, e.g. NCCL_IB_HCA=mlx5,NCCL_DEBUG=INFO (or a mapping).
+    gpu_env: tuple[tuple[str, str], ...] = ()
+    priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
+    scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
     # activeDeadlineSeconds of each workflow, 0 = none (an integer field: no parameter reaches it)
     workflow_deadline_s: int = 0
@@ -310,6 +319,8 @@ TOLERATIONS = tuple[Toleration, ...]
 
 def _convert(key: str, raw: str, tp: object) -> object:
     """Turn the text of `--set key=raw` into the field's type, or explain what was expected."""
+    if key in checks.ENV_SETTINGS:
+        return checks.env_from_text(key, raw)
     if tp == NODE_SELECTOR:
         return checks.node_selector_from_text(key, raw)
     if tp == TOLERATIONS:

@@ -244,8 +244,9 @@ def step(
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
     env = step_env(platform) if with_env else None
-    if launcher:
-        env = [*(env or []), *rank_env(grace_s)]
+    if launcher:  # a GPU pod: its own env, nodes and tolerations (platform.gpu_*)
+        extra = [Env(name=k, value=v) for k, v in platform.gpu_env]
+        env = [*(env or []), *rank_env(grace_s), *extra]
     volumes = credential_volumes(platform) if with_env else []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
@@ -274,6 +275,8 @@ def step(
         daemon=daemon or None,
         metrics=metrics or None,
         pod_spec_patch=grace_patch(grace_s),
+        node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
+        tolerations=as_tolerations(platform.gpu_tolerations) if launcher else None,
     )
 
 
@@ -299,6 +302,11 @@ def node_selector(platform: PlatformConfig) -> dict[str, str] | None:
 
 def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
     """`platform.tolerations` (checked by config) as Kubernetes tolerations."""
+    return as_tolerations(platform.tolerations)
+
+
+def as_tolerations(given: Sequence) -> list[Toleration] | None:
+    """Configured tolerations (checked by config) as Kubernetes tolerations; none: None."""
     out = [
         Toleration(
             key=t.key or None,
@@ -307,7 +315,7 @@ def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
             effect=t.effect or None,
             toleration_seconds=t.toleration_seconds,
         )
-        for t in platform.tolerations
+        for t in given
     ]
     return out or None
 
@@ -328,6 +336,8 @@ def workflow_kwargs(platform: PlatformConfig, *, title: str, description: str) -
         else None,
         "node_selector": node_selector(platform),
         "tolerations": tolerations(platform),
+        "pod_priority_class_name": platform.priority_class_name or None,
+        "scheduler_name": platform.scheduler_name or None,
     }
 
 

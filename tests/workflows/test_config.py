@@ -13,6 +13,7 @@ from ckptflow.workflows.config import (
     apply_overrides,
     describe,
     setting_keys,
+    validate,
 )
 
 from ckptflow.contract import FinetuneArgs, PretrainArgs, SelectArgs
@@ -204,6 +205,15 @@ BAD_SETTINGS = [
     ("platform.node_selector=[1]", "mapping of labels"),
     ("platform.node_selector=pool", "label=value"),
     ('platform.node_selector={"bad key!": "x"}', "label key"),
+    ("platform.gpu_node_selector=pool=no good", "label value"),
+    ("platform.gpu_tolerations=[1]", "not a toleration"),
+    ("platform.gpu_env=NCCL-DEBUG=INFO", "not a variable name"),
+    ("platform.gpu_env=1ST=x", "not a variable name"),
+    ("platform.gpu_env=NCCL_DEBUG", "NAME=VALUE"),
+    ("platform.gpu_env=A=1,A=2", "named twice"),
+    ("platform.gpu_env=[1]", "mapping of variables"),
+    ("platform.priority_class_name=High Priority", "a Kubernetes name"),
+    ("platform.scheduler_name=Volcano!", "a Kubernetes name"),
 ]
 
 
@@ -250,4 +260,19 @@ def test_validate_checks_settings_however_they_were_set():
         platform=dataclasses.replace(PipelineConfig().platform, image_pull_policy="Sometimes"),
     )
     with pytest.raises(ConfigError, match="platform.image_pull_policy=Sometimes: not one of"):
+        validate(bad)
+
+
+def test_gpu_env_takes_a_mapping_and_python_values_are_checked_too():
+    cfg = apply_overrides(PipelineConfig(), ['platform.gpu_env={"NCCL_DEBUG": "INFO", "N": 2}'])
+    assert cfg.platform.gpu_env == (("NCCL_DEBUG", "INFO"), ("N", "2"))
+    bad = dataclasses.replace(
+        cfg, platform=dataclasses.replace(cfg.platform, gpu_env=(("NO-DASH", "x"),))
+    )
+    with pytest.raises(ConfigError, match=r"^--set platform\.gpu_env=.*not a variable name"):
+        validate(bad)
+    bad = dataclasses.replace(
+        cfg, platform=dataclasses.replace(cfg.platform, gpu_node_selector=(("pool", "a b"),))
+    )
+    with pytest.raises(ConfigError, match="label value"):
         validate(bad)

@@ -440,3 +440,33 @@ def test_render_refuses_bad_parameters_in_one_line(argv, phrase, capsys):
     assert render_main(argv) == 2
     err = capsys.readouterr().err
     assert phrase in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
+    doc = render(
+        "pipeline",
+        "platform.node_selector=pool=cpu",
+        "platform.gpu_node_selector=pool=gpu",
+        "platform.gpu_tolerations=nvidia.com/gpu:NoSchedule",
+        "platform.gpu_env=NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5",
+        "platform.priority_class_name=training-high",
+        "platform.scheduler_name=volcano",
+    )[0]
+    tpl, spec = templates(doc), doc["spec"]
+    assert spec["nodeSelector"] == {"pool": "cpu"}  # light steps: the workflow's
+    assert spec["podPriorityClassName"] == "training-high"
+    assert spec["schedulerName"] == "volcano"
+    gpu = {n for n, t in tpl.items() if t.get("nodeSelector")}
+    assert gpu == {"pretrain-rank", "finetune-variant"}
+    for name in gpu:
+        assert tpl[name]["nodeSelector"] == {"pool": "gpu"}
+        assert tpl[name]["tolerations"] == [
+            {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}
+        ]
+        env = tpl[name]["container"]["env"]
+        assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in env
+    for name, t in tpl.items():
+        if name not in gpu and "container" in t:
+            assert "tolerations" not in t, name
+            assert all(e["name"] != "NCCL_DEBUG" for e in t["container"].get("env", [])), name
