@@ -100,8 +100,8 @@ def test_pods_are_bound_and_the_only_gpu_is_taken_in_turn(tmp_path, profile):
 def test_a_pod_that_fits_nowhere_is_pending_until_its_deadline(tmp_path, profile, capsys):
     manifest = workflow(
         "pending",
-        [task("huge", resources={"requests": {"cpu": "3"}}, activeDeadlineSeconds=3)],
-    )
+        [task("huge", resources={"requests": {"cpu": "3"}}, timeout="3s")],
+    )  # a template timeout counts Pending time (operator.go checkTemplateTimeouts)
     path = tmp_path / "pending.yaml"
     path.write_text(json.dumps(manifest))
     status = tmp_path / "w" / "status.json"
@@ -144,3 +144,28 @@ def test_cluster_needs_isolate_and_a_valid_profile(tmp_path, profile, capsys):
     assert run_cli.main([str(path), "--isolate", "--cluster", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"ckptflow run: {bad}: nodes[0].allocatable") and "\n" not in err
+
+
+def test_a_pending_pod_is_not_ended_by_its_own_active_deadline(tmp_path, profile):
+    """Kubernetes counts a pod's activeDeadlineSeconds from its startTime, set once the kubelet
+    admits it on a node (pkg/kubelet/active_deadline.go): a pod that fits nowhere is ended by
+    the workflow's deadline ("Step exceeded its deadline"), not by its own 1 s."""
+    manifest = workflow(
+        "pend-own",
+        [task("huge", resources={"requests": {"cpu": "3"}}, activeDeadlineSeconds=1)],
+    )
+    manifest["spec"]["activeDeadlineSeconds"] = 3
+    started = time.monotonic()
+    result = run_workflow(
+        manifest,
+        workdir=str(tmp_path / "w"),
+        name="pend-own",
+        stream=io.StringIO(),
+        isolate=True,
+        cluster=load_profile(profile),
+    )
+    huge = result.node("huge")
+    assert huge["phase"] == "Failed"
+    assert huge["message"] == "Step exceeded its deadline"
+    assert "hostNodeName" not in huge
+    assert time.monotonic() - started >= 2.5  # the workflow's 3 s, not the pod's 1 s

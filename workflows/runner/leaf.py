@@ -184,15 +184,22 @@ def run_template(
 
 def run_leaf(run: cx.Run, node: Node, body: dict, scope: cx.Scope, deadline_s, on_daemon) -> None:
     """Run the process of a substituted container/script template as `node`."""
-    own = scope.child(deadline_s, cx.TEMPLATE_DEADLINE) if deadline_s is not None else scope
-    if not _wait_slot(run, own):
-        run.store.update(node, phase=FAILED, message=own.reason()[1])
+    # until the pod is bound it waits in the scope without its own activeDeadlineSeconds
+    # (pod_rules.pending_scope); that deadline counts from the pod's start on its node
+    pending = pod_rules.pending_scope(body, scope)
+    if not _wait_slot(run, pending):
+        run.store.update(node, phase=FAILED, message=pending.reason()[1])
         return
     try:
-        if run.isolation is None and not pod_rules.bind_this_machine(run, node, body, scope):
+        if run.isolation is None and not pod_rules.bind_this_machine(run, node, body, pending):
             return  # no cluster model: one node, this machine (pod_rules.py)
         # under the cluster model the pod waits Pending until the scheduler binds it
-        if run.scheduler is None or isolation.bind_pod(run, node, body, own):
+        if run.scheduler is None or isolation.bind_pod(run, node, body, pending):
+            own = (
+                pending.child(deadline_s, cx.TEMPLATE_DEADLINE)
+                if deadline_s is not None
+                else pending
+            )
             try:
                 _run_process(run, node, body, own, on_daemon)
             finally:

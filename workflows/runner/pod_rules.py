@@ -20,7 +20,7 @@ from ckptflow.workflows.runner.scheduler import (
 )
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
 
-__all__ = ["DAEMON_SUCCEEDED", "bind_this_machine", "pod_succeeded"]
+__all__ = ["DAEMON_SUCCEEDED", "bind_this_machine", "pending_scope", "pod_succeeded"]
 
 # the words of workflow/controller/operator.go assessNodeStatus (its log line; the node's phase
 # is what changes there, the message says why)
@@ -61,6 +61,20 @@ def _has_deadline(scope: cx.Scope | None) -> bool:
     return False
 
 
+def pending_scope(body: dict, scope: cx.Scope) -> cx.Scope:
+    """The scope a Pending (not yet bound) pod waits in: `scope` and the template's `timeout`,
+    never the pod's own activeDeadlineSeconds. Kubernetes counts that from the pod's startTime,
+    which the kubelet sets when it admits the pod on a node (pkg/kubelet/active_deadline.go), so
+    a pod that is never bound is not ended by it; the template's `timeout` counts Pending time
+    (workflow/controller/operator.go checkTemplateTimeouts) and the workflow's deadline ends it
+    too. Used by both placements: this machine (below) and the cluster model
+    (isolation.bind_pod)."""
+    timeout = body.get("timeout")
+    if timeout is not None and to_str(timeout).strip():
+        return scope.child(parse_duration(timeout), cx.TEMPLATE_DEADLINE)
+    return scope
+
+
 def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> bool:
     """Without isolation every pod runs on this machine, the cluster's one node: True with the
     node's `hostNodeName` set. A pod whose required node affinity excludes it (a retry's
@@ -70,15 +84,10 @@ def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> b
     past the workflow's deadline is (workflow/controller/operator.go). With no deadline anywhere
     it would stay Pending forever on Argo; here it fails at once, saying so. False then.
 
-    Only required node affinity is read here (this node has only the hostname and os labels);
+    `scope` is the pod's pending_scope (leaf.run_leaf), so its own activeDeadlineSeconds does
+    not end it. Only required node affinity is read here (this node has only the hostname and os labels);
     with `--isolate` the scheduler over the cluster model also checks nodeSelector, taints and
     resources."""
-    # Pending: the pod's activeDeadlineSeconds has not started (Kubernetes counts it from the
-    # pod's startTime, set once bound); the template's `timeout` counts Pending time
-    # (operator.go checkTemplateTimeouts), the workflow's deadline ends it too
-    timeout = body.get("timeout")
-    if timeout is not None and to_str(timeout).strip():
-        scope = scope.child(parse_duration(timeout), cx.TEMPLATE_DEADLINE)
     local = this_machine()
     why = match_node_affinity(
         PodRequest(node.id, {}, {}, (), _required_terms(body, run.spec)), local
