@@ -161,55 +161,60 @@ def _structured(key: str, raw: str) -> Any:
 # -- node selector -----------------------------------------------------------------------------
 def node_selector_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
     """`{"pool": "gpu"}` (YAML/JSON) or `pool=gpu,zone=a` as (label, value) pairs."""
-    value = _structured(key, raw)
-    if value is None:
-        pairs = []
-        for entry in (p.strip() for p in raw.split(",") if p.strip()):
-            label, sep, val = entry.partition("=")
-            if not sep:
-                raise _bad(key, raw, f"{entry!r} is not label=value; or give a mapping")
-            pairs.append((label.strip(), val.strip()))
-    elif isinstance(value, dict):
-        pairs = [(str(k), "" if v is None else _scalar(key, raw, v)) for k, v in value.items()]
-    else:
-        raise _bad(key, raw, 'expected a mapping of labels, e.g. {"pool": "gpu"}')
-    for label, val in pairs:
-        if not _label_key(label):
-            raise _bad(key, raw, f"{label!r} is not a Kubernetes label key")
-        if val and not _LABEL_NAME.fullmatch(val):
-            raise _bad(key, raw, f"{val!r} is not a Kubernetes label value")
-    return tuple(pairs)
+    pairs = _pairs_from_text(key, raw, "label=value", 'a mapping of labels, e.g. {"pool": "gpu"}')
+    for pair in pairs:
+        _check_pair(key, raw, pair)
+    return pairs
 
 
-# -- extra env ---------------------------------------------------------------------------------
-ENV_SETTINGS = ("platform.gpu_env",)  # (name, value) pairs, not labels
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
-ENV_MAX = 64  # a bound on extra variables (each becomes a container env entry)
-
-
-def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
-    """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON) or `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5` as (name,
-    value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
+def _pairs_from_text(key: str, raw: str, form: str, mapping: str) -> tuple[tuple[str, str], ...]:
+    """A YAML/JSON mapping, or `a=b,c=d`, as (name, value) pairs (not yet checked)."""
     value = _structured(key, raw)
     if value is None:
         pairs = []
         for entry in (p.strip() for p in raw.split(",") if p.strip()):
             name, sep, val = entry.partition("=")
             if not sep:
-                raise _bad(key, raw, f"{entry!r} is not NAME=VALUE; or give a mapping")
+                raise _bad(key, raw, f"{entry!r} is not {form}; or give a mapping")
             pairs.append((name.strip(), val.strip()))
     elif isinstance(value, dict):
         pairs = [(str(k), "" if v is None else _scalar(key, raw, v)) for k, v in value.items()]
     else:
-        raise _bad(key, raw, 'expected a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}')
-    if len(pairs) > ENV_MAX:
-        raise _bad(key, raw, f"at most {ENV_MAX} variables")
-    for name, _ in pairs:
-        if not _ENV_NAME.fullmatch(name):
-            raise _bad(key, raw, f"{name!r} is not a variable name (letters, digits, '_')")
+        raise _bad(key, raw, f"expected {mapping}")
+    if len(pairs) > PAIRS_MAX:
+        raise _bad(key, raw, f"at most {PAIRS_MAX} entries")
     if len({n for n, _ in pairs}) != len(pairs):
-        raise _bad(key, raw, "a variable is named twice")
+        raise _bad(key, raw, f"{form.partition('=')[0]} named twice")
     return tuple(pairs)
+
+
+# -- extra env and extended resources -----------------------------------------------------------
+ENV_SETTINGS = ("platform.gpu_env",)  # (name, value) pairs, not labels
+RESOURCE_SETTINGS = ("platform.gpu_extended_resources",)  # (resource, count) pairs
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+_COUNT = re.compile(r"[1-9][0-9]{0,8}")
+PAIRS_MAX = 64  # a bound on entries of one mapping setting
+# Set by their own settings (cpu, memory, gpu): a second entry would contradict them.
+OWN_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
+
+
+def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON) or `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5` as (name,
+    value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
+    pairs = _pairs_from_text(
+        key, raw, "NAME=VALUE", 'a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}'
+    )
+    for pair in pairs:
+        _check_pair(key, raw, pair)
+    return pairs
+
+
+def resources_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`rdma/ib=1` or `{"rdma/ib": 1}` as (extended resource, whole count) pairs."""
+    pairs = _pairs_from_text(key, raw, "resource=count", 'a mapping such as {"rdma/ib": 1}')
+    for pair in pairs:
+        _check_pair(key, raw, pair)
+    return pairs
 
 
 def _scalar(key: str, raw: str, v: Any) -> str:
@@ -318,6 +323,13 @@ def _check_pair(key: str, shown: str, pair: tuple) -> None:
     if key in ENV_SETTINGS:
         if not _ENV_NAME.fullmatch(name):
             raise _bad(key, shown, f"{name!r} is not a variable name (letters, digits, '_')")
+    elif key in RESOURCE_SETTINGS:
+        # Extended resources are domain-prefixed names with whole counts (request == limit).
+        if name in OWN_RESOURCES or "/" not in name or not _label_key(name):
+            why = "is not an extended resource such as rdma/ib (cpu, memory, GPUs: own settings)"
+            raise _bad(key, shown, f"{name!r} {why}")
+        if not _COUNT.fullmatch(val):
+            raise _bad(key, shown, f"{val!r} is not a whole count of at least 1")
     elif not _label_key(name):
         raise _bad(key, shown, f"{name!r} is not a Kubernetes label key")
     elif val and not _LABEL_NAME.fullmatch(val):

@@ -126,13 +126,16 @@ def credential_volumes(platform: PlatformConfig) -> list:
     ]
 
 
-def hera_resources(res: Resources) -> HeraResources:
-    """Kubernetes resources of one container; memory request == limit."""
+def hera_resources(res: Resources, extended: Sequence[tuple[str, str]] = ()) -> HeraResources:
+    """Kubernetes resources of one container; memory request == limit, and so are the
+    `extended` resources' counts (Kubernetes refuses an extended request below its limit)."""
+    counts = dict(extended)
     return HeraResources(
         cpu_request=res.cpu,
         memory_request=res.memory,
         memory_limit=res.memory,
         gpus=res.gpu or None,
+        custom_resources={"requests": counts, "limits": counts} if counts else None,
     )
 
 
@@ -262,7 +265,10 @@ def step(
         command=command,
         args=args or None,
         env=env,
-        resources=hera_resources(resources or platform.step_resources),
+        resources=hera_resources(
+            resources or platform.step_resources,
+            platform.gpu_extended_resources if launcher else (),
+        ),
         inputs=[Parameter(name=n) for n in inputs],
         outputs=outputs(platform, output_names, optional=bool(launcher)),
         retry_strategy=retry(

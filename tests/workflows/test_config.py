@@ -212,6 +212,11 @@ BAD_SETTINGS = [
     ("platform.gpu_env=NCCL_DEBUG", "NAME=VALUE"),
     ("platform.gpu_env=A=1,A=2", "named twice"),
     ("platform.gpu_env=[1]", "mapping of variables"),
+    ("platform.gpu_extended_resources=rdma/ib=0", "whole count"),
+    ("platform.gpu_extended_resources=rdma/ib=500m", "whole count"),
+    ("platform.gpu_extended_resources=nvidia.com/gpu=1", "extended resource"),
+    ("platform.gpu_extended_resources=hugepages=1", "extended resource"),
+    ("platform.gpu_extended_resources=bad domain!/ib=1", "extended resource"),
     ("platform.priority_class_name=High Priority", "a Kubernetes name"),
     ("platform.scheduler_name=Volcano!", "a Kubernetes name"),
 ]
