@@ -191,6 +191,8 @@ def _pairs_from_text(key: str, raw: str, form: str, mapping: str) -> tuple[tuple
 # -- extra env and extended resources -----------------------------------------------------------
 ENV_SETTINGS = ("platform.gpu_env",)  # (name, value) pairs, not labels
 RESOURCE_SETTINGS = ("platform.gpu_extended_resources",)  # (resource, count) pairs
+ANNOTATION_SETTINGS = ("platform.gpu_pod_annotations",)  # (label-key, any text) pairs
+ANNOTATION_MAX = 16384  # characters of one annotation value (Kubernetes: 256 KiB in all)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _COUNT = re.compile(r"[1-9][0-9]{0,8}")
 PAIRS_MAX = 64  # a bound on entries of one mapping setting
@@ -203,6 +205,16 @@ def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
     value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
     pairs = _pairs_from_text(
         key, raw, "NAME=VALUE", 'a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}'
+    )
+    for pair in pairs:
+        _check_pair(key, raw, pair)
+    return pairs
+
+
+def annotations_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
+    """`{"k8s.v1.cni.cncf.io/networks": "ib0"}` (YAML/JSON) or `key=value,...` as pairs."""
+    pairs = _pairs_from_text(
+        key, raw, "key=value", 'a mapping such as {"k8s.v1.cni.cncf.io/networks": "ib0"}'
     )
     for pair in pairs:
         _check_pair(key, raw, pair)
@@ -323,6 +335,11 @@ def _check_pair(key: str, shown: str, pair: tuple) -> None:
     if key in ENV_SETTINGS:
         if not _ENV_NAME.fullmatch(name):
             raise _bad(key, shown, f"{name!r} is not a variable name (letters, digits, '_')")
+    elif key in ANNOTATION_SETTINGS:
+        if not _label_key(name):
+            raise _bad(key, shown, f"{name!r} is not a Kubernetes annotation key")
+        if len(val) > ANNOTATION_MAX:
+            raise _bad(key, shown, f"{name!r}: a value of at most {ANNOTATION_MAX} characters")
     elif key in RESOURCE_SETTINGS:
         # Extended resources are domain-prefixed names with whole counts (request == limit).
         if name in OWN_RESOURCES or "/" not in name or not _label_key(name):

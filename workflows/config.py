@@ -98,6 +98,9 @@ class PlatformConfig:
     gpu_env: tuple[tuple[str, str], ...] = ()
     # Extended resources of each rank and fine-tune pod (request == limit), e.g. rdma/ib=1.
     gpu_extended_resources: tuple[tuple[str, str], ...] = ()
+    gpu_pod_labels: tuple[tuple[str, str], ...] = ()  # labels of rank and fine-tune pods
+    # Annotations of rank and fine-tune pods, e.g. {"k8s.v1.cni.cncf.io/networks": "ib0"}.
+    gpu_pod_annotations: tuple[tuple[str, str], ...] = ()
     priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
     scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
@@ -323,6 +326,8 @@ def _convert(key: str, raw: str, tp: object) -> object:
     """Turn the text of `--set key=raw` into the field's type, or explain what was expected."""
     if key in checks.ENV_SETTINGS:
         return checks.env_from_text(key, raw)
+    if key in checks.ANNOTATION_SETTINGS:
+        return checks.annotations_from_text(key, raw)
     if key in checks.RESOURCE_SETTINGS:
         return checks.resources_from_text(key, raw)
     if tp == NODE_SELECTOR:

@@ -283,6 +283,8 @@ def step(
         pod_spec_patch=grace_patch(grace_s),
         node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
         tolerations=as_tolerations(platform.gpu_tolerations) if launcher else None,
+        labels=(dict(platform.gpu_pod_labels) or None) if launcher else None,
+        annotations=(dict(platform.gpu_pod_annotations) or None) if launcher else None,
     )
 
 

@@ -450,9 +450,12 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
         "platform.gpu_tolerations=nvidia.com/gpu:NoSchedule",
         "platform.gpu_env=NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5",
         "platform.gpu_extended_resources=rdma/ib=1",
+        "platform.gpu_pod_labels=team=ml",
+        'platform.gpu_pod_annotations={"k8s.v1.cni.cncf.io/networks": "ib0,ib1"}',
         "platform.priority_class_name=training-high",
         "platform.scheduler_name=volcano",
     )[0]
+    assert errors(doc) == []  # Argo's schema (strict)
     tpl, spec = templates(doc), doc["spec"]
     assert spec["nodeSelector"] == {"pool": "cpu"}  # light steps: the workflow's
     assert spec["podPriorityClassName"] == "training-high"
@@ -467,10 +470,12 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
         env = tpl[name]["container"]["env"]
         assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
         assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in env
+        assert tpl[name]["metadata"]["labels"] == {"team": "ml"}
+        assert tpl[name]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "ib0,ib1"}
         res = tpl[name]["container"]["resources"]
         assert res["requests"]["rdma/ib"] == res["limits"]["rdma/ib"] == "1"
     for name, t in tpl.items():
         if name not in gpu and "container" in t:
-            assert "tolerations" not in t, name
+            assert "tolerations" not in t and "metadata" not in t, name
             assert "rdma/ib" not in t["container"]["resources"].get("limits", {}), name
             assert all(e["name"] != "NCCL_DEBUG" for e in t["container"].get("env", [])), name
