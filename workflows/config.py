@@ -101,6 +101,9 @@ class PlatformConfig:
     gpu_pod_labels: tuple[tuple[str, str], ...] = ()  # labels of rank and fine-tune pods
     # Annotations of rank and fine-tune pods, e.g. {"k8s.v1.cni.cncf.io/networks": "ib0"}.
     gpu_pod_annotations: tuple[tuple[str, str], ...] = ()
+    # Rank and fine-tune pods on the node's network (RDMA without Multus): leaves the restricted
+    # Pod Security Standard (render says so); the namespace must allow it.
+    gpu_host_network: bool = False
     priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
     scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod

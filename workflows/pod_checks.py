@@ -12,7 +12,7 @@ from __future__ import annotations
 from ckptflow.workflows.checks import ConfigError
 from ckptflow.workflows.runner.cluster import MEMORY, resource_units
 
-__all__ = ["check_pods"]
+__all__ = ["check_pods", "notices"]
 
 
 def _bytes(text: str) -> int:
@@ -48,3 +48,15 @@ def check_pods(cfg) -> None:
         pre.rank_resources.gpu,
     )  # fmt: skip
     _procs("finetune.workers", fine.workers, "finetune.resources.gpu", fine.resources.gpu)
+
+
+def notices(cfg) -> list[str]:
+    """One line for each setting that takes pods out of the `restricted` Pod Security Standard
+    (rendered anyway: a namespace that allows it runs them; one that enforces it refuses)."""
+    if cfg.platform.gpu_host_network:
+        return [
+            "platform.gpu_host_network=true: rank and fine-tune pods use hostNetwork, which "
+            "the restricted and baseline Pod Security Standards forbid; their namespace must "
+            "enforce privileged (other settings of their securityContext stay restricted)"
+        ]
+    return []

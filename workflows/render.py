@@ -25,6 +25,7 @@ from ckptflow.workflows.config import (
     validate,
 )
 from ckptflow.workflows.parameters import parse_pairs
+from ckptflow.workflows.pod_checks import notices as pod_notices
 
 from ckptflow.contract import cli_args
 
@@ -147,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         return args
     try:
         values = parse_pairs(args.parameters)
-        text = to_yaml(manifests(args.name, config(args.overrides), args.form, values))
+        cfg = config(args.overrides)
+        text = to_yaml(manifests(args.name, cfg, args.form, values))
     except ConfigError as exc:
         print(f"ckptflow render: {exc}", file=sys.stderr)
         return 2
+    for line in pod_notices(cfg):
+        print(f"ckptflow render: note: {line}", file=sys.stderr)
     if args.output:
         with open(args.output, "w") as fh:
             fh.write(text)

@@ -200,12 +200,16 @@ def rank_env(grace_s: int | None) -> list:
     return out
 
 
-def grace_patch(grace_s: int | None) -> str | None:
-    """The podSpecPatch setting terminationGracePeriodSeconds (Argo templates have no field
-    of their own for it): how long Kubernetes waits between SIGTERM and SIGKILL."""
-    if not grace_s:
-        return None
-    return json.dumps({"terminationGracePeriodSeconds": int(grace_s)})
+def grace_patch(grace_s: int | None, host_network: bool = False) -> str | None:
+    """The podSpecPatch of a pod (Argo templates have no fields of their own for these):
+    terminationGracePeriodSeconds (how long Kubernetes waits between SIGTERM and SIGKILL) and
+    hostNetwork, with the DNS policy that still resolves cluster services (MLflow, S3)."""
+    patch: dict = {}
+    if grace_s:
+        patch["terminationGracePeriodSeconds"] = int(grace_s)
+    if host_network:
+        patch |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    return json.dumps(patch) if patch else None
 
 
 def step(
@@ -280,7 +284,7 @@ def step(
         volumes=volumes or None,
         daemon=daemon or None,
         metrics=metrics or None,
-        pod_spec_patch=grace_patch(grace_s),
+        pod_spec_patch=grace_patch(grace_s, bool(launcher) and platform.gpu_host_network),
         node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
         tolerations=as_tolerations(platform.gpu_tolerations) if launcher else None,
         labels=(dict(platform.gpu_pod_labels) or None) if launcher else None,

@@ -244,3 +244,10 @@ def test_the_golden_manifests_pass_on_a_one_node_cluster(name, tmp_path, capsys)
         str(REPO / "deploy"),
     ]
     assert check_cli.main(argv) == 0, capsys.readouterr().out
+
+
+def test_host_network_set_by_pod_spec_patch_is_judged():
+    patched = template(podSpecPatch='{"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}')
+    assert [v.split(" (")[0] for v in restricted_violations(patched, {})] == ["host namespaces"]
+    unresolved = template(podSpecPatch="{{workflow.parameters.patch}}")
+    assert restricted_violations(unresolved, {}) == []

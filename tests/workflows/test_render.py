@@ -479,3 +479,22 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
             assert "tolerations" not in t and "metadata" not in t, name
             assert "rdma/ib" not in t["container"]["resources"].get("limits", {}), name
             assert all(e["name"] != "NCCL_DEBUG" for e in t["container"].get("env", [])), name
+
+
+def test_gpu_host_network_is_said_at_render_and_only_rank_pods_get_it(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    rc = render_main(["pipeline", "--set", "platform.gpu_host_network=true", "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 0
+    (note,) = [line for line in err if "note:" in line]
+    assert "platform.gpu_host_network=true" in note and "Pod Security" in note
+    doc = yaml.safe_load(out.read_text())
+    for name, t in templates(doc).items():
+        patch = json.loads(t.get("podSpecPatch") or "{}")
+        gpu = name in ("pretrain-rank", "finetune-variant")
+        assert patch.get("hostNetwork", False) is gpu, name
+        if gpu:  # still resolves cluster services; the rest of the context stays restricted
+            assert patch["dnsPolicy"] == "ClusterFirstWithHostNet"
+            assert t["container"]["securityContext"]["allowPrivilegeEscalation"] is False
+    render_main(["pipeline", "-o", str(out)])
+    assert "note:" not in capsys.readouterr().err

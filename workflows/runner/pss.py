@@ -14,6 +14,8 @@ the controller's executor configuration, not the manifest, and are not checked h
 
 from __future__ import annotations
 
+import yaml
+
 __all__ = ["restricted_violations"]
 
 # policy/check_restrictedVolumes.go: the volume types a restricted pod may use
@@ -178,13 +180,27 @@ def _pod(tmpl: dict, spec: dict, containers: list[dict]) -> dict:
     volumes += [
         v for n, v in declared.items() if n not in mounted and v in (tmpl.get("volumes") or [])
     ]
+    patch = _spec_patch(tmpl.get("podSpecPatch") or spec.get("podSpecPatch"))
     return {
         "securityContext": tmpl.get("securityContext") or spec.get("securityContext") or {},
-        "hostNetwork": tmpl.get("hostNetwork", spec.get("hostNetwork")),
-        "hostPID": tmpl.get("hostPID"),
-        "hostIPC": tmpl.get("hostIPC"),
+        "hostNetwork": patch.get("hostNetwork", tmpl.get("hostNetwork", spec.get("hostNetwork"))),
+        "hostPID": patch.get("hostPID", tmpl.get("hostPID")),
+        "hostIPC": patch.get("hostIPC", tmpl.get("hostIPC")),
         "volumes": volumes,
     }
+
+
+def _spec_patch(text: object) -> dict:
+    """The pod fields a template's podSpecPatch sets (Argo merges it into the pod it built,
+    workflow/controller/workflowpod.go); {} when there is none, or it still holds `{{...}}`
+    (not judged) or is not a mapping."""
+    if not isinstance(text, str) or "{{" in text or len(text) > 1 << 20:
+        return {}
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def restricted_violations(tmpl: dict, spec: dict) -> list[str]:
