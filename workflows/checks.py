@@ -353,6 +353,28 @@ def _check_pair(key: str, shown: str, pair: tuple) -> None:
         raise _bad(key, shown, f"{val!r} is not a Kubernetes label value")
 
 
+PATCHES = ("platform.gpu_pod_spec_patch",)
+PATCH_MAX = 65536  # characters of a user podSpecPatch
+
+
+def pod_spec_patch(key: str, text: str, shown: str | None = None) -> dict:
+    """A user podSpecPatch: a YAML/JSON mapping of Pod spec fields (Argo merges it into the pod),
+    at most PATCH_MAX characters; {} for ""."""
+    shown = text if shown is None else shown
+    if not text:
+        return {}
+    if len(text) > PATCH_MAX:
+        raise _bad(key, shown[:80] + "...", f"at most {PATCH_MAX} characters")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem", None) or "malformed"
+        raise _bad(key, shown, f"not valid YAML/JSON ({where})") from None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _bad(key, shown, 'expected a mapping of Pod spec fields, e.g. {"priority": 10}')
+    return value
+
+
 def _check_number(key: str, name: str, value: Any, meta: dict, shown: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
@@ -383,6 +405,8 @@ def _check_text(key: str, name: str, value: Any, shown: str) -> None:
         return
     if key in REQUIRED and not value.strip():
         raise _bad(key, shown, "must not be empty")
+    if key in PATCHES and value:
+        pod_spec_patch(key, value, shown)
     if key in URLS and value and not re.fullmatch(r"https?://\S+", value):  # "": no UI
         raise _bad(key, shown, "give a URL such as http://localhost:2746")
     if key == "platform.outputs_dir" and not value.startswith("/"):

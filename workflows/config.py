@@ -104,6 +104,8 @@ class PlatformConfig:
     # Rank and fine-tune pods on the node's network (RDMA without Multus): leaves the restricted
     # Pod Security Standard (render says so); the namespace must allow it.
     gpu_host_network: bool = False
+    # A podSpecPatch (YAML/JSON mapping) for rank and fine-tune pods, merged over ours.
+    gpu_pod_spec_patch: str = ""
     priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
     scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod

@@ -9,7 +9,7 @@ processes would share a GPU; fewer leave GPUs idle).
 
 from __future__ import annotations
 
-from ckptflow.workflows.checks import ConfigError
+from ckptflow.workflows.checks import ConfigError, pod_spec_patch
 from ckptflow.workflows.runner.cluster import MEMORY, resource_units
 
 __all__ = ["check_pods", "notices"]
@@ -53,10 +53,18 @@ def check_pods(cfg) -> None:
 def notices(cfg) -> list[str]:
     """One line for each setting that takes pods out of the `restricted` Pod Security Standard
     (rendered anyway: a namespace that allows it runs them; one that enforces it refuses)."""
+    lines = []
     if cfg.platform.gpu_host_network:
-        return [
+        lines.append(
             "platform.gpu_host_network=true: rank and fine-tune pods use hostNetwork, which "
             "the restricted and baseline Pod Security Standards forbid; their namespace must "
             "enforce privileged (other settings of their securityContext stay restricted)"
-        ]
-    return []
+        )
+    patch = pod_spec_patch("platform.gpu_pod_spec_patch", cfg.platform.gpu_pod_spec_patch)
+    host = [k for k in ("hostNetwork", "hostPID", "hostIPC") if patch.get(k) is True]
+    if host:
+        lines.append(
+            f"platform.gpu_pod_spec_patch sets {', '.join(host)}: rank and fine-tune pods leave "
+            "the restricted Pod Security Standard; their namespace must enforce privileged"
+        )
+    return lines

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from ckptflow.workflows import checks
 from ckptflow.workflows.config import PlatformConfig, Resources
 from hera.workflows import (
     Container,
@@ -200,15 +201,17 @@ def rank_env(grace_s: int | None) -> list:
     return out
 
 
-def grace_patch(grace_s: int | None, host_network: bool = False) -> str | None:
+def grace_patch(grace_s: int | None, host_network: bool = False, user: str = "") -> str | None:
     """The podSpecPatch of a pod (Argo templates have no fields of their own for these):
-    terminationGracePeriodSeconds (how long Kubernetes waits between SIGTERM and SIGKILL) and
-    hostNetwork, with the DNS policy that still resolves cluster services (MLflow, S3)."""
+    terminationGracePeriodSeconds (how long Kubernetes waits between SIGTERM and SIGKILL),
+    hostNetwork, with the DNS policy that still resolves cluster services (MLflow, S3), and
+    `user`'s patch (checked by config) over them: its top-level fields win."""
     patch: dict = {}
     if grace_s:
         patch["terminationGracePeriodSeconds"] = int(grace_s)
     if host_network:
         patch |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    patch |= checks.pod_spec_patch("platform.gpu_pod_spec_patch", user)
     return json.dumps(patch) if patch else None
 
 
@@ -284,7 +287,11 @@ def step(
         volumes=volumes or None,
         daemon=daemon or None,
         metrics=metrics or None,
-        pod_spec_patch=grace_patch(grace_s, bool(launcher) and platform.gpu_host_network),
+        pod_spec_patch=grace_patch(
+            grace_s,
+            bool(launcher) and platform.gpu_host_network,
+            platform.gpu_pod_spec_patch if launcher else "",
+        ),
         node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
         tolerations=as_tolerations(platform.gpu_tolerations) if launcher else None,
         labels=(dict(platform.gpu_pod_labels) or None) if launcher else None,

@@ -213,6 +213,8 @@ BAD_SETTINGS = [
     ("platform.gpu_env=A=1,A=2", "named twice"),
     ("platform.gpu_env=[1]", "mapping of variables"),
     ("platform.gpu_extended_resources=rdma/ib=0", "whole count"),
+    ("platform.gpu_pod_spec_patch=[1]", "mapping of Pod spec fields"),
+    ("platform.gpu_pod_spec_patch={a: [}", "not valid YAML/JSON"),
     ("platform.gpu_pod_labels=team=ml team", "label value"),
     ("platform.gpu_pod_labels=-bad=x", "label key"),
     ("platform.gpu_pod_annotations=not a key!=x", "annotation key"),

@@ -498,3 +498,18 @@ def test_gpu_host_network_is_said_at_render_and_only_rank_pods_get_it(tmp_path, 
             assert t["container"]["securityContext"]["allowPrivilegeEscalation"] is False
     render_main(["pipeline", "-o", str(out)])
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_user_pod_spec_patch_is_merged_over_ours_on_gpu_pods_and_said_when_it_leaves_pss(
+    tmp_path, capsys
+):
+    out = tmp_path / "p.yaml"
+    user = '{"hostIPC": true, "priority": 7}'
+    rc = render_main(["pipeline", "--set", f"platform.gpu_pod_spec_patch={user}", "-o", str(out)])
+    assert rc == 0
+    assert "gpu_pod_spec_patch sets hostIPC" in capsys.readouterr().err
+    tpl = templates(yaml.safe_load(out.read_text()))
+    patch = json.loads(tpl["pretrain-rank"]["podSpecPatch"])
+    assert patch["hostIPC"] is True and patch["priority"] == 7
+    assert patch["terminationGracePeriodSeconds"] > 0  # ours kept beside it
+    assert "podSpecPatch" not in tpl["select"]
