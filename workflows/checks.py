@@ -203,27 +203,26 @@ OWN_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
 def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
     """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON) or `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5` as (name,
     value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
-    pairs = _pairs_from_text(
+    return _checked_pairs(
         key, raw, "NAME=VALUE", 'a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}'
     )
-    for pair in pairs:
-        _check_pair(key, raw, pair)
-    return pairs
 
 
 def annotations_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
     """`{"k8s.v1.cni.cncf.io/networks": "ib0"}` (YAML/JSON) or `key=value,...` as pairs."""
-    pairs = _pairs_from_text(
+    return _checked_pairs(
         key, raw, "key=value", 'a mapping such as {"k8s.v1.cni.cncf.io/networks": "ib0"}'
     )
-    for pair in pairs:
-        _check_pair(key, raw, pair)
-    return pairs
 
 
 def resources_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
     """`rdma/ib=1` or `{"rdma/ib": 1}` as (extended resource, whole count) pairs."""
-    pairs = _pairs_from_text(key, raw, "resource=count", 'a mapping such as {"rdma/ib": 1}')
+    return _checked_pairs(key, raw, "resource=count", 'a mapping such as {"rdma/ib": 1}')
+
+
+def _checked_pairs(key: str, raw: str, form: str, example: str) -> tuple[tuple[str, str], ...]:
+    """The pairs of a mapping setting's text, each checked by the setting's own rule."""
+    pairs = _pairs_from_text(key, raw, form, example)
     for pair in pairs:
         _check_pair(key, raw, pair)
     return pairs
