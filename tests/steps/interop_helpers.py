@@ -60,3 +60,29 @@ def raw_safetensors(path, header: dict | bytes, data: bytes = b"", length: int |
     blob = header if isinstance(header, bytes) else json.dumps(header).encode()
     n = len(blob) if length is None else length
     path.write_bytes(struct.pack("<Q", n) + blob + data)
+
+
+def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes, for bitwise comparison (NaN payloads and -0.0 included)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def assert_same_structure(got, want, where: str = "state") -> None:
+    """Same types all the way down (int keys stay ints, tuples stay tuples), keys in order,
+    tensors bitwise, floats by repr (NaN equals NaN); AssertionError naming the path."""
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, dict):
+        assert list(got) == list(want), (where, list(got), list(want))
+        for k in want:
+            assert_same_structure(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert_same_structure(a, b, f"{where}[{i}]")
+    elif isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(tensor_bytes(got), tensor_bytes(want)), where
+    elif isinstance(want, float):
+        assert repr(got) == repr(want), (where, got, want)
+    else:
+        assert got == want, (where, got, want)

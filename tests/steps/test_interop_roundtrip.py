@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from ckptflow.core.errors import CheckpointError
+from tests.steps.interop_helpers import assert_same_structure, tensor_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -123,30 +124,6 @@ containers = st.recursive(
 states = st.dictionaries(keys, containers, max_size=4)
 
 
-def _same(got, want, where="state") -> None:
-    """Same types all the way down, keys in order, tensors bitwise, floats by repr."""
-    assert type(got) is type(want), (where, type(got), type(want))
-    if isinstance(want, dict):
-        assert list(got) == list(want), (where, list(got), list(want))
-        for k in want:
-            _same(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), where
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            _same(a, b, f"{where}[{i}]")
-    elif isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, where
-        assert torch.equal(_bytes(got), _bytes(want)), where
-    elif isinstance(want, float):
-        assert repr(got) == repr(want), (where, got, want)
-    else:
-        assert got == want, (where, got, want)
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
 def _terminal(obj) -> bool:
     """DCP's rule: a list is one entry unless it holds a tensor, a dict or such a list."""
     if isinstance(obj, dict):
@@ -183,7 +160,7 @@ def check_torch_round_trip(state: dict) -> None:
         if root is None:
             return
         export_checkpoint(root, f"{tmp}/out", fmt="torch")
-        _same(torch.load(f"{tmp}/out/model.pt", weights_only=True), state)
+        assert_same_structure(torch.load(f"{tmp}/out/model.pt", weights_only=True), state)
         CHECKED["torch"] = CHECKED.get("torch", 0) + 1
 
 
@@ -237,7 +214,9 @@ def check_dcp_round_trip(state: dict) -> None:
         dcp.load(target, checkpoint_id=f"{tmp}/out", no_dist=True)
         for path, want in _tensors_in_place(state):
             got = _at(target, path)
-            assert got.dtype == want.dtype and torch.equal(_bytes(got), _bytes(want)), path
+            assert got.dtype == want.dtype and torch.equal(tensor_bytes(got), tensor_bytes(want)), (
+                path
+            )
         CHECKED["dcp"] = CHECKED.get("dcp", 0) + 1
 
 
@@ -268,7 +247,7 @@ def check_hf_round_trip(flat: dict) -> None:
         assert set(got) == set(flat)
         for k, want in flat.items():
             assert got[k].dtype == want.dtype and got[k].shape == want.shape, k
-            assert torch.equal(_bytes(got[k]), _bytes(want)), k
+            assert torch.equal(tensor_bytes(got[k]), tensor_bytes(want)), k
         CHECKED["hf"] = CHECKED.get("hf", 0) + 1
 
 

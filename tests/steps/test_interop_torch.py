@@ -15,7 +15,7 @@ from ckptflow.steps.checkpoint.interop import (
 )
 
 from tests.steps import distworkers as dw
-from tests.steps.interop_helpers import trained_state
+from tests.steps.interop_helpers import assert_same_structure, trained_state
 
 
 class Planted:
@@ -86,29 +86,6 @@ def _adam_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, opt
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
-
-
-def _same_structure(got, want, where="state"):
-    """Equal containers of equal types (int keys stay ints, tuples stay tuples), tensors
-    bitwise."""
-    assert type(got) is type(want), (where, type(got), type(want))
-    if isinstance(want, dict):
-        assert list(got) == list(want), (where, list(got), list(want))
-        for k in want:
-            _same_structure(got[k], want[k], f"{where}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), where
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            _same_structure(a, b, f"{where}[{i}]")
-    elif isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, where
-        assert torch.equal(_bytes(got), _bytes(want)), where
-    else:
-        assert got == want, (where, got, want)
-
-
 def test_an_optimizer_state_dict_round_trips_with_its_adam_moments(tmp_path):
     """Issue 37 defect 1: an optimizer's `state` is keyed by int; import -> export torch
     must give those ints back, so load_state_dict gives each parameter its moments."""
@@ -130,7 +107,7 @@ def test_an_optimizer_state_dict_round_trips_with_its_adam_moments(tmp_path):
         for k in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(new[k], old[k]), k
     assert fresh.param_groups[0]["lr"] == 0.01
-    _same_structure(back["optim"], src["optim"])
+    assert_same_structure(back["optim"], src["optim"])
 
 
 def test_int_keys_empty_containers_and_tuples_keep_their_structure(tmp_path):
@@ -147,7 +124,7 @@ def test_int_keys_empty_containers_and_tuples_keep_their_structure(tmp_path):
     root = str(tmp_path / "ckpt")
     import_checkpoint(str(tmp_path / "src.pt"), root, step=1)
     export_checkpoint(root, str(tmp_path / "out"), fmt="torch")
-    _same_structure(torch.load(tmp_path / "out" / "model.pt", weights_only=True), src)
+    assert_same_structure(torch.load(tmp_path / "out" / "model.pt", weights_only=True), src)
 
 
 @pytest.mark.parametrize(
