@@ -17,6 +17,7 @@ from typing import Any
 
 from ckptflow.workflows.runner.artifacts import output_values
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
+from ckptflow.workflows.runner.objects import ObjectStore
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
 
@@ -121,6 +122,9 @@ class Run:
     exit_vars: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
     threads_lock: threading.Lock = field(default_factory=threading.Lock)
+    # the cluster model's API server (objects.py): ConfigMaps, Secrets, the run's Workflow and
+    # pods, what resource templates create
+    objects: ObjectStore = field(default_factory=ObjectStore)
 
     def global_vars(self) -> dict[str, str]:
         """`{{workflow.*}}` values visible everywhere."""
