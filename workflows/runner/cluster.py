@@ -9,6 +9,15 @@ A cluster profile (`ckptflow run FILE --isolate --cluster PROFILE.yaml`, `ckptfl
       taints: [{key: nvidia.com/gpu, effect: NoSchedule}]
       allocatable: {cpu: "8", memory: 64Gi, nvidia.com/gpu: "1"}
 
+Top-level settings of the control plane's handling of a lost node (`--fail-node`,
+nodelifecycle.py), each with its Kubernetes default:
+
+    nodeMonitorGracePeriod: 50s              # kube-controller-manager --node-monitor-grace-period
+    nodeMonitorPeriod: 5s                    # kube-controller-manager --node-monitor-period
+    defaultNotReadyTolerationSeconds: 300    # kube-apiserver --default-not-ready-toleration-seconds
+    defaultUnreachableTolerationSeconds: 300 # kube-apiserver --default-unreachable-toleration-seconds
+    disableAdmissionPlugins: [DefaultTolerationSeconds]   # kube-apiserver flag of that name
+
 Without one the cluster is this machine as one node (what a k3d cluster gives). The file is read
 as hostile input: its size, the number of nodes, labels, taints and resources are bounded and
 every field is checked; a mistake is one `ClusterError` line naming the file and the field.
@@ -27,6 +36,7 @@ from pathlib import Path
 
 import yaml
 from ckptflow.workflows.runner.pods.podspec import _decimal  # the one Kubernetes quantity parser
+from ckptflow.workflows.runner.substitution import parse_duration
 
 __all__ = [
     "CPU",
@@ -34,6 +44,7 @@ __all__ = [
     "Cluster",
     "ClusterError",
     "ClusterNode",
+    "LifecycleSettings",
     "default_cluster",
     "load_profile",
     "resource_units",
@@ -71,12 +82,26 @@ class ClusterNode:
 
 
 @dataclass(frozen=True)
+class LifecycleSettings:
+    """How the control plane handles a node that stops reporting (nodelifecycle.py)."""
+
+    # kube-controller-manager --node-monitor-grace-period: 50s since v1.32 (40s before;
+    # kubernetes/kubernetes#126287, pkg/controller/nodelifecycle/config/v1alpha1/defaults.go)
+    node_monitor_grace_s: float = 50.0
+    node_monitor_period_s: float = 5.0  # --node-monitor-period: how often node health is checked
+    not_ready_toleration_s: int = 300  # kube-apiserver --default-not-ready-toleration-seconds
+    unreachable_toleration_s: int = 300  # --default-unreachable-toleration-seconds
+    default_tolerations: bool = True  # the DefaultTolerationSeconds admission plugin is on
+
+
+@dataclass(frozen=True)
 class Cluster:
     """The nodes in profile order: the scheduler binds a pod to the first one that passes."""
 
     nodes: tuple[ClusterNode, ...]
     source: str = "this machine"
     names: frozenset[str] = field(default=frozenset(), compare=False)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings, compare=False)
 
 
 def resource_units(name: str, value, what: str) -> int:
@@ -203,6 +228,45 @@ def _node(obj, path: str, i: int) -> ClusterNode:
     )
 
 
+MAX_LIFECYCLE_S = 86400  # a day: longer is no test of a node loss
+LIFECYCLE_KEYS = {
+    "nodeMonitorGracePeriod": "node_monitor_grace_s",
+    "nodeMonitorPeriod": "node_monitor_period_s",
+    "defaultNotReadyTolerationSeconds": "not_ready_toleration_s",
+    "defaultUnreachableTolerationSeconds": "unreachable_toleration_s",
+}
+ADMISSION_PLUGINS = ("DefaultTolerationSeconds",)  # the ones the model has
+
+
+def _lifecycle(doc: dict, path: str) -> LifecycleSettings:
+    """The profile's node-lifecycle settings: durations ("40s", "1m", or seconds) for the two
+    periods, whole seconds for the tolerations, each in 0..a day; the periods above 0."""
+    values: dict = {}
+    for key, attr in LIFECYCLE_KEYS.items():
+        if key not in doc:
+            continue
+        raw = doc[key]
+        whole = key.endswith("Seconds")
+        try:
+            if isinstance(raw, bool) or (whole and not isinstance(raw, int)):
+                raise ValueError(f"{raw!r} is not a whole number of seconds")
+            value = raw if whole else parse_duration(raw)
+        except ValueError as exc:
+            raise _fail(path, key, str(exc)) from None
+        above = value >= 0 if whole else value > 0  # NaN is neither
+        if not above or value > MAX_LIFECYCLE_S:
+            raise _fail(path, key, f"{raw!r} is out of range (0-{MAX_LIFECYCLE_S} s)")
+        values[attr] = value
+    disabled = doc.get("disableAdmissionPlugins") or []
+    if not isinstance(disabled, list) or any(p not in ADMISSION_PLUGINS for p in disabled):
+        raise _fail(
+            path, "disableAdmissionPlugins", f"a list of {', '.join(ADMISSION_PLUGINS)} only"
+        )
+    return LifecycleSettings(
+        **values, default_tolerations="DefaultTolerationSeconds" not in disabled
+    )
+
+
 def load_profile(path: str) -> Cluster:
     """The cluster of a profile file; ClusterError (one line naming the file) if it is not one."""
     try:
@@ -216,7 +280,7 @@ def load_profile(path: str) -> Cluster:
         doc = yaml.safe_load(raw.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise _fail(path, "not YAML", str(exc).splitlines()[0] if str(exc) else "") from None
-    _mapping(doc, path, "top level", {"nodes"})
+    _mapping(doc, path, "top level", {"nodes", "disableAdmissionPlugins", *LIFECYCLE_KEYS})
     nodes = doc.get("nodes")
     if not isinstance(nodes, list) or not 1 <= len(nodes) <= MAX_NODES:
         raise _fail(path, "nodes", f"expected a list of 1-{MAX_NODES} nodes")
@@ -225,4 +289,4 @@ def load_profile(path: str) -> Cluster:
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise _fail(path, "nodes", f"node name {dup!r} is used twice")
-    return Cluster(tuple(out), path, frozenset(names))
+    return Cluster(tuple(out), path, frozenset(names), _lifecycle(doc, path))

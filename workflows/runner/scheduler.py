@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptflow.workflows.runner.cluster import CPU, PODS, Cluster, ClusterNode, resource_units
 
@@ -304,6 +304,20 @@ class Scheduler:
                 return
             node, pod = bound
             _add(self._used[node], pod.requests, -1)
+            self._drain()
+            self._cond.notify_all()
+
+    def taint(self, node_name: str, taints: tuple[dict, ...]) -> None:
+        """Add `taints` to node `node_name` while pods run (the node lifecycle controller's
+        `node.kubernetes.io/unreachable`, nodelifecycle.py): pods bound from now on see them."""
+        with self._cond:
+            nodes = tuple(
+                replace(n, taints=n.taints + tuple(t for t in taints if t not in n.taints))
+                if n.name == node_name
+                else n
+                for n in self.cluster.nodes
+            )
+            self.cluster = replace(self.cluster, nodes=nodes)
             self._drain()
             self._cond.notify_all()
 

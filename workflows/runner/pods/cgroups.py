@@ -1,5 +1,6 @@
 """cgroup v1 for pods: a memory cgroup for every pod (its limit, and the list of every process
-it ever started, so none survives the pod), a cpu cgroup when it has a CPU limit.
+it ever started, so none survives the pod), a cpu cgroup when it has a CPU limit, and a freezer
+cgroup where the kernel has one (a node lost silently: its pods stop where they are, unkilled).
 
 A Node's cgroups sit below the runner's own cgroup of each controller (as a kubelet's pods sit
 below its slice), so whatever limits the runner has also bound its pods:
@@ -14,7 +15,7 @@ import os
 import signal
 import time
 
-__all__ = ["CGROUP_ROOT", "NodeCgroups", "PodCgroups", "problem", "tagged_dirs"]
+__all__ = ["CGROUP_ROOT", "NodeCgroups", "PodCgroups", "problem", "tagged_dirs", "thaw"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD_US = 100_000
@@ -61,8 +62,18 @@ def _pids(directory: str) -> list[int]:
         return []
 
 
+def thaw(directory: str) -> None:
+    """Let a frozen freezer cgroup run again (nothing if it is not one, or is gone)."""
+    state = os.path.join(directory, "freezer.state")
+    if os.path.exists(state):
+        with contextlib.suppress(OSError):
+            _write(state, "THAWED")
+
+
 def kill_all(directories: list[str], timeout: float = 5.0) -> bool:
-    """SIGKILL every process in the cgroups until they are empty; False if some would not go."""
+    """SIGKILL every process in the cgroups until they are empty; False if some would not go.
+    A frozen freezer cgroup is thawed after the signals are sent: a frozen process never dies,
+    and one thawed first could run on (the signal is pending when it wakes, so it only dies)."""
     deadline = time.monotonic() + timeout
     while True:
         pids = {p for d in directories for p in _pids(d)}
@@ -73,6 +84,8 @@ def kill_all(directories: list[str], timeout: float = 5.0) -> bool:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for d in directories:
+            thaw(d)
         time.sleep(0.01)
 
 
@@ -100,10 +113,11 @@ def remove_dir(directory: str, timeout: float = 3.0) -> None:
 class PodCgroups:
     """The cgroups of one pod."""
 
-    def __init__(self, memory: str, cpu: str | None) -> None:
+    def __init__(self, memory: str, cpu: str | None, freezer: str | None = None) -> None:
         self.memory = memory
         self.cpu = cpu
-        self.dirs = [memory] + ([cpu] if cpu else [])
+        self.freezer = freezer
+        self.dirs = [memory] + ([cpu] if cpu else []) + ([freezer] if freezer else [])
 
     def join(self, pid: int) -> None:
         """Move a process (the pod's first one, before it runs anything) into the cgroups."""
@@ -139,8 +153,35 @@ class PodCgroups:
         _write(os.path.join(self.cpu, "cpu.cfs_period_us"), str(period_us))
         _write(os.path.join(self.cpu, "cpu.cfs_quota_us"), str(max(1000, int(cpus * period_us))))
 
+    def freeze(self, timeout: float = 5.0) -> None:
+        """Stop every process of the pod where it is (cgroup v1 freezer: no signal, no exit, its
+        sockets stay open), as a node whose kernel hangs or loses power leaves them. OSError if
+        the pod has no freezer cgroup or does not freeze within `timeout`."""
+        if self.freezer is None:
+            raise OSError("the pod has no freezer cgroup (no cgroup v1 freezer controller)")
+        state = os.path.join(self.freezer, "freezer.state")
+        _write(state, "FROZEN")
+        deadline = time.monotonic() + timeout
+        while True:  # FREEZING until every task stopped
+            with open(state) as f:
+                if f.read().strip() == "FROZEN":
+                    return
+            if time.monotonic() > deadline:
+                raise OSError(f"{self.freezer}: did not freeze within {timeout:.0f}s")
+            time.sleep(0.01)
+
+    def frozen(self) -> bool:
+        """Whether the pod is frozen (or freezing)."""
+        if self.freezer is None:
+            return False
+        try:
+            with open(os.path.join(self.freezer, "freezer.state")) as f:
+                return f.read().strip() != "THAWED"
+        except OSError:
+            return False
+
     def remove(self) -> None:
-        """Kill what is left and remove the cgroups."""
+        """Kill what is left (thawed first, see kill_all) and remove the cgroups."""
         self.kill_all()
         for d in self.dirs:
             remove_dir(d)
@@ -153,6 +194,7 @@ class NodeCgroups:
         self.memory = self._parent("memory", tag)
         os.mkdir(self.memory)
         self.cpu: str | None = None
+        self.freezer: str | None = None
         self.tag = tag
 
     @staticmethod
@@ -164,8 +206,11 @@ class NodeCgroups:
         """Create a pod's cgroups with its limits (cpu: a CFS quota of `cpu_limit` CPUs)."""
         memory = os.path.join(self.memory, suffix)
         os.mkdir(memory)
-        cpu = None
+        cpu = freezer = None
         try:
+            if self._freezer_parent() is not None:
+                freezer = os.path.join(self.freezer, suffix)
+                os.mkdir(freezer)
             if memory_limit is not None:
                 _write(os.path.join(memory, "memory.limit_in_bytes"), str(memory_limit))
                 swap = os.path.join(memory, "memory.memsw.limit_in_bytes")
@@ -178,9 +223,19 @@ class NodeCgroups:
                 quota = max(1000, int(cpu_limit * CPU_PERIOD_US))
                 _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(quota))
         except BaseException:
-            PodCgroups(memory, cpu).remove()
+            PodCgroups(memory, cpu, freezer).remove()
             raise
-        return PodCgroups(memory, cpu)
+        return PodCgroups(memory, cpu, freezer)
+
+    def _freezer_parent(self) -> str | None:
+        """The node's freezer cgroup, made on first use; None without a v1 freezer controller."""
+        if self.freezer is None:
+            if not os.path.exists(os.path.join(mount_of("freezer"), "cgroup.procs")):
+                return None
+            path = self._parent("freezer", self.tag)
+            os.makedirs(path, exist_ok=True)
+            self.freezer = path
+        return self.freezer
 
     def _cpu_parent(self) -> str:
         if self.cpu is None:
@@ -193,7 +248,7 @@ class NodeCgroups:
 
     def remove(self) -> None:
         """Remove the node's cgroups (and any pod cgroups still in them)."""
-        for d in (self.memory, self.cpu):
+        for d in (self.memory, self.cpu, self.freezer):
             if d:
                 remove_dir(d)
 
@@ -201,7 +256,7 @@ class NodeCgroups:
 def tagged_dirs(is_ours) -> list[str]:
     """Every cgroup directory in the memory and cpu hierarchies whose name `is_ours(name)`."""
     found = []
-    for controller in ("memory", "cpu"):
+    for controller in ("memory", "cpu", "freezer"):
         top = mount_of(controller)
         if not os.path.isdir(top):
             continue

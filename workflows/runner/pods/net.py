@@ -19,7 +19,16 @@ import threading
 
 from ckptflow.workflows.runner.pods.check import tool
 
-__all__ = ["IpAllocator", "NetError", "Bridge", "POD_CIDR", "SUBNET_BITS", "connect_pod", "links"]
+__all__ = [
+    "IpAllocator",
+    "NetError",
+    "Bridge",
+    "POD_CIDR",
+    "SUBNET_BITS",
+    "connect_pod",
+    "drop_pod_traffic",
+    "links",
+]
 
 POD_CIDR = "10.244.0.0/16"
 SUBNET_BITS = 22  # 1021 pod addresses per Node, 64 Nodes at once in the pod CIDR
@@ -158,3 +167,15 @@ def connect_pod(bridge: Bridge, veth: str, pid: int, address: str) -> None:
         ],
         netns_pid=pid,
     )
+
+
+def drop_pod_traffic(pid: int) -> None:
+    """Make the pod of process `pid` silent, as a node that lost power or its NIC is: every
+    route of its netns becomes a blackhole, so nothing it (or its kernel: SYN-ACK, ACK, RST,
+    FIN, ICMP) sends leaves it, and what peers send gets no answer; they see only time passing.
+    Its address stays and still answers ARP, so a peer's connect or recv times out instead of
+    failing at once with "No route to host" (what a vanished neighbour on one L2 gives; across
+    nodes, a dead peer is silent). Gone with the pod's netns: nothing to undo."""
+    routes = json.loads(ip("-j", "-4", "route", "show", "table", "main", netns_pid=pid) or "[]")
+    batch = [f"route replace blackhole {r['dst']}" for r in routes if r.get("dst")]
+    ip(batch=batch or ["route replace blackhole default"], netns_pid=pid)
