@@ -310,7 +310,7 @@ def run_workflow(
     write_status(status_path, _document(run, state))
     if isolate or pod_node is not None:
         run.isolation = isolation.open_isolation(spec, pod_node)
-        run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
+        run.scheduler = Scheduler(cluster or default_cluster(), run.objects)  # scheduler.py
     run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
     run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
     reporter.status = lambda: write_status(status_path, _document(run, state))
