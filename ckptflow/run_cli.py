@@ -2,7 +2,8 @@
 
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
   [--shared-tmp] [--isolate] [--artifact-repo DIR|s3://BUCKET/PREFIX]
-  [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml] [--cluster PROFILE.yaml]`: a rendered manifest, handed to the local runner's API
+  [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml] [--cluster PROFILE.yaml]
+  [--memo-cache DIR]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
 - `ckptflow run pipeline --local [--s3] [--isolate] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
         "its configMapKeyRef (or the key of a database semaphore)",
     )  # fmt: skip
     p.add_argument(
+        "--memo-cache", metavar="DIR",
+        help="where memoized templates keep their caches across runs (default: memo-cache "
+        "beside the workdir)",
+    )  # fmt: skip
+    p.add_argument(
         "--semaphore-config", action="append", default=[], metavar="CONFIGMAP.yaml",
         help="semaphore limits from a ConfigMap manifest (each data KEY is NAME/KEY)",
     )  # fmt: skip
@@ -183,6 +189,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         artifact_repository=artifact_repository(args.artifact_repo),
         semaphores=semaphore_limits(args),
         cluster=cluster_profile(args),
+        memo_cache=args.memo_cache,
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""

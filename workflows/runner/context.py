@@ -119,6 +119,7 @@ class Run:
     global_artifacts: dict[str, str] = field(default_factory=dict)  # globalName -> reference
     lock_dir: str = ""  # synchronization locks of this machine (sync.py)
     semaphore_limits: dict[str, int] = field(default_factory=dict)
+    memo_cache: str = ""  # the memoization caches' directory (memo.py)
     exit_vars: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
     threads_lock: threading.Lock = field(default_factory=threading.Lock)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import memo as memos
 from ckptflow.workflows.runner import sync
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
@@ -79,14 +80,51 @@ def start(
         run.store.update(node, phase=ERROR, message=str(exc))
         return node
     node.inputs = inputs or None
+    memo = None
+    if tmpl.get("memoize") is not None:
+        try:
+            memo, cached = _memo_lookup(run, tmpl, inputs)
+        except memos.MemoError as exc:
+            run.store.update(node, phase=ERROR, message=str(exc))
+            return node
+        if cached is not None:  # a hit: Succeeded at once, typed as its template's node
+            run.store.update(
+                node, type=kind_of(run, tmpl).node_type, phase=SUCCEEDED,
+                outputs=cached or None, memoization_status=memo.status(True),
+            )  # fmt: skip
+            return node
+        run.store.update(node, memoization_status=memo.status(False))
     if strategy is not None:  # limit/backoff may use {{inputs.parameters.X}} or workflow values
         values = run.global_vars()
         values.update({f"inputs.parameters.{p['name']}": p["value"] for p in inputs})
         strategy = substitute(strategy, values)
-        run.start_thread(_retry_guarded, run, node, tmpl, inputs, strategy, boundary_id, scope)
+        body, body_args = _retry_guarded, (tmpl, inputs, strategy, boundary_id, scope)
     else:
-        run.start_thread(_guarded, run, node, tmpl, inputs, 0, boundary_id, scope, None)
+        body, body_args = _guarded, (tmpl, inputs, 0, boundary_id, scope, None)
+    run.start_thread(_then_save, run, node, memo, body, body_args)
     return node
+
+
+def _memo_lookup(run: cx.Run, tmpl: dict, inputs: list[dict]) -> tuple[memos.Memo, dict | None]:
+    """The node's memo (its key substituted with the workflow values and the template's inputs,
+    as Argo's processedTmpl) and the cached outputs of a hit, else None (memo.py)."""
+    values = run.global_vars()
+    for p in inputs:
+        values[f"inputs.parameters.{p['name']}"] = substitute(p["value"], values)
+    memo = memos.Memo(run.memo_cache, run.namespace, substitute(tmpl["memoize"], values))
+    return memo, memos.lookup(memo)
+
+
+def _then_save(run: cx.Run, node: Node, memo, body, body_args: tuple) -> None:
+    """Run the node's body; a memoized node that Succeeded saves its outputs under its key
+    (operator.go: a cache that cannot be written makes the node Error)."""
+    body(run, node, *body_args)
+    if memo is None or node.phase != SUCCEEDED:
+        return
+    try:
+        memos.save(memo, node.id, node.outputs)
+    except memos.MemoError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
 
 
 def _guarded(run, node, tmpl, inputs, retries, boundary_id, scope, on_daemon) -> None:

@@ -71,6 +71,7 @@ class Node:
     exit_code: int | None = None
     log_file: str | None = None
     attempts: int = 0
+    memoization_status: dict | None = None  # {hit, key, cacheName} of a memoized node (memo.py)
 
     @property
     def fulfilled(self) -> bool:
@@ -122,6 +123,7 @@ class Node:
             "daemoned": True if self.daemoned else None,
             "podIP": self.pod_ip,
             "hostNodeName": self.host_node_name,
+            "memoizationStatus": self.memoization_status,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out["local"] = {

@@ -18,7 +18,9 @@ from ckptflow.workflows.runner import podgc
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.machine import command_problems, os_problems
+from ckptflow.workflows.runner.memo import problems as memo_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
+from ckptflow.workflows.runner.suspend import suspend_problems
 from ckptflow.workflows.runner.sync import sync_problems
 from ckptflow.workflows.runner.volumes import volume_problems
 
@@ -33,15 +35,24 @@ _SPEC_IGNORED = {
     "hostNetwork", "dnsPolicy", "dnsConfig", "executor", "schedulerName", "metrics",
     "automountServiceAccountToken", "podDisruptionBudget", "hostAliases", "volumeClaimGC",
     "artifactGC", "podSpecPatch", "archiveLocation",
+    # pod-level resources and DRA claims size and equip a pod on a cluster node; a local task
+    # runs with this machine's CPUs, memory and devices, as with `container.resources`
+    # (ignored too), so they change where a pod may run, never what it does
+    "podResources", "resourceClaims",
 }  # fmt: skip
 _TEMPLATE_OK = {"name", "inputs", "outputs", "container", "script", "dag", "steps", "daemon"}
 _TEMPLATE_OK |= {"retryStrategy", "activeDeadlineSeconds", "timeout", "parallelism", "volumes"}
-_TEMPLATE_OK |= {"synchronization"}
+_TEMPLATE_OK |= {"synchronization", "failFast", "memoize", "suspend"}
 _TEMPLATE_IGNORED = {
     "metadata", "nodeSelector", "tolerations", "affinity", "securityContext",
     "serviceAccountName", "automountServiceAccountToken", "priorityClassName", "priority",
     "podSpecPatch", "schedulerName", "hostAliases", "executor", "metrics", "archiveLocation",
+    "podResources", "resourceClaims",  # as in _SPEC_IGNORED
+    # not a Template field (pkg/apis/workflow/v1alpha1/workflow_types.go: annotations go in
+    # `metadata`): Argo's decoder drops it, so the template runs as if it were not there
+    "annotations",
 }  # fmt: skip
+_POD_CONTAINERS = ("sidecars", "initContainers")  # run in a pod (--isolate), see pods/podinit.py
 _CONTAINER_OK = {"command", "args", "env", "workingDir", "readinessProbe", "ports", "volumeMounts"}
 _CONTAINER_IGNORED = {
     "image", "imagePullPolicy", "resources", "securityContext", "name", "livenessProbe",
@@ -59,14 +70,13 @@ _FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
 
 _WHY = {
     "resource": "resource templates need a Kubernetes API",
-    "suspend": "suspend templates wait for a human or an API call",
+    "suspend": "a suspend template without a duration waits for a human or an API call",
     "http": "http templates run in the Argo agent",
     "plugin": "executor plugins run in the Argo agent",
     "data": "data templates read artifacts",
     "containerSet": "container sets share one pod",
-    "sidecars": "sidecars need a pod",
-    "initContainers": "init containers need a pod",
-    "memoize": "memoization needs a ConfigMap cache",
+    "sidecars": "sidecars need a pod: run with --isolate",
+    "initContainers": "init containers need a pod: run with --isolate",
     "hooks": "lifecycle hooks are not implemented locally",
     "onExit": "only the workflow-level onExit is implemented locally",
     "templateDefaults": "template defaults are not implemented locally",
@@ -81,9 +91,15 @@ _WHY = {
 
 class _Checker:
     def __init__(
-        self, spec: dict, env: dict[str, str], parameters: dict[str, str], limits: dict[str, int]
+        self,
+        spec: dict,
+        env: dict[str, str],
+        parameters: dict[str, str],
+        limits: dict[str, int],
+        isolate: bool = False,
     ) -> None:
         self.spec, self.env, self.errors, self.limits = spec, env, [], limits
+        self.isolate = isolate  # tasks run as pods: sidecars and init containers can run
         # (kind, object name) -> {variable: templates}: said once per object (missing_refs)
         self.refs: dict[tuple[str, str], dict[str, set[str]]] = {}
         # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
@@ -244,7 +260,9 @@ class _Checker:
 
     def template(self, t: dict) -> None:
         where = f"template {t.get('name')!r}"
-        self.fields(where, t, _TEMPLATE_OK, _TEMPLATE_IGNORED)
+        pod_ok = set(_POD_CONTAINERS) if self.isolate else set()
+        self.fields(where, t, _TEMPLATE_OK | pod_ok, _TEMPLATE_IGNORED)
+        self.template_extras(where, t)
         kinds = [k for k in ("container", "script", "dag", "steps") if k in t]
         if len(kinds) != 1 and not any(k in t for k in _WHY):
             self.err(where, "container/script/dag/steps", "a template needs exactly one of them")
@@ -290,6 +308,55 @@ class _Checker:
                     parse_duration(t[key])
                 except ValueError as exc:
                     self.err(where, key, str(exc))
+
+    def template_extras(self, where: str, t: dict) -> None:
+        """failFast, memoize, suspend, sidecars and initContainers of a template."""
+        if "failFast" in t and "steps" not in t:
+            # operator.go checkParallelism also stops a DAG's new tasks; spelled dag.failFast here
+            self.err(
+                where, "failFast", "followed on steps templates only; on a DAG use dag.failFast"
+            )
+        if "memoize" in t:
+            for field, why in memo_problems(t["memoize"]):
+                self.err(where, field, why)
+            if (t.get("outputs") or {}).get("artifacts"):
+                self.err(
+                    where,
+                    "memoize",
+                    "a memoized template's output artifacts live in one run's repository; "
+                    "memoize only templates with output parameters",
+                )
+        if "suspend" in t:
+            for field, why in suspend_problems(t):
+                self.err(where, field, why)
+        for key in _POD_CONTAINERS:
+            if key in t and self.isolate:
+                self.pod_containers(where, key, t[key])
+
+    def pod_containers(self, where: str, key: str, containers: Any) -> None:
+        """Sidecars / init containers of a pod: each a container with its command here."""
+        if not isinstance(containers, list):
+            self.err(where, key, "expected a list of containers")
+            return
+        for c in containers:
+            name = c.get("name") if isinstance(c, dict) else None
+            if not isinstance(name, str) or not name:
+                self.err(where, key, "each container needs a name")
+                continue
+            cw = f"{where} {key[:-1]} {name!r}"
+            self.fields(cw, c, _CONTAINER_OK | {"mirrorVolumeMounts"}, _CONTAINER_IGNORED)
+            if not c.get("command"):
+                self.err(
+                    cw,
+                    "command",
+                    "missing: the image's entrypoint cannot run locally; give command (and args)",
+                )
+            self.machine(cw, command_problems(c, self.env))
+            for e in c.get("env") or []:
+                if isinstance(e, dict) and e.get("valueFrom") is not None:
+                    self.err(cw, f"env.{e.get('name')}.valueFrom", "not supported in a sidecar")
+            if "readinessProbe" in c:
+                self.err(cw, "readinessProbe", "not followed for a sidecar locally")
 
     def run(self) -> list[str]:
         spec = self.spec
@@ -370,17 +437,20 @@ def validate(
     env: dict[str, str] | None = None,
     arguments: dict[str, Any] | None = None,
     semaphores: dict[str, int] | None = None,
+    isolate: bool = False,
 ) -> None:
     """Raise SpecError listing every unsupported or invalid field of a workflow spec.
 
     arguments: the workflow parameters given to the run (`-p`), substituted with the spec's own
     values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`).
-    semaphores: the limits of the semaphores (`configmap/key` -> N) the run may use."""
+    semaphores: the limits of the semaphores (`configmap/key` -> N) the run may use.
+    isolate: tasks run as pods, where sidecars and init containers can run."""
     errors = _Checker(
         spec,
         dict(os.environ if env is None else env),
         _known_parameters(spec, arguments),
         dict(semaphores or {}),
+        isolate,
     ).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))

@@ -3,6 +3,11 @@
 A group succeeds when none of its steps (or loop items) failed or errored without
 `continueOn`; the first group that fails ends the template with that phase. Daemoned steps
 keep running until the template ends.
+
+With the template's `failFast`, once a child failed or errored no further child starts, and
+the group and template fail with Argo's message (workflow/controller/operator.go
+checkParallelism: `tmpl.IsFailFast() && getUnsuccessfulChildren > 0`): with `parallelism: 1`
+the items after a failed one never run.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from ckptflow.workflows.runner import children as ch
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 
-__all__ = ["run_steps"]
+__all__ = ["FAIL_FAST", "run_steps"]
+
+FAIL_FAST = "template has failed or errored children and failFast enabled"  # operator.go
 
 
 def _continues(step: dict, phase: str) -> bool:
@@ -21,8 +28,9 @@ def _continues(step: dict, phase: str) -> bool:
     )
 
 
-def _run_group(run, node, index, group, local, parents, scope, parallelism):
-    """Start one group and wait for it; return (group node, [(step, nodes, looped)])."""
+def _run_group(run, node, index, group, local, parents, scope, parallelism, fail_fast=False):
+    """Start one group and wait for it; return (group node, [(step, nodes, looped)], whether
+    failFast kept children from starting)."""
     store = run.store
     gnode = store.create(
         f"{node.name}[{index}]", f"[{index}]", "StepGroup", template_name=node.template_name,
@@ -59,15 +67,18 @@ def _run_group(run, node, index, group, local, parents, scope, parallelism):
                 )
             )
         results.append((step, kids, bool(loop)))
+    stopped = False
     while True:
         gen = store.generation
         if scope.reason() is not None:
             launcher.drop_pending()
+        if fail_fast and any(n.phase in (FAILED, ERROR) for n in launcher.started):
+            stopped = launcher.drop_pending() > 0 or stopped
         launcher.pump()
         if not launcher.busy():
             break
         store.wait_change(gen, 0.1)
-    return gnode, results
+    return gnode, results, stopped
 
 
 def run_steps(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> tuple[str, str, dict]:
@@ -80,9 +91,10 @@ def run_steps(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> tuple[str
     try:
         for index, group in enumerate(body.get("steps") or []):
             group = group if isinstance(group, list) else [group]
-            gnode, results = _run_group(
-                run, node, index, group, local, parents, inner, body.get("parallelism")
-            )
+            gnode, results, stopped = _run_group(
+                run, node, index, group, local, parents, inner, body.get("parallelism"),
+                bool(body.get("failFast")),
+            )  # fmt: skip
             group_phase, group_msg = SUCCEEDED, ""
             for step, kids, looped in results:
                 started.extend(kids)
@@ -94,6 +106,8 @@ def run_steps(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> tuple[str
                     local.update(cx.aggregate_vars(f"steps.{step['name']}", None, kids))
                 elif kids:
                     local.update(cx.node_vars(f"steps.{step['name']}", kids[0]))
+            if stopped:
+                group_phase, group_msg = FAILED, FAIL_FAST
             if scope.reason() is not None and scope.reason()[0] != cx.SCOPE_END:
                 group_phase, group_msg = FAILED, scope.reason()[1]
             run.store.update(gnode, phase=group_phase, message=group_msg)

@@ -18,7 +18,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import dag_exec, execute, isolation, leaf, podgc, steps_exec, sync
+from ckptflow.workflows.runner import (
+    dag_exec,
+    execute,
+    isolation,
+    leaf,
+    memo,
+    podgc,
+    steps_exec,
+    suspend,
+    sync,
+    template_forms,
+)
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.cluster import Cluster, default_cluster
 from ckptflow.workflows.runner.document import arguments_of, workflow_spec
@@ -79,6 +90,7 @@ def dispatch() -> cx.Dispatch:
             "script": cx.Kind("Pod", leaf.run_template),
             "dag": cx.Kind("DAG", partial(execute.run_group, dag_exec.run_dag)),
             "steps": cx.Kind("Steps", partial(execute.run_group, steps_exec.run_steps)),
+            "suspend": cx.Kind("Suspend", suspend.run_suspend),
         },
     )
 
@@ -271,6 +283,7 @@ def run_workflow(
     semaphores: dict[str, int] | None = None,
     lock_dir: str | None = None,
     cluster: Cluster | None = None,
+    memo_cache: str | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -289,10 +302,13 @@ def run_workflow(
     lock_dir: where the machine's mutex/semaphore locks are (default sync.DEFAULT_LOCK_DIR).
     cluster: the nodes pods are scheduled on under isolation (`cluster.load_profile`); default
     this machine as one node (`cluster.default_cluster`).
+    memo_cache: the directory of the memoization caches (memo.py); default `memo-cache` beside
+    the workdir, so later runs there find what this one saved.
     """
-    spec = workflow_spec(manifest)
+    spec = template_forms.expand(workflow_spec(manifest))  # inline templates, templateDefaults
     base_env = dict(os.environ if env is None else env)
-    validate(spec, env=base_env, arguments=arguments, semaphores=semaphores)
+    pods = isolate or pod_node is not None
+    validate(spec, env=base_env, arguments=arguments, semaphores=semaphores, isolate=pods)
     params = arguments_of(spec, arguments)
     wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
@@ -308,11 +324,12 @@ def run_workflow(
     # the status file written before anything runs: an unwritable --status-file (a missing
     # folder) is an OSError now, not after the whole workflow ran
     write_status(status_path, _document(run, state))
-    if isolate or pod_node is not None:
+    if pods:
         run.isolation = isolation.open_isolation(spec, pod_node)
-        run.scheduler = Scheduler(cluster or default_cluster(), run.objects)  # scheduler.py
+        run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
     run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
     run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
+    run.memo_cache = memo_cache or memo.default_dir(str(work))
     reporter.status = lambda: write_status(status_path, _document(run, state))
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
