@@ -98,6 +98,12 @@ class LoopArgs:
         3, "consecutive slow comparisons that make a straggler persistent", at_least=1
     )
     straggler_fail: bool = arg(False, "a persistent straggler fails the run (after a save)")
+    pg_timeout_s: int = arg(
+        120,
+        "process-group timeout: a collective waiting this long on a lost or frozen peer fails "
+        "the rank, so the gang restarts (gloo's own default is 30 min)",
+        at_least=1,
+    )
 
     @property
     def ckpt_root(self) -> str:

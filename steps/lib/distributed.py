@@ -6,8 +6,10 @@ rank and sharded with FSDP2.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,10 +36,17 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
+# Exit code of a rank whose collective failed (a peer lost, frozen or gone): the rank template's
+# retryStrategy retries it like any failure, so every rank of the gang comes back (issue 34).
+PEER_LOST_EXIT = 4
+
+
+def init_distributed(timeout_s: float | None = None) -> DistInfo:
     """Join the torchrun job (nccl on GPU, gloo on CPU), or form a group of one when run plainly.
 
     A one-process group keeps FSDP2 and the collective Checkpointer on the same code path.
+    `timeout_s` bounds every collective and the store's waits: without it a peer lost silently
+    (a node gone: no FIN, no RST) hangs the survivors for gloo's 30 min (NCCL's 10 min).
     """
     cuda = torch.cuda.is_available()
     info = env.torchrun_rank_info()
@@ -47,11 +56,25 @@ def init_distributed() -> DistInfo:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         backend = "nccl" if cuda else "gloo"
+        timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
         if info:
-            dist.init_process_group(backend, device_id=device if cuda else None)
+            dist.init_process_group(backend, device_id=device if cuda else None, **timeout)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, **timeout
+            )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local, device)
+
+
+def _peer_lost(log: logging.Logger, dinfo: DistInfo, exc: RuntimeError, timeout_s) -> None:
+    """One line for a rank whose collective failed, then PEER_LOST_EXIT (no traceback)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    log.error(
+        "rank %d of %d: a collective failed (a peer lost, frozen or gone; pg_timeout_s=%s): "
+        "%s; exiting %d so the whole gang restarts from the newest valid checkpoint",
+        dinfo.rank, dinfo.world_size, timeout_s, first, PEER_LOST_EXIT,
+    )  # fmt: skip
+    raise SystemExit(PEER_LOST_EXIT)
 
 
 def shutdown_distributed() -> None:
@@ -64,14 +87,22 @@ def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
     """`plumbing.step_run` for a step that runs on every rank of a job: joins the process group
     first and leaves it last; rank 0 alone records the MLflow run and writes the outputs.
 
-    SIGTERM is caught from the start (a preemption: the training loop saves and leaves)."""
+    SIGTERM is caught from the start (a preemption: the training loop saves and leaves).
+    Collectives time out after `cfg.pg_timeout_s`; in a group of several ranks a failed one
+    (torch raises RuntimeError, gloo's timeout included) ends this rank with one line and
+    PEER_LOST_EXIT, so a lost peer costs the survivors a bounded wait, not a hang."""
     preempt.FLAG.install()
-    dinfo = init_distributed()
+    timeout_s = getattr(cfg, "pg_timeout_s", None)
+    dinfo = init_distributed(timeout_s)
     try:
         # named after its run root (`finetune-lr0.001-freeze1`): the variants differ by name
         name = run_label(kind, getattr(cfg, "run_root", ""))
         with step_run(kind, cfg, log, rank=dinfo.rank, main=dinfo.is_main, run_name=name) as run:
             yield dinfo, run
+    except RuntimeError as exc:
+        if dinfo.world_size == 1:
+            raise  # a lone rank has no peer to lose: a real error keeps its traceback
+        _peer_lost(log, dinfo, exc, timeout_s)
     finally:
         shutdown_distributed()
         preempt.FLAG.uninstall()
