@@ -42,6 +42,7 @@ ENUMS: dict[str, tuple[str, ...]] = {
         "OnWorkflowSuccess",
     ),
     "retention.concurrency_policy": ("Allow", "Forbid", "Replace"),
+    "platform.gang_scheduler": ("none", "kueue", "volcano", "coscheduling"),  # gang_scheduling.py
 }
 # The smallest value of a number, by field name (the contract's own `at_least` comes first).
 AT_LEAST: dict[str, float] = {
@@ -98,6 +99,8 @@ _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a Kubernetes 
 OBJECT_NAMES = (
     "platform.priority_class_name",
     "platform.scheduler_name",
+    "platform.gang_queue",
+    "platform.gang_scheduler_name",
     "platform.service_account",
     "platform.s3_secret",
     "retention.name",
@@ -110,6 +113,9 @@ REQUIRED = ("platform.image", "platform.storage_root", "platform.experiment")
 URLS = ("platform.argo_ui",)
 _LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
 _LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+# An eval.json metric: MLflow logs it by name, and refuses one that could resolve to another
+# as a path (mlflow/utils/validation.py path_not_unique: '..', '//', a leading '/').
+_METRIC = re.compile(r"(?=.{1,250}$)[A-Za-z0-9_-]+(?:[./][A-Za-z0-9_-]+)*")
 _BASE_STEP = re.compile(r"latest|[0-9]{1,18}|best:[A-Za-z0-9_./-]+(:(min|max))?")
 # Template `timeout`s: "" (none), whole seconds, or a Go duration, which is what Argo parses
 # (wfv1.ParseStringToDuration: strconv.Atoi, else time.ParseDuration; no days).
@@ -429,8 +435,8 @@ def _check_text(key: str, name: str, value: Any, shown: str) -> None:
         _check_policy(key, value, shown)
     elif key == "retention.schedules" and len(value.split()) not in (5, 6):
         raise _bad(key, shown, f"{value!r} is not a cron schedule such as '17 * * * *'")
-    elif name == "metric" and not value:
-        raise _bad(key, shown, "name an eval.json metric, e.g. val_loss or exact_match")
+    elif name == "metric" and not _METRIC.fullmatch(value):
+        raise _bad(key, shown, "name an eval.json metric name, e.g. val_loss or exact_match")
 
 
 def _check_timezone(key: str, value: str, shown: str) -> None:

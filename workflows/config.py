@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 
 from ckptflow.workflows import checks
 from ckptflow.workflows.checks import ConfigError
+from ckptflow.workflows.gang_scheduling import check_gang
 from ckptflow.workflows.pod_checks import check_pods
 
 from ckptflow.contract import (
@@ -106,6 +107,13 @@ class PlatformConfig:
     gpu_host_network: bool = False
     # A podSpecPatch (YAML/JSON mapping) for rank and fine-tune pods, merged over ours.
     gpu_pod_spec_patch: str = ""
+    # Gang scheduling of the pretraining ranks (all start or none): none | kueue | volcano |
+    # coscheduling, rendered on the rank pods only (workflows/gang_scheduling.py)
+    gang_scheduler: str = "none"
+    # Kueue's LocalQueue ("" = ckptflow, deploy/gang/kueue's) or Volcano's Queue ("" = default)
+    gang_queue: str = ""
+    # the ranks' schedulerName ("" = volcano / scheduler-plugins-scheduler for coscheduling)
+    gang_scheduler_name: str = ""
     priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
     scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
@@ -400,6 +408,7 @@ def validate(cfg: object) -> None:
             )
     if isinstance(cfg, PipelineConfig):
         check_pods(cfg)  # settings that must fit together in one pod
+        check_gang(cfg.platform)  # gang settings that must go together
 
 
 def shown_value(value: object) -> str:

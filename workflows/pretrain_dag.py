@@ -35,6 +35,7 @@ from dataclasses import replace
 from ckptflow.workflows import parameters
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
 from ckptflow.workflows.evaluate_template import evaluator
+from ckptflow.workflows.gang_scheduling import mark_ranks, podgroup_template
 from ckptflow.workflows.metrics import save_metrics
 from ckptflow.workflows.parameters import ref
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
@@ -115,6 +116,10 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         shm_size=c.shm_size,
         grace_s=c.grace_s,
     )
+    # all ranks start together or none does (platform.gang_scheduler): their gang's markings,
+    # and the run's PodGroup made before them where the scheduler needs one
+    mark_ranks(rank, p, ref("ranks"))
+    group = podgroup_template(p, ref("ranks"))
     # Argo fails a daemon whose pod exits 0 (operator.go), so the background evaluator never
     # exits by itself (--forever): its DAG stops it. The final one is a regular task that
     # exits once the run is FINISHED and every step has a result.
@@ -153,6 +158,8 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         background(name="evaluate", arguments=refs)
         last = final(name="evaluate-final", arguments=refs)
         host >> ranks >> last
+        if group is not None:
+            group(name="podgroup") >> ranks
     return dag
 
 
