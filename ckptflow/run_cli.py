@@ -33,6 +33,7 @@ from ckptflow.workflows.runner import (
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 from ckptflow.workflows.runner.cluster import ClusterError, load_profile
 from ckptflow.workflows.runner.document import workflow_name_problem
+from ckptflow.workflows.runner.nodelifecycle import parse_fail_node
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
@@ -85,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         "allocatable); default this machine as one node",
     )  # fmt: skip
     p.add_argument(
+        "--fail-node", action="append", default=[], metavar="NODE@SECONDS",
+        help="with --cluster: NODE fails silently SECONDS after its first pod started (pods "
+        "frozen, traffic dropped); NotReady, eviction and Argo's retry follow (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
         "--artifact-repo", metavar="DIR|s3://BUCKET[/PREFIX]",
         help="the artifact repository (default WORKDIR/artifacts); s3:// is reached with the "
         "endpoint and keys of this environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)",
@@ -133,6 +139,18 @@ def cluster_profile(args: argparse.Namespace):
     return load_profile(args.cluster)  # ClusterError: a usage error (exit 2)
 
 
+def fail_nodes(args: argparse.Namespace, cluster) -> list:
+    """The `--fail-node NODE@SECONDS` of a run (nodelifecycle.py); they need `--cluster`."""
+    if not args.fail_node:
+        return []
+    if cluster is None:
+        raise UsageError("--fail-node fails a node of a cluster profile: add --cluster PROFILE")
+    try:
+        return [parse_fail_node(text, cluster) for text in args.fail_node]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def artifact_repository(target: str | None):
     """The runner's artifact repository for `--artifact-repo` (None: the runner's default)."""
     if not target:
@@ -178,6 +196,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     if problem:
         raise UsageError(f"--name: {problem}")
     workdir = args.workdir or str(Path("runs") / "local" / name)
+    cluster = cluster_profile(args)
     result = run_workflow(
         manifest,
         arguments=params,
@@ -188,7 +207,8 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         isolate=args.isolate,
         artifact_repository=artifact_repository(args.artifact_repo),
         semaphores=semaphore_limits(args),
-        cluster=cluster_profile(args),
+        cluster=cluster,
+        fail_nodes=fail_nodes(args, cluster),
         memo_cache=args.memo_cache,
     )
     print(result.table)

@@ -40,6 +40,7 @@ __all__ = [
     "open_isolation",
     "pod_hostname",
     "pod_probe",
+    "watch_pod",
 ]
 
 # Paths a pod has of its own: a runner directory there (a script, the cwd) must be shared
@@ -59,9 +60,13 @@ class Isolation:
     node: Node
     owned: bool
     secret_names: frozenset[str]  # delivered only through a template's own env entry
+    lifecycle: object = None  # nodelifecycle.NodeLifecycle of `--fail-node`, else None
 
     def close(self) -> None:
-        """Release every pod and, when the run created it, the node (bridge, cgroups, mounts)."""
+        """Release every pod and, when the run created it, the node (bridge, cgroups, mounts);
+        pods frozen on a lost node (nodelifecycle.py) are thawed and killed with the rest."""
+        if self.lifecycle is not None:
+            self.lifecycle.stop()  # it freezes nothing more while the pods go
         if self.owned:
             self.node.close()
         else:
@@ -216,6 +221,18 @@ def bind_pod(run, node, body: dict, scope) -> bool:
         return False
     run.store.update(node, host_node_name=host, message="")
     return True
+
+
+def watch_pod(run, node, body: dict, pod):
+    """Tell the run's node lifecycle (`--fail-node`, nodelifecycle.py) that `node`'s pod runs
+    on its host with its tolerations (its own, else the workflow's, as workflowpod.go builds
+    the pod); return how to ask whether it was evicted, or None when no node is failed."""
+    lifecycle = run.isolation.lifecycle if run.isolation is not None else None
+    if lifecycle is None:
+        return None
+    tolerations = body.get("tolerations") or run.spec.get("tolerations") or []
+    lifecycle.pod_started(node.name, node.host_node_name, pod, tolerations)
+    return lambda: lifecycle.evicted(node.name)
 
 
 def pod_probe(probe: dict, pod) -> dict:

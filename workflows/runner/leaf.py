@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import isolation, pod_rules, volumes
+from ckptflow.workflows.runner import isolation, nodelifecycle, pod_rules, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
@@ -251,17 +251,29 @@ def _run_process(run: cx.Run, node: Node, body: dict, scope: cx.Scope, on_daemon
     if started is None:
         return
     proc, env, cwd = started
+    evicted = isolation.watch_pod(run, node, body, proc)  # --fail-node (nodelifecycle.py)
+    reason = None
     try:
         try:
-            reason = _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon)
+            reason = _supervise(
+                run, node, body, container, proc, env, cwd, scope, on_daemon, evicted
+            )
         finally:
-            if proc.poll() is None:
+            if proc.poll() is None and not _lost(reason):
                 proc.stop(run.registry.grace)
             run.registry.release(proc)
+        if _lost(reason):  # Argo saw its pod deleted; no exit code, no outputs
+            run.store.update(node, phase=ERROR, message=reason[1])
+            return
         _record(run, node, body, proc, reason)
     finally:
-        if run.isolation is not None:
+        if run.isolation is not None and not _lost(reason):
             proc.release()  # after its outputs were read: processes, mounts, veth, files
+        # an evicted pod stays frozen on its lost node until the run ends (Isolation.close)
+
+
+def _lost(reason) -> bool:
+    return reason is not None and reason[0] == nodelifecycle.EVICTED
 
 
 def _record(run: cx.Run, node: Node, body: dict, proc, reason) -> None:
@@ -304,8 +316,9 @@ def _save_artifacts(run: cx.Run, node: Node, body: dict, outputs: dict) -> tuple
     return (ERROR, problem) if problem else (SUCCEEDED, "")
 
 
-def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon):
-    """Wait for the process; return why it was stopped early (kind, message) or None."""
+def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon, evicted=None):
+    """Wait for the process; return why it was stopped early (kind, message) or None.
+    `evicted()`: whether its pod was deleted off a lost node (then it is left as it is)."""
     if body.get("daemon"):
         probe = container.get("readinessProbe")
         if probe is not None and run.isolation is not None:
@@ -322,5 +335,7 @@ def _supervise(run, node, body, container, proc, env, cwd, scope, on_daemon):
         if reason is not None:
             proc.stop(run.registry.grace)
             return reason
+        if evicted is not None and evicted():
+            return nodelifecycle.EVICTED, nodelifecycle.ARGO_POD_DELETED
         time.sleep(0.02)
     return None

@@ -142,6 +142,10 @@ class Reporter:
         stamp = time.strftime("%H:%M:%S")
         print(f"{stamp} {line}", file=self.stream, flush=True)
 
+    def say(self, line: str) -> None:
+        """One timestamped line of the run's own news (e.g. a node lost: nodelifecycle.py)."""
+        print(f"{time.strftime('%H:%M:%S')} {line}", file=self.stream, flush=True)
+
     def start(self, store: NodeStore) -> None:
         self.store = store
         self._thread = threading.Thread(target=self._tick, daemon=True)

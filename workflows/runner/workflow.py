@@ -33,6 +33,7 @@ from ckptflow.workflows.runner import (
 from ckptflow.workflows.runner.artifact_repo import DirRepository, Repository
 from ckptflow.workflows.runner.cluster import Cluster, default_cluster
 from ckptflow.workflows.runner.document import arguments_of, workflow_spec
+from ckptflow.workflows.runner.nodelifecycle import FailNode, NodeLifecycle
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
@@ -283,6 +284,7 @@ def run_workflow(
     semaphores: dict[str, int] | None = None,
     lock_dir: str | None = None,
     cluster: Cluster | None = None,
+    fail_nodes: list[FailNode] | None = None,
     memo_cache: str | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
@@ -302,6 +304,8 @@ def run_workflow(
     lock_dir: where the machine's mutex/semaphore locks are (default sync.DEFAULT_LOCK_DIR).
     cluster: the nodes pods are scheduled on under isolation (`cluster.load_profile`); default
     this machine as one node (`cluster.default_cluster`).
+    fail_nodes: nodes of `cluster` that fail silently during the run (nodelifecycle.py); needs
+    isolation.
     memo_cache: the directory of the memoization caches (memo.py); default `memo-cache` beside
     the workdir, so later runs there find what this one saved.
     """
@@ -327,6 +331,10 @@ def run_workflow(
     if pods:
         run.isolation = isolation.open_isolation(spec, pod_node)
         run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
+        if fail_nodes:  # frozen, silent pods; NotReady, taint, eviction as Kubernetes does
+            run.isolation.lifecycle = NodeLifecycle(
+                run.scheduler.cluster, list(fail_nodes), run.scheduler.taint, reporter.say
+            ).start()
     run.artifacts = artifact_repository or DirRepository(str(work / "artifacts"))
     run.lock_dir, run.semaphore_limits = lock_dir or sync.DEFAULT_LOCK_DIR, dict(semaphores or {})
     run.memo_cache = memo_cache or memo.default_dir(str(work))
