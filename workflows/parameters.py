@@ -16,9 +16,11 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ckptflow.workflows.checks import LR_CEILING
 from ckptflow.workflows.config import (
     ConfigError,
     FinetuneConfig,
@@ -155,12 +157,23 @@ def parse_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
+# A bound on one `-p` value (a JSON grid or a pod patch is the longest a knob takes), and on the
+# variants of one run: each is a pod and an Argo node, and Argo keeps the whole workflow status
+# in one object.
+MAX_VALUE = 65536
+MAX_VARIANTS = 256
+_LR = re.compile(r"(?:[0-9]{1,12}(?:\.[0-9]{0,12})?|\.[0-9]{1,12})(?:[eE][-+]?[0-9]{1,3})?")
+_FREEZE = re.compile(r"[0-9]{1,3}")
+
+
 def check_values(
     cfg: PipelineConfig, knobs: Sequence[Knob], values: Mapping[str, str], extra=()
 ) -> None:
     """Raise ConfigError (one line) for an unknown parameter or a value `--set` would refuse."""
     known = {k.name: k for k in knobs}
     for name, value in values.items():
+        if len(value) > MAX_VALUE:
+            raise ConfigError(f"-p {name}={shown(value)}: at most {MAX_VALUE} characters")
         if name in extra:
             continue
         knob = known.get(name)
@@ -169,7 +182,8 @@ def check_values(
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ConfigError(
-                f"-p {name}={value}: no such workflow parameter; {hint}known: {', '.join(names)}"
+                f"-p {name}={shown(value)}: no such workflow parameter; {hint}"
+                f"known: {', '.join(names)}"
             )
         try:
             if knob.name == "variants":
@@ -177,8 +191,16 @@ def check_values(
             else:
                 apply_overrides(cfg, [f"{knob.key}={value}"])
         except ConfigError as exc:
-            why = str(exc).split(": ", 1)[-1]
-            raise ConfigError(f"-p {name}={value}: {why}") from None
+            msg, prefix = str(exc), f"--set {knob.key}={value}: "
+            why = msg[len(prefix) :] if msg.startswith(prefix) else msg.split(": ", 1)[-1]
+            raise ConfigError(f"-p {name}={shown(value)}: {shown(why, 300)}") from None
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """`text` as one short line of an error message: as it is when it is, else its repr cut."""
+    if len(text) <= limit and text.isprintable():
+        return text
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 def _check_variants(text: str) -> None:
@@ -189,18 +211,29 @@ def _check_variants(text: str) -> None:
         items = None
     if not isinstance(items, list) or not items:
         raise ConfigError(f"x: expected a non-empty JSON list such as {example}")
+    if len(items) > MAX_VARIANTS:
+        raise ConfigError(f"x: {len(items)} variants; at most {MAX_VARIANTS} variants per run")
     seen = set()
     for item in items:
         if not isinstance(item, dict) or set(item) != {"lr", "freeze"}:
             raise ConfigError(f"x: each variant is an object with lr and freeze, e.g. {example}")
-        try:
-            lr, freeze = float(item["lr"]), int(str(item["freeze"]))
-        except ValueError:
+        # Both name the variant's folder and Argo node (lr{lr}-freeze{freeze}): plain ASCII
+        # digits only, not what float() and int() also read ('inf', '1_0', ' 1', '+1', '١').
+        lr, freeze = _text(item["lr"]), _text(item["freeze"])
+        if not _LR.fullmatch(lr) or not _FREEZE.fullmatch(freeze):
             raise ConfigError(
-                f"x: lr is a number and freeze a whole number, e.g. {example}"
-            ) from None
-        if not lr > 0 or freeze < 0:
-            raise ConfigError("x: lr must be above 0 and freeze at least 0")
+                f"x: lr is a number (e.g. 1e-3) and freeze a whole number of at most 3 "
+                f"digits, e.g. {example}"
+            )
+        if not 0 < float(lr) <= LR_CEILING:
+            raise ConfigError(f"x: lr must be above 0 and at most {LR_CEILING:g}")
         if (str(item["lr"]), str(item["freeze"])) in seen:
             raise ConfigError(f"x: variant {item} is listed twice")
         seen.add((str(item["lr"]), str(item["freeze"])))
+
+
+def _text(value: object) -> str:
+    """A grid value as Argo passes it ({{item.lr}}): a JSON string as is, a number as text."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return repr(value)  # refused by the patterns
+    return value if isinstance(value, str) else json.dumps(value)

@@ -106,11 +106,49 @@ def _known_parameters(spec: dict, overrides: dict[str, Any] | None) -> dict[str,
     return values
 
 
+# The parameters given to one run (`-p`), bounded before anything runs: each name as Argo
+# validates it (workflow/validate/validate.go paramOrArtifactNameRegex; 253, a Kubernetes
+# name's length), at most MAX_ARGUMENTS of them, each value at most MAX_ARGUMENT_BYTES (Argo
+# caps an output parameter at 256 KiB, executor's MaxOutputResultLength) and all together at most
+# MAX_ALL_ARGUMENT_BYTES (the whole Workflow object must fit etcd's 1.5 MiB request limit).
+_PARAMETER_NAME = re.compile(r"[-a-zA-Z0-9_]+")
+MAX_PARAMETER_NAME = 253
+MAX_ARGUMENTS = 512
+MAX_ARGUMENT_BYTES = 256 * 1024
+MAX_ALL_ARGUMENT_BYTES = 1024 * 1024
+
+
+def check_arguments(given: dict[str, str]) -> None:
+    """Raise SpecError (one line naming the parameter) for a `-p` no run may take."""
+    if len(given) > MAX_ARGUMENTS:
+        raise SpecError(f"{len(given)} -p parameters; give at most {MAX_ARGUMENTS} parameters")
+    total = 0
+    for name, value in given.items():
+        if len(name) > MAX_PARAMETER_NAME:
+            raise SpecError(
+                f"-p {name[:40]}...: a parameter name of at most {MAX_PARAMETER_NAME} characters"
+            )
+        if not _PARAMETER_NAME.fullmatch(name):
+            raise SpecError(f"-p {name}: a parameter name is letters, digits, '_' and '-'")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > MAX_ARGUMENT_BYTES:
+            raise SpecError(f"-p {name}: a value of at most {MAX_ARGUMENT_BYTES} bytes ({size})")
+        if "\x00" in value:  # no process takes it in an argument or a variable
+            raise SpecError(f"-p {name}: a value without NUL characters")
+        total += size
+    if total > MAX_ALL_ARGUMENT_BYTES:
+        raise SpecError(
+            f"-p: parameters of at most {MAX_ALL_ARGUMENT_BYTES} bytes in all ({total})"
+        )
+
+
 def arguments_of(spec: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
-    """Workflow parameters: spec.arguments overridden by `overrides` (like `argo submit -p`)."""
+    """Workflow parameters: spec.arguments overridden by `overrides` (like `argo submit -p`),
+    which are bounded first (`check_arguments`)."""
     values: dict[str, str] = {}
     missing = []
-    overrides = {k: to_str(v) for k, v in (overrides or {}).items()}
+    overrides = {str(k): to_str(v) for k, v in (overrides or {}).items()}
+    check_arguments(overrides)
     for p in (spec.get("arguments") or {}).get("parameters") or []:
         name = p["name"]
         if name in overrides:
