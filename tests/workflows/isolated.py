@@ -33,10 +33,18 @@ class Outcome:
 
 
 def run_isolated(
-    tmp_path: Path, name: str, overrides, target="pretrain", edit=None, side_for=None, gate=None
+    tmp_path: Path,
+    name: str,
+    overrides,
+    target="pretrain",
+    edit=None,
+    side_for=None,
+    gate=None,
+    cluster=None,
 ) -> Outcome:
     """Render `target` with `overrides`, let `edit(manifest)` change it, start `side_for(node)`
-    (a thread that kills pods or cuts the network) and run it; `gate` sits in front of S3."""
+    (a thread that kills pods or cuts the network) and run it; `gate` sits in front of S3;
+    `cluster` (a loaded profile) is the nodes the pods are bound to (default: this machine)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **S3_KEYS}
     side = None
     with contextlib.ExitStack() as stack:
@@ -63,7 +71,7 @@ def run_isolated(
         start = time.monotonic()
         result = run_workflow(
             manifest, workdir=str(tmp_path / name / "argo"), name=name, env=env,
-            stream=io.StringIO(), pod_node=node,
+            stream=io.StringIO(), pod_node=node, cluster=cluster,
         )  # fmt: skip
         took = time.monotonic() - start
         assert side is None or getattr(side, "error", None) is None, side.error
