@@ -95,6 +95,14 @@ class PlatformConfig:
     # select, register, start/finish) keep to node_selector and off tainted GPU nodes.
     gpu_node_selector: tuple[tuple[str, str], ...] = ()
     gpu_tolerations: tuple[Toleration, ...] = ()
+    # Rank and fine-tune pods tolerate node.kubernetes.io/unreachable and not-ready (NoExecute)
+    # this long: a silently lost node's pods are evicted (and retried) this long after it turns
+    # NotReady; 0 leaves Kubernetes' default, 300 s (DefaultTolerationSeconds admission plugin).
+    gpu_node_loss_toleration_s: int = 60
+    # The cluster's kube-controller-manager --node-monitor-grace-period (50 s since v1.32): a
+    # silent node turns NotReady this long after its last heartbeat. For the planner's RTO and
+    # as the floor of gpu_node_loss_toleration_s (a shorter one evicts on a kubelet hiccup).
+    node_monitor_grace_s: int = 50
     # Extra env of rank and fine-tune pods, e.g. NCCL_IB_HCA=mlx5,NCCL_DEBUG=INFO (or a mapping).
     gpu_env: tuple[tuple[str, str], ...] = ()
     # Extended resources of each rank and fine-tune pod (request == limit), e.g. rdma/ib=1.

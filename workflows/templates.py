@@ -293,7 +293,7 @@ def step(
             platform.gpu_pod_spec_patch if launcher else "",
         ),
         node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
-        tolerations=as_tolerations(platform.gpu_tolerations) if launcher else None,
+        tolerations=gpu_tolerations(platform) if launcher else None,
         labels=(dict(platform.gpu_pod_labels) or None) if launcher else None,
         annotations=(dict(platform.gpu_pod_annotations) or None) if launcher else None,
     )
@@ -322,6 +322,37 @@ def node_selector(platform: PlatformConfig) -> dict[str, str] | None:
 def tolerations(platform: PlatformConfig) -> list[Toleration] | None:
     """`platform.tolerations` (checked by config) as Kubernetes tolerations."""
     return as_tolerations(platform.tolerations)
+
+
+# The taints the node lifecycle controller puts on a node that stops reporting (unreachable)
+# or reports not ready (kubernetes pkg/controller/nodelifecycle/node_lifecycle_controller.go);
+# a pod without its own toleration gets 300 s of each from the DefaultTolerationSeconds
+# admission plugin (plugin/pkg/admission/defaulttolerationseconds/admission.go).
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def gpu_tolerations(platform: PlatformConfig) -> list[Toleration] | None:
+    """A rank or fine-tune pod's tolerations: `platform.gpu_tolerations` (else the workflow's
+    own, which a template's tolerations replace in Argo: workflow/controller/workflowpod.go),
+    plus the node-loss taints for `gpu_node_loss_toleration_s` unless one names them already.
+
+    Without them a silently lost node keeps its rank "Running" for 300 s after NotReady, and
+    the gang cannot restart before Argo retries that rank (issue 34)."""
+    given = list(platform.gpu_tolerations or platform.tolerations)
+    seconds = platform.gpu_node_loss_toleration_s
+    if seconds and seconds < platform.node_monitor_grace_s:
+        raise checks.ConfigError(
+            f"platform.gpu_node_loss_toleration_s={seconds} is below "
+            f"platform.node_monitor_grace_s={platform.node_monitor_grace_s}: a kubelet hiccup "
+            "that short would evict every rank; set it to at least the grace period (0: 300 s)"
+        )
+    out = as_tolerations(given) or []
+    if seconds and not {t.key for t in given} & set(NODE_LOSS_TAINTS):
+        out += [
+            Toleration(key=key, operator="Exists", effect="NoExecute", toleration_seconds=seconds)
+            for key in NODE_LOSS_TAINTS
+        ]
+    return out or None
 
 
 def as_tolerations(given: Sequence) -> list[Toleration] | None:
