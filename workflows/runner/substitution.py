@@ -12,9 +12,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ckptflow.workflows.runner import expr
+
 __all__ = [
     "TAG",
     "render",
+    "explain",
+    "expression_tags",
     "substitute",
     "unresolved",
     "to_str",
@@ -42,11 +46,60 @@ def to_str(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def _simple(text: str, values: dict[str, str]) -> str:
+    return TAG.sub(lambda m: values[m.group(1)] if m.group(1) in values else m.group(0), text)
+
+
+def expression_tags(text: str):
+    """(start, end, expression) of each `{{=...}}` tag: it ends at the first `}}`, as Argo's
+    fasttemplate delimits tags (util/template/template.go), so `{# > 1}` and maps nest inside."""
+    pos = 0
+    while (start := text.find("{{=", pos)) >= 0:
+        end = text.find("}}", start + 3)
+        if end < 0:
+            return
+        yield start, end + 2, text[start + 3 : end]
+        pos = end + 2
+
+
+def _expression(tag: str, expression: str, env: dict) -> str:
+    """One `{{=...}}` tag's text (util/template/expression_template.go expressionReplaceCore): a
+    string as it is, anything else as Go's JSON. A name not in scope yet, a nil result or an
+    error leave the tag for a later stage with more names, as Argo's allowUnresolved does; the
+    stage that needs it complete reports it with `explain`."""
+    try:
+        value = expr.evaluate(expression, env)
+    except expr.ExprError:
+        return tag
+    if value is None:
+        return tag
+    return value if isinstance(value, str) else expr.go_json(value)
+
+
 def render(text: str, values: dict[str, str]) -> str:
-    """Replace the known `{{name}}` tags of one string."""
+    """Replace the known `{{name}}` tags and the `{{=expression}}` tags that evaluate."""
     if "{{" not in text:
         return text
-    return TAG.sub(lambda m: values[m.group(1)] if m.group(1) in values else m.group(0), text)
+    if "{{=" not in text:
+        return _simple(text, values)
+    out, pos, env = [], 0, expr.expand(values)
+    for start, end, expression in expression_tags(text):
+        out.append(_simple(text[pos:start], values))
+        out.append(_expression(text[start:end], expression, env))
+        pos = end
+    out.append(_simple(text[pos:], values))
+    return "".join(out)
+
+
+def explain(tag: str, values: dict[str, str]) -> str:
+    """Why a tag left by `render` did not resolve: for an expression, its error."""
+    if not tag.startswith("{{="):
+        return tag
+    try:
+        value = expr.evaluate(tag[3:-2], expr.expand(values))
+    except expr.ExprError as exc:
+        return f"{tag}: {exc}"
+    return f"{tag}: evaluated to nil" if value is None else tag
 
 
 def substitute(obj: Any, values: dict[str, str], *, skip: tuple[str, ...] = ()) -> Any:
@@ -61,9 +114,10 @@ def substitute(obj: Any, values: dict[str, str], *, skip: tuple[str, ...] = ()) 
 
 
 def unresolved(obj: Any, *, skip: tuple[str, ...] = ()) -> list[str]:
-    """Every `{{...}}` tag still present in `obj` (keys in `skip` not searched)."""
+    """Every `{{...}}` and `{{=...}}` tag still present in `obj` (keys in `skip` not searched)."""
     if isinstance(obj, str):
-        return ["{{" + m.group(1) + "}}" for m in TAG.finditer(obj)]
+        tags = ["{{=" + e + "}}" for _, _, e in expression_tags(obj)]
+        return tags + ["{{" + m.group(1) + "}}" for m in TAG.finditer(obj) if m.group(1)[:1] != "="]
     if isinstance(obj, list):
         return [t for v in obj for t in unresolved(v)]
     if isinstance(obj, dict):

@@ -1,0 +1,158 @@
+"""Argo's examples that use expressions (`{{=...}}`, `valueFrom.expression`, retryStrategy
+`expression`), vendored unchanged in tests/workflows/fixtures/argo-examples/, run with the local
+runner to Argo's outcome and outputs; and `fromExpression` on a small manifest (Argo's own
+conditional-artifacts examples write a relative path in the image's WORKDIR `/`)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from ckptflow.workflows.runner import SpecError, load_manifest, run_workflow
+
+VENDORED = Path(__file__).parent / "fixtures" / "argo-examples"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "argo" / "examples"
+
+# name -> what the entrypoint's script prints (its outputs.result)
+PRINTS = {
+    "expression-destructure-json": "123",
+    "expression-destructure-json-complex": (
+        '[43][43][{"age":43,"name":"Baris"}]["Baris","Mo","Jai"]'
+    ),
+    "expression-reusing-verbose-snippets": (
+        "The week's average temperature was 35.8 with a minimum of 15 and a maximum of 57."
+    ),
+}
+CONDITIONAL = {"conditional-parameters": "steps", "dag-conditional-parameters": "tasks"}
+
+
+def _run(name: str, tmp_path: Path, manifest: dict | None = None):
+    manifest = manifest or load_manifest(str(VENDORED / f"{name}.yaml"))
+    return run_workflow(
+        manifest, workdir=str(tmp_path / "w"), name=name, stream=io.StringIO(),
+        lock_dir=str(tmp_path / "locks"),
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="no Argo checkout at ../shared")
+@pytest.mark.parametrize("name", [*PRINTS, *CONDITIONAL, "retry-conditional"])
+def test_the_vendored_copy_is_unchanged(name):
+    assert (VENDORED / f"{name}.yaml").read_bytes() == (SHARED / f"{name}.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(PRINTS))
+def test_expression_tags_give_argos_values(name, tmp_path):
+    """`{{=jsonpath(...)}}`, `map`/`#` aliases, sprig math and `toJson` in input parameters."""
+    result = _run(name, tmp_path)
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    assert result.node(name)["outputs"]["result"] == PRINTS[name]
+
+
+@pytest.mark.parametrize("name", sorted(CONDITIONAL))
+def test_value_from_expression_picks_the_branch_that_ran(name, tmp_path):
+    result = _run(name, tmp_path)
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    coin = result.node("flip-coin")["outputs"]["result"]
+    assert coin in ("heads", "tails")
+    assert result.node(coin)["phase"] == "Succeeded"
+    assert result.node("tails" if coin == "heads" else "heads")["phase"] == "Skipped"
+    params = result.node(name)["outputs"]["parameters"]
+    assert params == [{"name": "stepresult", "value": coin}]
+
+
+def test_retry_expression_stops_as_in_argo(tmp_path):
+    """retry-conditional: exit 1 makes `asInt(lastRetry.exitCode) > 1` false; exit 2 goes on to
+    `asInt(lastRetry.duration)`, which fails on a fractional duration (as Argo's int() does):
+    either way the retry node ends without success and the workflow fails."""
+    result = _run("retry-conditional", tmp_path)
+    assert result.phase in ("Failed", "Error")
+    retry = result.node("retry")
+    assert retry["phase"] in ("Failed", "Error")
+    message = retry.get("message", "")
+    assert message == "retryStrategy.expression evaluated to false" or "int(" in message, message
+
+
+def _sh(name: str, script: str, **extra) -> dict:
+    return {
+        "name": name,
+        "container": {"image": "busybox", "command": ["sh", "-c", script]},
+        **extra,
+    }
+
+
+def test_from_expression_passes_the_chosen_artifact_on(tmp_path):
+    out = {"outputs": {"artifacts": [{"name": "r", "path": "/tmp/r.txt"}]}}
+    manifest = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "fromexpr"},
+        "spec": {
+            "entrypoint": "main",
+            "templates": [
+                {
+                    "name": "main",
+                    "steps": [
+                        [{"name": "pick", "template": "pick"}],
+                        [
+                            {
+                                "name": "a",
+                                "template": "a",
+                                "when": "{{steps.pick.outputs.result}} == a",
+                            },
+                            {
+                                "name": "b",
+                                "template": "b",
+                                "when": "{{steps.pick.outputs.result}} == b",
+                            },
+                        ],
+                    ],
+                    "outputs": {
+                        "artifacts": [
+                            {
+                                "name": "r",
+                                "fromExpression": "steps.pick.outputs.result == 'a' ? "
+                                "steps.a.outputs.artifacts.r : steps.b.outputs.artifacts.r",
+                            }
+                        ],
+                        "parameters": [
+                            {"name": "n", "valueFrom": {"expression": "asInt('4') * 10 + 2"}},
+                            {
+                                "name": "d",
+                                "valueFrom": {
+                                    "expression": "steps.a.outputs.result",
+                                    "default": "none",
+                                },
+                            },
+                        ],
+                    },
+                },
+                _sh("pick", "echo b"),
+                _sh("a", "echo from-a > /tmp/r.txt", **out),
+                _sh("b", "echo from-b > /tmp/r.txt", **out),
+            ],
+        },
+    }
+    result = _run("fromexpr", tmp_path, manifest)
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    root = result.node("fromexpr")
+    assert root["outputs"]["parameters"] == [
+        {"name": "n", "value": "42"},
+        {"name": "d", "value": "none"},  # a was skipped: nil takes the default
+    ]
+    (art,) = root["outputs"]["artifacts"]
+    b_art = result.node("b")["outputs"]["artifacts"][0]
+    assert art["name"] == "r" and art["s3"]["key"] == b_art["s3"]["key"]
+
+
+def test_an_unsupported_expression_refuses_the_manifest_before_it_runs(tmp_path):
+    manifest = load_manifest(str(VENDORED / "expression-destructure-json.yaml"))
+    inputs = manifest["spec"]["templates"][0]["inputs"]["parameters"]
+    inputs[0]["value"] = "{{=sprig.env('HOME')}}"
+    with pytest.raises(SpecError) as info:
+        _run("expression-destructure-json", tmp_path, manifest)
+    assert (
+        "template 'main': inputs.parameters.a.value: {{=sprig.env('HOME')}}: "
+        "function sprig.env() is not supported by the local runner"
+    ) in str(info.value)
+    assert not (tmp_path / "w" / "pods").exists()
