@@ -16,6 +16,7 @@ from ckptflow.workflows.runner import run_workflow
 from ckptflow.workflows.runner.cluster import ClusterError, LifecycleSettings, load_profile
 from ckptflow.workflows.runner.nodelifecycle import (
     admitted_tolerations,
+    argo_marks_pod_deleted,
     eviction_delay,
     node_ready_condition,
     parse_fail_node,
@@ -83,6 +84,12 @@ def test_eviction_follows_the_smallest_matching_toleration():
     assert eviction_delay([{**short, "tolerationSeconds": -1}], taints) == 0.0
     assert eviction_delay([short], taints) is None  # tolerates forever
     assert eviction_delay([{**short, "key": "other"}], taints) == 0.0  # does not match
+
+
+def test_argo_marks_a_missing_pod_only_after_it_is_not_recently_started():
+    """operator.go podReconciliation/recentlyStarted (RECENTLY_STARTED_POD_DURATION 10s)."""
+    assert not argo_marks_pod_deleted(9.9)
+    assert argo_marks_pod_deleted(10.1)
 
 
 def test_a_node_is_ready_until_the_grace_period_has_passed():
@@ -279,6 +286,9 @@ def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, 
         assert (first["phase"], first["message"]) == ("Error", "pod deleted")
         assert first["hostNodeName"] == "node-a" and "exitCode" not in (first.get("outputs") or {})
         assert (second["phase"], second["hostNodeName"]) == ("Succeeded", "node-b")
+        # Argo leaves a missing pod of a node started < 10 s ago alone (recentlyStarted)
+        took = first["local"]["finishedAtUnix"] - first["local"]["startedAtUnix"]
+        assert took > 10.0, took
         assert second["outputs"]["result"] == "done on node-b"
         # frozen, not dead: Argo showed it Running until its pod was deleted
         assert ("Running", "") in seen[f"{name}(0)"]
@@ -301,3 +311,47 @@ def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, 
     assert float(waits["bare"]) < 0.3, out
     assert 2.0 <= float(waits["tolerant"]) < 2.4, out
     print(out)
+
+
+# A runner that froze its pod (a node lost) and then was SIGKILLed: what it prints, then waits.
+FROZEN_RUNNER = """
+import json, os, sys, time
+from ckptflow.workflows.runner.pods import Node
+node = Node(prefix=sys.argv[2], sweep_first=False)
+pod = node.start_pod(
+    "p", ["sleep", "600"], {"PATH": "/usr/bin:/bin"}, "/", log_path=os.path.join(sys.argv[1], "p.log")
+)
+pod.cgroups.freeze()
+print(json.dumps({"tag": node.tag, "pid": pod.pid, "freezer": pod.cgroups.freezer}), flush=True)
+time.sleep(600)
+"""
+
+
+@needs_pods
+def test_frozen_pods_of_a_killed_runner_are_swept(tmp_path):
+    """A frozen process ignores SIGKILL until thawed: sweep (cgroups.kill_all) thaws after the
+    signal, so the pods of a runner killed mid-loss go too, freezer cgroups included."""
+    import subprocess
+    import sys
+
+    from ckptflow.workflows.runner.pods import sweep
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_RUNNER, str(tmp_path), "ckf"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        made = json.loads(proc.stdout.readline())
+        with open(Path(made["freezer"]) / "freezer.state") as f:
+            assert f.read().strip() == "FROZEN"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert Path(f"/proc/{made['pid']}").exists()  # the frozen pod outlived its runner
+    assert any(made["tag"] in r for r in sweep("ckf"))
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{made['pid']}").exists():
+        assert time.monotonic() < deadline, "a frozen pod process survived the sweep"
+        time.sleep(0.05)
+    assert not any(leftovers(made["tag"]).values()), leftovers(made["tag"])

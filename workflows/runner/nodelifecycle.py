@@ -15,8 +15,9 @@ is killed. From then on the model follows the control plane, one rule per functi
    matches, never when a matching one has no tolerationSeconds (`eviction_delay`); every pod
    has the 300 s tolerations the DefaultTolerationSeconds admission plugin adds
    (`admitted_tolerations`), unless the profile disables that plugin;
-3. Argo marks the deleted pod's node Error "pod deleted" (`ARGO_POD_DELETED`), which its
-   retryStrategy retries (Always/OnError), on a node the scheduler still binds to.
+3. Argo marks the deleted pod's node Error "pod deleted" (`ARGO_POD_DELETED`), once the pod
+   is older than RECENTLY_STARTED_POD_DURATION (`argo_marks_pod_deleted`); its retryStrategy
+   retries that (Always/OnError) on a node the scheduler still binds to.
 
 A deleted pod on an unreachable node stays Terminating in the API until its node is removed
 (or tainted out-of-service) and PodGC force-deletes it (pkg/controller/podgc/gc_controller.go);
@@ -44,6 +45,7 @@ __all__ = [
     "FailNode",
     "NodeLifecycle",
     "admitted_tolerations",
+    "argo_marks_pod_deleted",
     "eviction_delay",
     "node_ready_condition",
     "parse_fail_node",
@@ -57,6 +59,8 @@ EVICTED = "evicted"  # the kind of reason a leaf's supervision ends with (leaf._
 ARGO_POD_DELETED = "pod deleted"
 # pkg/controller/tainteviction/taint_eviction.go addConditionAndDeletePod
 DISRUPTION = "DeletionByTaintManager: Taint manager: deleting due to NoExecute taint"
+# operator.go recentlyStarted: RECENTLY_STARTED_POD_DURATION, default 10s
+RECENTLY_STARTED_S = 10.0
 MAX_FAIL_AFTER_S = 86400.0
 TICK_S = 0.05
 
@@ -166,12 +170,20 @@ def eviction_delay(tolerations, taints) -> float | None:
     return max(0.0, least)
 
 
+def argo_marks_pod_deleted(pod_age_s: float) -> bool:
+    """Whether Argo marks a started pod node whose pod is gone Error "pod deleted"
+    (workflow/controller/operator.go podReconciliation): not while the node started within
+    RECENTLY_STARTED_POD_DURATION (the informer may lag; it requeues and looks again)."""
+    return pod_age_s > RECENTLY_STARTED_S
+
+
 @dataclass
 class _Pod:
     key: str
     host: str
     pod: object  # pods.Pod
     tolerations: tuple[dict, ...]
+    started_at: float = 0.0
     evict_at: float | None = None
     evicted: bool = False
 
@@ -231,7 +243,8 @@ class NodeLifecycle:
         node = self._nodes.get(host or "")
         if node is None:
             return
-        entry = _Pod(key, node.name, pod, admitted_tolerations(tolerations, self.settings))
+        tolerations = admitted_tolerations(tolerations, self.settings)
+        entry = _Pod(key, node.name, pod, tolerations, self._clock())
         with self._lock:
             node.pods.append(entry)
             if node.first_pod_at is None:
@@ -243,9 +256,15 @@ class NodeLifecycle:
                 self._schedule_eviction(node, entry, self._clock())
 
     def evicted(self, key: str) -> bool:
-        """Whether pod `key` has been deleted by the taint eviction controller."""
+        """Whether pod `key` was deleted by the taint eviction controller and Argo saw it gone
+        (`argo_marks_pod_deleted`)."""
+        now = self._clock()
         with self._lock:
-            return any(p.key == key and p.evicted for n in self._nodes.values() for p in n.pods)
+            return any(
+                p.key == key and p.evicted and argo_marks_pod_deleted(now - p.started_at)
+                for n in self._nodes.values()
+                for p in n.pods
+            )
 
     # --- the rules, in time order ----------------------------------------------------------
     def _loop(self) -> None:
