@@ -1,7 +1,10 @@
 """What would hang or be rejected on a cluster, found before submit (`ckptflow check`).
 
 For each pod template of the manifests (Workflow, WorkflowTemplate, CronWorkflow): a pod that
-fits no node, a gang larger than the cluster, a retry with node anti-affinity that runs out of
+fits no node, a gang larger than the cluster (a gang scheduler's pod group read by the runner's
+own rule, gang.py, its PodGroup from the manifest's resource templates; or a torchrun fan-out),
+a gang whose PodGroup is missing or asks more pods than the task makes, a retry with node
+anti-affinity that runs out of
 nodes, a memory-backed /dev/shm above the memory limit, and `restricted` Pod Security Standard
 violations (pss.py); for each Sensor and service account, whether `deploy/` creates what it
 needs. Placement uses the runner's own scheduler filters (scheduler.py) on an empty cluster.
@@ -17,6 +20,7 @@ import re
 from pathlib import Path
 
 import yaml
+from ckptflow.workflows.runner import gang as gangs
 from ckptflow.workflows.runner import pss
 from ckptflow.workflows.runner.cluster import MEMORY, Cluster, resource_units
 from ckptflow.workflows.runner.scheduler import node_reasons, place, pod_request
@@ -24,9 +28,8 @@ from ckptflow.workflows.runner.scheduler import node_reasons, place, pod_request
 __all__ = ["check_manifests", "deploy_objects"]
 
 WORKFLOW_KINDS = ("Workflow", "WorkflowTemplate", "ClusterWorkflowTemplate", "CronWorkflow")
-# Labels/annotations that make a pod one of a gang (scheduler-plugins coscheduling, Volcano).
-GANG_KEYS = ("scheduling.x-k8s.io/pod-group", "scheduling.k8s.io/group-name")
 MAX_DEPLOY_FILES, MAX_DEPLOY_BYTES = 200, 1 << 20
+MAX_MANIFEST = 1 << 20  # characters of one resource template's manifest read for a PodGroup
 MAX_GANG = 10_000
 _PARAM = re.compile(r"\{\{\s*(workflow|inputs)\.parameters\.([\w.-]+)\s*\}\}")
 
@@ -135,14 +138,9 @@ def _shm(name: str, tmpl: dict, spec: dict) -> list[str]:
     return out
 
 
-def _gang_template(tmpl: dict) -> bool:
-    """Pods that must all run at once: a pod-group label/annotation, or torchrun's `--nnodes`
-    (its rendezvous waits for every node)."""
-    meta = tmpl.get("metadata") or {}
-    if any(
-        k in (meta.get("labels") or {}) or k in (meta.get("annotations") or {}) for k in GANG_KEYS
-    ):
-        return True
+def _nnodes(tmpl: dict) -> bool:
+    """Pods that must all run at once without a gang scheduler: torchrun's `--nnodes` (its
+    rendezvous waits for every node)."""
     container = tmpl.get("container") or tmpl.get("script") or {}
     words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
     return any(w.startswith("--nnodes") for w in words)
@@ -166,25 +164,76 @@ def _fan_out(task: dict) -> int | None:
     return None
 
 
-def _gangs(spec: dict, pods: dict, cluster: Cluster, wf_params: dict[str, str]) -> list[str]:
-    """Each fan-out of a gang template must fit the cluster at once (first fit, as binding)."""
+class _PodGroups:
+    """The PodGroups the manifest's own `resource` templates create or apply (workflow
+    parameters filled in), read as the runner reads its object store (gang.pod_group_size)."""
+
+    def __init__(self, spec: dict, wf_params: dict[str, str], namespace: str):
+        self.namespace, self.groups = namespace, {}
+        for raw in spec.get("templates") or []:
+            res = raw.get("resource") if isinstance(raw, dict) else None
+            if not isinstance(res, dict) or res.get("action") not in ("create", "apply"):
+                continue
+            text = _substitute(raw, wf_params)["resource"].get("manifest")
+            if not isinstance(text, str) or len(text) > MAX_MANIFEST:
+                continue
+            try:
+                obj = yaml.safe_load(text)
+            except yaml.YAMLError:  # a parameter still unknown: not judged
+                continue
+            if isinstance(obj, dict) and obj.get("kind") == "PodGroup":
+                self.groups[str((obj.get("metadata") or {}).get("name"))] = obj
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        return self.groups.get(name) if kind == "PodGroup" else None
+
+
+def _gang_size(task: dict, req, count: int | None, groups: _PodGroups) -> tuple[int | None, list]:
+    """(how many pods of `task` must be bound together, problems): a gang scheduler's size
+    (gang.py, the runner's own rule), else the fan-out of a torchrun template."""
+    name, template = task.get("name"), task.get("template")
+    if req.gang is None:
+        return count, []
+    size, why = gangs.pod_group_size(req.gang, groups)
+    if size is None:
+        return None, [
+            f"task {name}: {why}: the manifest does not create it, so its pods stay Pending"
+        ]
+    if count is not None and size > count:
+        return None, [
+            f"task {name}: {req.gang} needs {size} pods bound together but the task makes "
+            f"{count} {template} pods: none of them is ever bound"
+        ]
+    return size, []
+
+
+def _gangs(
+    spec: dict, pods: dict, cluster: Cluster, wf_params: dict[str, str], namespace: str
+) -> list[str]:
+    """Each gang must fit the cluster at once (first fit, as binding): a gang scheduler's pod
+    group (its size), or a fan-out of a torchrun template (all its pods)."""
     out = []
+    groups = _PodGroups(spec, wf_params, namespace)
     for raw in spec.get("templates") or []:
         tmpl = _substitute(raw, wf_params) if isinstance(raw, dict) else {}
         tasks = list((tmpl.get("dag") or {}).get("tasks") or [])
         tasks += [s for group in tmpl.get("steps") or [] for s in (group or [])]
         for task in tasks:
             req, body = pods.get(task.get("template"), (None, None))
-            count = _fan_out(task)
-            if req is None or count is None or count < 2 or not _gang_template(body):
+            if req is None or (req.gang is None and not _nnodes(body)):
                 continue
+            count, problems = _gang_size(task, req, _fan_out(task), groups)
+            out += problems
+            if count is None or count < 2:
+                continue
+            what = f"{req.gang} of {count}" if req.gang else f"a gang of {count}"
             used: dict[str, dict[str, int]] = {}
             for placed in range(min(count, MAX_GANG)):
                 where, why = place(cluster, req, used)
                 if where is None:
                     if placed:
                         out.append(
-                            f"task {task.get('name')}: a gang of {count} {task.get('template')} "
+                            f"task {task.get('name')}: {what} {task.get('template')} "
                             f"pods must run together but the cluster holds {placed} at once: {why}"
                         )
                     break
@@ -192,6 +241,15 @@ def _gangs(spec: dict, pods: dict, cluster: Cluster, wf_params: dict[str, str]) 
                 for rname, units in {**req.requests, "pods": 1}.items():
                     node_used[rname] = node_used.get(rname, 0) + units
     return out
+
+
+def _gang_known(tmpl: dict) -> dict:
+    """The template, without its metadata when a Kueue group's size is not known before submit
+    (a parameter without a value): such a gang is not judged."""
+    annotations = (tmpl.get("metadata") or {}).get("annotations") or {}
+    if _known(annotations.get(gangs.KUEUE_COUNT_ANNOTATION, "")):
+        return tmpl
+    return {k: v for k, v in tmpl.items() if k != "metadata"}
 
 
 def _pod_templates(doc: dict, params: dict[str, str], cluster: Cluster) -> list[str]:
@@ -202,6 +260,7 @@ def _pod_templates(doc: dict, params: dict[str, str], cluster: Cluster) -> list[
         if isinstance(p, dict) and p.get("value") is not None
     }
     wf_params.update(params)
+    namespace = str((doc.get("metadata") or {}).get("namespace") or "default")
     problems, pods = [], {}
     for raw in spec.get("templates") or []:
         if not isinstance(raw, dict) or not any(
@@ -213,7 +272,7 @@ def _pod_templates(doc: dict, params: dict[str, str], cluster: Cluster) -> list[
         container = tmpl.get("container") or tmpl.get("script") or {}
         if _known([placement, container.get("resources"), spec.get("affinity")]):
             try:
-                req = pod_request(name, tmpl, spec)
+                req = pod_request(name, _gang_known(tmpl), spec, namespace)
             except ValueError as exc:
                 problems.append(f"template {name}: {exc}")
             else:
@@ -225,7 +284,7 @@ def _pod_templates(doc: dict, params: dict[str, str], cluster: Cluster) -> list[
             problems.append(
                 f'template {name}: violates PodSecurity "restricted:latest": {", ".join(violations)}'
             )
-    return problems + _gangs(spec, pods, cluster, wf_params)
+    return problems + _gangs(spec, pods, cluster, wf_params, namespace)
 
 
 def _has(objects: list[dict], kind: str, name: str) -> bool:
