@@ -204,10 +204,10 @@ def test_refused_artifacts_name_the_field(tmp_path, artifact, field, why):
         run(workflow("t", tmpl), tmp_path)
 
 
-def test_from_expression_is_refused(tmp_path):
+def test_a_from_expression_that_does_not_parse_is_refused(tmp_path):
     tmpl = {"name": "m", "steps": [[{"name": "a", "template": "t"}]],
-            "outputs": {"artifacts": [{"name": "r", "fromExpression": "steps.a.outputs.artifacts.x"}]}}  # fmt: skip
-    with pytest.raises(SpecError, match=r"artifacts.r.fromExpression: expressions"):
+            "outputs": {"artifacts": [{"name": "r", "fromExpression": "steps.a.outputs.("}]}}  # fmt: skip
+    with pytest.raises(SpecError, match=r"artifacts.r.fromExpression: expression"):
         run(workflow("m", tmpl, sh("t", "true")), tmp_path)
 
 

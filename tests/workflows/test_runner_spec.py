@@ -28,7 +28,7 @@ def test_refused_manifest_names_each_field_and_template(tmp_path):
     assert "template 'make-configmap': resource" in text
     assert "template 'with-artifact' inputs: artifacts.data.s3: only s3.key works" in text
     assert "env.TOKEN.valueFrom.secretKeyRef" in text and "export TOKEN" in text
-    assert "{{=" in text
+    assert "{{=sprig.env('HOME')}}: function sprig.env() is not supported" in text
     assert not (tmp_path / "w").exists()  # nothing ran, nothing written
 
 
@@ -85,8 +85,8 @@ def test_secret_env_is_taken_from_the_runner_environment(tmp_path):
             "unknown task 'ghost'",
         ),
         (
-            {"name": "t", "container": {"command": ["x"]}, "retryStrategy": {"expression": "x"}},
-            "retryStrategy: expression",
+            {"name": "t", "container": {"command": ["x"]}, "retryStrategy": {"expression": "x +"}},
+            "template 't': retryStrategy.expression: expression 'x +': unexpected end",
         ),
     ],
 )

@@ -34,6 +34,7 @@ from ckptflow.workflows.runner.artifact_paths import (
     template_artifacts,
 )
 from ckptflow.workflows.runner.artifact_repo import ArtifactError, Repository, pack, unpack
+from ckptflow.workflows.runner.expr import ExprError, evaluate, expand
 from ckptflow.workflows.runner.substitution import to_str, unresolved
 
 __all__ = [
@@ -53,7 +54,8 @@ __all__ = [
 _ELSEWHERE = ("http", "git", "gcs", "azure", "oss", "hdfs", "artifactory", "huggingFace", "plugin")
 _FIELDS = {
     "inputs": {"name", "path", "raw", "s3", "optional", "mode", "from"},
-    "outputs": {"name", "path", "archive", "optional", "s3", "globalName", "from"},
+    "outputs": {"name", "path", "archive", "optional", "s3", "globalName", "from"}
+    | {"fromExpression"},  # a DAG/steps template's output, evaluated by expr.py
     "arguments": {"name", "from", "raw", "s3", "subPath", "optional", "path", "mode"},
 }
 _IGNORED = {"artifactGC", "deleted", "archiveLogs", "recurseMode"}
@@ -102,8 +104,6 @@ def artifact_problems(block: Any, kind: str) -> list[tuple[str, str]]:
             if key in _ELSEWHERE:
                 why = f"{key} artifacts are fetched from outside; only the workflow's artifact "
                 why += "repository (s3.key), raw.data and artifacts of other steps work locally"
-            elif key == "fromExpression":
-                why = "expressions are not supported locally; use from"
             else:
                 why = "not supported by the local runner"
             problems.append((f"{at}.{key}", why))
@@ -123,7 +123,7 @@ def artifact_problems(block: Any, kind: str) -> list[tuple[str, str]]:
             or next(iter(archive)) not in ("none", "tar")
         ):
             problems.append((f"{at}.archive", "only archive none or tar work locally"))
-        if kind == "outputs" and "path" not in a and "from" not in a:
+        if kind == "outputs" and not {"path", "from", "fromExpression"} & set(a):
             problems.append((f"{at}.path", "an output artifact needs a path (or from)"))
         why = _path_problem(a, kind)
         if why:
@@ -305,6 +305,18 @@ def export(global_artifacts: dict[str, str], body: dict, saved: list[dict]) -> N
             global_artifacts[names[a["name"]]] = ref_json(a["name"], a["s3"]["key"])
 
 
+def _from_expression(a: dict, local: dict[str, str]) -> str:
+    """The reference `fromExpression` picks (workflow/controller/scope.go resolveArtifact: the
+    expression must give an artifact; here, the JSON reference `{{...outputs.artifacts.X}}` is)."""
+    try:
+        value = evaluate(to_str(a["fromExpression"]), expand(local))
+    except ExprError as exc:
+        raise ValueError(f"output artifact {a['name']!r}: fromExpression: {exc}") from None
+    if not isinstance(value, str) or _parse_ref(value) is None:
+        raise ValueError(f"output artifact {a['name']!r}: fromExpression gave no artifact")
+    return value
+
+
 def group_outputs(body: dict, local: dict[str, str]) -> list[dict]:
     """Output artifacts of a DAG/steps template from `from` references to its children."""
     out = []
@@ -312,6 +324,8 @@ def group_outputs(body: dict, local: dict[str, str]) -> list[dict]:
         raw = to_str(a.get("from") or "")
         for name, value in local.items():
             raw = raw.replace("{{" + name + "}}", value)
+        if a.get("fromExpression") is not None:
+            raw = _from_expression(a, local)
         ref = _parse_ref(raw)
         if ref is None:
             if a.get("optional"):

@@ -17,6 +17,12 @@ from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import memo as memos
 from ckptflow.workflows.runner import sync
+from ckptflow.workflows.runner.expr_fields import (
+    RETRY_FALSE,
+    output_expression,
+    retry_continues,
+    retry_policy,
+)
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.substitution import parse_duration, substitute, to_str, unresolved
 
@@ -154,7 +160,7 @@ def _retry_guarded(run, node, *args) -> None:
 def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
     limit = strategy.get("limit")
     limit = None if limit is None else int(to_str(limit))
-    policy = strategy.get("retryPolicy") or "OnFailure"
+    policy = retry_policy(strategy)  # Always when an expression decides
     backoff = strategy.get("backoff") or {}
     first = time.monotonic()
     attempt = 0
@@ -179,6 +185,8 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
         message = child.message
         if not done and limit is not None and attempt >= limit:
             done, message = True, "No more retries left"
+        if not done and not retry_continues(strategy, attempt + 1, child):  # ExprError: Error
+            done, message = True, RETRY_FALSE
         if not done and scope.reason() is not None:
             done = True
         delay = 0.0
@@ -344,7 +352,7 @@ def run_group(
     outputs = None
     if phase == SUCCEEDED:
         try:
-            outputs = template_outputs(run, body, local)
+            outputs = template_outputs(run, body, {**values, **local})  # inputs: expressions
         except ValueError as exc:
             phase, message = ERROR, str(exc)
     if inner is not scope and inner.reason() and phase != SUCCEEDED:
@@ -353,10 +361,17 @@ def run_group(
 
 
 def template_outputs(run: cx.Run, body: dict, local: dict[str, str]) -> dict | None:
-    """Outputs of a DAG/steps template from `valueFrom.parameter` (or `value`) references."""
+    """Outputs of a DAG/steps template from `valueFrom.parameter` (or `value`) references or
+    `valueFrom.expression` over `local` (the template's inputs and children's outputs)."""
     params = []
     for p in (body.get("outputs") or {}).get("parameters") or []:
         vf = p.get("valueFrom") or {}
+        if vf.get("expression") is not None:  # expr_fields.py
+            value = output_expression(p["name"], vf, local)
+            params.append({"name": p["name"], "value": value})
+            if p.get("globalName"):
+                run.global_outputs[p["globalName"]] = value
+            continue
         raw = vf.get("parameter", p.get("value"))
         if raw is None:
             if vf.get("default") is None:

@@ -17,6 +17,7 @@ from ckptflow.workflows.runner import depends as dep
 from ckptflow.workflows.runner import podgc
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.document import SpecError, _known_parameters
+from ckptflow.workflows.runner.expr_check import problems as expression_problems
 from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.memo import problems as memo_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
@@ -63,7 +64,7 @@ _STEP_OK |= {"continueOn", "templateRef", "description"}
 _TASK_OK = _STEP_OK | {"dependencies", "depends"}
 _PROBE_OK = {"tcpSocket", "httpGet", "exec", "initialDelaySeconds", "periodSeconds"}
 _PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
-_RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity"}
+_RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity", "expression"}  # expr.py
 _POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
 _FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace", "spec.nodeName")
 _FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
@@ -83,7 +84,6 @@ _WHY = {
     "workflowTemplateRef": "give the WorkflowTemplate it names with --template-file FILE",
     "envFrom": "envFrom reads ConfigMaps/Secrets",
     "inline": "inline templates are not implemented locally",
-    "expression": "retry expressions are not implemented locally",
     "suspend-spec": "a suspended workflow waits for an API call",
     "shutdown": "shutdown is an API operation",
 }
@@ -139,7 +139,7 @@ class _Checker:
                 self.err(where, f"parameters.{p['name']}.valueFrom", "not supported locally")
             if vf is not None and not inputs:
                 for key in vf:
-                    if key not in ("path", "default", "parameter"):
+                    if key not in ("path", "default", "parameter", "expression"):  # expr.py
                         self.err(
                             where,
                             f"parameters.{p['name']}.valueFrom.{key}",
@@ -151,8 +151,6 @@ class _Checker:
             self.err(where, "retryStrategy", "expected a mapping")
             return
         self.fields(f"{where} retryStrategy", rs, _RETRY_OK, set())
-        if "expression" in rs:
-            pass  # reported by fields()
         limit = rs.get("limit")
         if limit is not None and not to_str(limit).isdigit() and "{{" not in to_str(limit):
             self.err(where, "retryStrategy.limit", f"{limit!r} is not a whole number")
@@ -395,14 +393,8 @@ class _Checker:
             if isinstance(t, dict):
                 self.template(t)
         self.missing_refs()
-        for text in _strings(spec):
-            for m in TAG.finditer(text):
-                if m.group(1).startswith("="):
-                    self.err(
-                        "spec",
-                        "{{" + m.group(1)[:40] + "}}",
-                        "expression tags ({{=...}}) are not supported locally; use simple tags",
-                    )
+        for where, field, why in expression_problems(spec):  # expr_check.py
+            self.err(where, field, why)
         return self.errors
 
     def missing_refs(self) -> None:
@@ -419,17 +411,6 @@ class _Checker:
                 f"cannot read a Kubernetes {kind[:-6]} locally; export {' '.join(names)} in the "
                 "environment of the runner and it is passed through",
             )
-
-
-def _strings(obj: Any):
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _strings(v)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _strings(v)
 
 
 def validate(
