@@ -5,7 +5,8 @@
 
 Each example runs as `python -m ckptflow.run_cli FILE --workdir TMP/NAME` (at most `--jobs`
 at a time, each within `--timeout` seconds, longer for the slow ones in `SLOW`, with the
-semaphore limits its comments give in `RUNNER_OPTIONS`) and is classified as
+semaphore limits its comments give in `RUNNER_OPTIONS`, and `--isolate` for those that need a
+pod, `POD_EXAMPLES`) and is classified as
 
 - `ran`: the workflow Succeeded;
 - `expected`: it Failed/Errored as it does in Argo (labelled `no-test: "expected-failure"`, or
@@ -54,6 +55,7 @@ EXPECTED_FAILURE: dict[str, str] = {
     "custom-metrics": "the flakey step fails with a 66% probability",
     "timeouts-workflow": "the workflow sleeps past its activeDeadlineSeconds",
     "step-level-timeout": "the steps sleep past their timeout",
+    "loops-arbitrary-sequential-steps": "its 4th item exits 1 by design; failFast stops the rest",
 }
 # Examples that run until stopped: a timeout is their outcome (name -> seconds to watch them).
 EXPECTED_TIMEOUT = {"forever": 20.0}
@@ -73,6 +75,25 @@ RUNNER_OPTIONS = {
     "synchronization-db-tmpl-level": ["--semaphore", "template=3"],
     "synchronization-db-wf-level": ["--semaphore", "workflow=3"],
 }
+
+# Examples that need a pod (sidecars, init containers, a mount namespace of their own): run with
+# `--isolate`. Where pods cannot work the runner refuses them naming why (IsolationError).
+POD_EXAMPLES = {
+    "init-container": "init containers run in the task's pod",
+    "pod-resources-template-override": "its large step has a sidecar",
+    "sidecar": "a sidecar beside the main container",
+    "sidecar-dind": "a sidecar beside the main container",
+    "sidecar-nginx": "a sidecar beside the main container",
+    "volumes-emptydir": "it looks for its mount in /proc/mounts, which only a pod has",
+}
+
+
+def runner_options(name: str, extra: list[str]) -> list[str]:
+    """The `ckptflow run` options of one example: its own, then the caller's."""
+    opts = list(RUNNER_OPTIONS.get(name, []))
+    if name in POD_EXAMPLES and "--isolate" not in extra:
+        opts.append("--isolate")
+    return [*opts, *extra]
 
 
 def _labelled_failure(path: Path) -> bool:
@@ -112,7 +133,7 @@ def run_one(path: Path, workroot: Path, timeout: float, extra: list[str]) -> dic
     """Run one example; return {name, class, phase, reason, seconds}."""
     name = path.stem
     work = workroot / name
-    opts = [*RUNNER_OPTIONS.get(name, []), *extra]
+    opts = runner_options(name, extra)
     cmd = [sys.executable, "-m", "ckptflow.run_cli", str(path), "--workdir", str(work), *opts]
     limit = EXPECTED_TIMEOUT.get(name) or max(timeout, SLOW.get(name, 0.0))
     # its own temporary directory: its synchronization locks are its own (sync.DEFAULT_LOCK_DIR),
@@ -136,6 +157,8 @@ def run_one(path: Path, workroot: Path, timeout: float, extra: list[str]) -> dic
     seconds = round(time.monotonic() - t0, 1)
     row = {"name": name, "seconds": seconds}
     if done.returncode == 3:
+        return row | {"class": "refused", "phase": "-", "reason": _first_reason(done.stderr)}
+    if done.returncode == 2 and "--isolate:" in done.stderr:  # pods cannot work here
         return row | {"class": "refused", "phase": "-", "reason": _first_reason(done.stderr)}
     phase, message = _phase_and_message(work / "status.json")
     if phase == "Succeeded":

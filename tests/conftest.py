@@ -80,6 +80,8 @@ POD_MODULES = {
     "test_pods_podspec",
     "test_preempt_pods",
     "test_runner_argo_examples",
+    "test_runner_examples_misc",
+    "test_runner_pod_containers",
 }
 # Modules that share a session-cached fixture: together, it is built once.
 SHARED = {

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptflow.workflows.runner import scheduler, volumes
+from ckptflow.workflows.runner import pod_containers, scheduler, volumes
 from ckptflow.workflows.runner.context import DEADLINE
 from ckptflow.workflows.runner.nodes import ERROR, FAILED
 from ckptflow.workflows.runner.pods import (
@@ -128,9 +128,8 @@ def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
     storage, a claim's or hostPath's directory shared), plus `extra` runner directories at
     their own path (read-only: a script, or a cwd the pod's /tmp would cover)."""
     known = volumes.declared(run.spec, body)
-    container = body.get("container") or body.get("script") or {}
     out = []
-    for m in container.get("volumeMounts") or []:
+    for m in pod_containers.volume_mounts(body):  # its sidecars' and init containers' too
         vol, name = known[m["name"]], m["name"]
         read_only = bool(m.get("readOnly"))
         if "emptyDir" in vol:
@@ -188,6 +187,7 @@ def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, sc
         cpu_limit=cpu,
         log_path=log_path,
         ip=ip,
+        containers=pod_containers.container_specs(body, env, cwd, run.registry.grace),
     )
     try:
         run.registry.add(pod)

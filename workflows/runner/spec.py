@@ -20,10 +20,11 @@ from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.expr_check import problems as expression_problems
 from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.memo import problems as memo_problems
+from ckptflow.workflows.runner.pod_containers import problems as pod_container_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.suspend import suspend_problems
 from ckptflow.workflows.runner.sync import sync_problems
-from ckptflow.workflows.runner.volumes import volume_problems
+from ckptflow.workflows.runner.volumes import declared, volume_problems
 
 __all__ = ["SpecError", "validate"]
 
@@ -53,7 +54,7 @@ _TEMPLATE_IGNORED = {
     # `metadata`): Argo's decoder drops it, so the template runs as if it were not there
     "annotations",
 }  # fmt: skip
-_POD_CONTAINERS = ("sidecars", "initContainers")  # run in a pod (--isolate), see pods/podinit.py
+_POD_CONTAINERS = ("sidecars", "initContainers")  # run in a pod (--isolate): pod_containers.py
 _CONTAINER_OK = {"command", "args", "env", "workingDir", "readinessProbe", "ports", "volumeMounts"}
 _CONTAINER_IGNORED = {
     "image", "imagePullPolicy", "resources", "securityContext", "name", "livenessProbe",
@@ -329,32 +330,13 @@ class _Checker:
                 self.err(where, field, why)
         for key in _POD_CONTAINERS:
             if key in t and self.isolate:
-                self.pod_containers(where, key, t[key])
-
-    def pod_containers(self, where: str, key: str, containers: Any) -> None:
-        """Sidecars / init containers of a pod: each a container with its command here."""
-        if not isinstance(containers, list):
-            self.err(where, key, "expected a list of containers")
-            return
-        for c in containers:
-            name = c.get("name") if isinstance(c, dict) else None
-            if not isinstance(name, str) or not name:
-                self.err(where, key, "each container needs a name")
-                continue
-            cw = f"{where} {key[:-1]} {name!r}"
-            self.fields(cw, c, _CONTAINER_OK | {"mirrorVolumeMounts"}, _CONTAINER_IGNORED)
-            if not c.get("command"):
-                self.err(
-                    cw,
-                    "command",
-                    "missing: the image's entrypoint cannot run locally; give command (and args)",
-                )
-            self.machine(cw, command_problems(c, self.env))
-            for e in c.get("env") or []:
-                if isinstance(e, dict) and e.get("valueFrom") is not None:
-                    self.err(cw, f"env.{e.get('name')}.valueFrom", "not supported in a sidecar")
-            if "readinessProbe" in c:
-                self.err(cw, "readinessProbe", "not followed for a sidecar locally")
+                for field, why in pod_container_problems(key, t[key], self.env):
+                    self.err(where, field, why)
+                known = declared(self.spec, t)
+                for c in t[key] if isinstance(t[key], list) else []:
+                    for m in (c.get("volumeMounts") or []) if isinstance(c, dict) else []:
+                        if not isinstance(m, dict) or m.get("name") not in known:
+                            self.err(where, f"{key}.volumeMounts", f"no volume {m!r} declared")
 
     def run(self) -> list[str]:
         spec = self.spec

@@ -159,13 +159,15 @@ class Node:
         cpu_limit: float | str | None = None,
         log_path: str,
         ip: str | None = None,
+        containers: dict | None = None,
     ) -> Pod:
         """Start `argv` as a pod with a new IP; PodError (one line) if it cannot start.
 
         hostname: the pod's hostname (default: `name`). volumes: mounted in order of depth.
         memory_limit: bytes or a quantity (`64Mi`); over it the kernel OOM-kills (exit 137).
         cpu_limit: CPUs or a quantity (`500m`), as a CFS quota. log_path: stdout and stderr.
-        ip: an address from new_ip() (default: a new one).
+        ip: an address from new_ip() (default: a new one). containers: the pod's init
+        containers and sidecars for podinit (`init`, `sidecars`, `grace`; pod_containers.py).
         """
         hostname = check_hostname(hostname or name)
         memory = None if memory_limit is None else parse_quantity(memory_limit, "memory limit")
@@ -190,7 +192,9 @@ class Node:
             try:
                 mounts = list(volumes)
                 mounts += runtime_volumes({v.target for v in mounts})
-                self._build(pod, suffix, list(argv), dict(env), cwd, mounts, memory, cpu)
+                self._build(
+                    pod, suffix, list(argv), dict(env), cwd, mounts, memory, cpu, containers
+                )
             except BaseException as exc:
                 pod.release()
                 if isinstance(exc, (OSError, net.NetError)):
@@ -202,7 +206,7 @@ class Node:
                 self._starting -= 1
                 self._lock.notify_all()
 
-    def _build(self, pod: Pod, suffix, argv, env, cwd, volumes, memory, cpu) -> None:
+    def _build(self, pod: Pod, suffix, argv, env, cwd, volumes, memory, cpu, containers) -> None:
         mounts = pod.prepare(volumes)
         pod.cgroups = self.cgroups.pod(suffix, memory, cpu)
         status, go = pod.spawn()
@@ -225,6 +229,7 @@ class Node:
             "cwd": cwd,
             "argv": argv,
             "env": env,
+            **(containers or {}),
         }
         pod.go(status, go, spec)
 

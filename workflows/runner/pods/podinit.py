@@ -26,9 +26,11 @@ import ctypes
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -203,6 +205,63 @@ def enter(spec: dict) -> None:
         raise OSError(f"workingDir {spec['cwd']}: {exc.strerror}") from None
 
 
+def _code(rc: int) -> int:
+    """An exit status as a node reports it (128 + signal for a killed process)."""
+    return 128 - rc if rc < 0 else rc
+
+
+def _end(procs: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM the sidecars, SIGKILL those still running after `grace` seconds
+    (workflow/executor/executor.go KillSidecars)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_containers(spec: dict) -> int:
+    """A pod with init containers or sidecars (workflow/controller/workflowpod.go): the init
+    containers one after another to completion (a failing one ends the pod with its code),
+    then the sidecars and the main container; when the main container ends the sidecars are
+    stopped and the pod's exit code is the main container's. Their stdout goes to stderr (the
+    pod's log), so only the main container's stdout is its result."""
+    # a SIGTERM for the pod reaches every process of its group; this one keeps waiting for
+    # the main container so the pod reports what the main container did with it (a handler,
+    # not SIG_IGN: an ignored signal would stay ignored in the containers it starts)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    for c in spec.get("init") or []:
+        try:
+            rc = subprocess.call(c["argv"], env=c["env"], cwd=c["cwd"], stdout=2)
+        except OSError as exc:
+            print(f"init container {c['name']}: {exc}", file=sys.stderr)
+            return 128
+        if rc != 0:
+            print(f"init container {c['name']} failed (exit code {_code(rc)})", file=sys.stderr)
+            return _code(rc)
+    sidecars: list[subprocess.Popen] = []
+    try:
+        for c in spec.get("sidecars") or []:
+            try:
+                sidecars.append(subprocess.Popen(c["argv"], env=c["env"], cwd=c["cwd"], stdout=2))
+            except OSError as exc:
+                print(f"sidecar {c['name']}: {exc}", file=sys.stderr)
+                return 128
+        try:
+            main = subprocess.Popen(spec["argv"], env=spec["env"])
+        except OSError as exc:
+            print(f"{spec['argv'][0]}: {exc}", file=sys.stderr)
+            return 127
+        return _code(main.wait())
+    finally:
+        _end(sidecars, float(spec.get("grace") or 0))
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while chunk := os.read(fd, 1 << 16):
@@ -222,10 +281,13 @@ def main(argv: list[str]) -> int:
     try:
         spec = json.loads(raw)
         enter(spec)
-        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        if not (spec.get("init") or spec.get("sidecars")):
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
     except Exception as exc:  # whatever stops the start is the one line the node reports
         os.write(status, f"{type(exc).__name__}: {exc}".encode()[:4000])
-    return 127
+        return 127
+    os.close(status)  # the pod started (as an exec would say); its containers run now
+    return run_containers(spec)
 
 
 if __name__ == "__main__":
