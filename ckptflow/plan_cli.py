@@ -26,7 +26,13 @@ from ckptflow.core.planner import (
 )
 from ckptflow.core.policy_syntax import PolicyError, parse_duration
 from ckptflow.core.progress import Progress
-from ckptflow.core.recovery import Recovery
+from ckptflow.core.recovery import (
+    DEFAULT_NODE_GRACE_S,
+    DEFAULT_NODE_LOSS_TOLERATION_S,
+    DEFAULT_PG_TIMEOUT_S,
+    Recovery,
+    gang_detect_s,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--read-gib-s", type=float, help="read GiB/s per host at restart (default: write)")
     a("--mtbf", required=True, help="mean time between failures, e.g. 48h")
     a("--mtbf-per", choices=("job", "node"), default="job", help="--mtbf is the job's or a host's")
-    a("--restart", help="restart cost besides loading (default 10m = its three parts below)")
-    a("--detect", help="restart part: failure noticed (default 1m; replaces --restart)")
+    a("--restart", help="restart cost besides loading (default: its three parts below)")
+    a(
+        "--detect",
+        help="restart part: failure noticed, every rank out (default: max(--pg-timeout, "
+        "--node-grace + --node-loss-toleration); replaces --restart)",
+    )
+    a("--pg-timeout", help="the ranks' process-group timeout (pretrain.pg_timeout_s: 120s)")
+    a("--node-grace", help="the cluster's node monitor grace period (platform: 50s)")
+    a(
+        "--node-loss-toleration",
+        help="ranks' node-loss tolerationSeconds (platform.gpu_node_loss_toleration_s: 60s)",
+    )
     a("--reschedule", help="restart part: pods back and rendezvoused (default 5m)")
     a("--warmup", help="restart part: loaded state to full speed (default 4m)")
     a("--rpo", help="target: worst-case work lost per failure, e.g. 30m (solves the interval)")
@@ -81,6 +97,12 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
     parts = (args.detect, args.reschedule, args.warmup)
     if args.restart is not None and any(p is not None for p in parts):
         raise ValueError("give --restart or its parts (--detect, --reschedule, --warmup), not both")
+    settings = (args.pg_timeout, args.node_grace, args.node_loss_toleration)
+    if any(v is not None for v in settings) and (args.detect or args.restart) is not None:
+        raise ValueError(
+            "--pg-timeout, --node-grace and --node-loss-toleration compute the detection: "
+            "give them or --detect/--restart, not both"
+        )
     return PlanInputs(
         params=parse_count(args.params),
         gpus=args.gpus,
@@ -95,7 +117,7 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         snapshot_gib_s=args.snapshot_gib_s,
         read_gib_s=args.read_gib_s,
         restart_s=_duration_or_zero(args.restart or "10m"),
-        detect_s=_optional(args.detect),
+        detect_s=_optional(args.detect) if args.restart or args.detect else detect_from(args),
         reschedule_s=_optional(args.reschedule),
         warmup_s=_optional(args.warmup),
         rpo_s=_optional(args.rpo, zero_ok=False),
@@ -106,6 +128,17 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         price_gb_month=args.price_gb_month,
         interval_s=parse_duration(args.interval) if args.interval else None,
         grace_s=parse_duration(args.grace) if args.grace else None,
+    )
+
+
+def detect_from(args: argparse.Namespace) -> float:
+    """The detection the ranks' settings give (recovery.gang_detect_s), defaults filled in."""
+    return gang_detect_s(
+        DEFAULT_PG_TIMEOUT_S if args.pg_timeout is None else parse_duration(args.pg_timeout),
+        DEFAULT_NODE_GRACE_S if args.node_grace is None else _duration_or_zero(args.node_grace),
+        DEFAULT_NODE_LOSS_TOLERATION_S
+        if args.node_loss_toleration is None
+        else _duration_or_zero(args.node_loss_toleration),
     )
 
 
@@ -218,6 +251,9 @@ _VALUE_OPTIONS = {
     "--mtbf",
     "--restart",
     "--detect",
+    "--pg-timeout",
+    "--node-grace",
+    "--node-loss-toleration",
     "--reschedule",
     "--warmup",
     "--rpo",

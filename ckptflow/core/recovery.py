@@ -17,10 +17,30 @@ import math
 from dataclasses import dataclass
 
 GIB = 2**30
-# The default split of the planner's 10-minute restart cost (detect + reschedule + warm up).
+# The default split of a lumped restart cost (`--restart`: detect + reschedule + warm up).
 DEFAULT_DETECT_S = 60.0  # a dead pod or a hung collective noticed (liveness, NCCL timeout)
 DEFAULT_RESCHEDULE_S = 300.0  # pods scheduled again, images pulled, ranks rendezvoused
 DEFAULT_WARMUP_S = 240.0  # compile, allocator and data-loader warm-up before full speed
+
+
+# The settings a gang's detection follows (issue 34), with the workflows' defaults:
+DEFAULT_PG_TIMEOUT_S = 120.0  # the steps' --pg-timeout-s (ckptflow.contract LoopArgs)
+DEFAULT_NODE_GRACE_S = 50.0  # platform.node_monitor_grace_s (--node-monitor-grace-period)
+DEFAULT_NODE_LOSS_TOLERATION_S = 60.0  # platform.gpu_node_loss_toleration_s
+
+
+def gang_detect_s(pg_timeout_s: float, node_grace_s: float, toleration_s: float) -> float:
+    """From a failure until every rank of the gang is out, so that all can come back:
+
+        detect = max(pg_timeout, node_grace + toleration)
+
+    The survivors leave when their collective times out (pg_timeout); a silently lost node's
+    rank is only deleted, and retried by Argo, once its node turned NotReady (node_grace) and
+    its toleration of the node-loss taints ran out (toleration; 300 s when not rendered).
+    The first of the two notices the failure, but the gang restarts only after the second:
+    a min() would promise an RTO that a silent node loss cannot meet. A crash that closes
+    its sockets is noticed at once and costs less; the planner plans for the silent case."""
+    return max(pg_timeout_s, node_grace_s + toleration_s)
 
 
 @dataclass(frozen=True)
