@@ -146,3 +146,18 @@ def test_a_sidecar_ends_with_its_main_container(tmp_path):
     assert large["outputs"]["result"] == "large step"
     took = large["local"]["finishedAtUnix"] - large["local"]["startedAtUnix"]
     assert took < 9.5, took  # main sleeps 5s; the sidecar's `sleep 10` was stopped with it
+
+
+def test_fibonacci_memoizes_its_subproblems(tmp_path):
+    cache = str(tmp_path / "cache")
+    result = _run("fibonacci-seq-conditional-param", tmp_path, "w1", memo_cache=cache)
+    assert result.phase == "Succeeded", result.message
+    assert result.node("printresult")["outputs"]["result"] == "5"  # fib(5)
+    memo = [n["memoizationStatus"] for n in result.nodes.values() if "memoizationStatus" in n]
+    assert {m["key"] for m in memo} == {"1", "2", "3", "4", "5"}
+    # fib(3) and fib(2) are computed once and then found in the cache within the same run
+    assert sorted(m["key"] for m in memo if m["hit"]) == ["2", "3"]
+    again = _run("fibonacci-seq-conditional-param", tmp_path, "w2", memo_cache=cache)
+    assert again.node("fibonaccimain")["memoizationStatus"]["hit"] is True
+    assert again.node("printresult")["outputs"]["result"] == "5"
+    assert not [n for n in again.nodes.values() if n["displayName"] == "add"]  # nothing computed
