@@ -3,7 +3,7 @@
 - `ckptflow run FILE.yaml [-p NAME=VALUE ...] [--workdir DIR] [--status-file FILE] [--name NAME]
   [--shared-tmp] [--isolate] [--artifact-repo DIR|s3://BUCKET/PREFIX]
   [--semaphore NAME=N] [--semaphore-config CONFIGMAP.yaml] [--cluster PROFILE.yaml]
-  [--memo-cache DIR]`: a rendered manifest, handed to the local runner's API
+  [--memo-cache DIR] [--objects FILE ...]`: a rendered manifest, handed to the local runner's API
   (`ckptflow.workflows.runner`: `load_manifest`, `run_workflow`), which knows nothing of builders;
 - `ckptflow run pipeline --local [--s3] [--isolate] [--set KEY=VALUE ...]` (or `pretrain`, `finetune`): a
   builder name, rendered with a small local configuration and run by `ckptflow.workflows.local`.
@@ -34,6 +34,7 @@ from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 from ckptflow.workflows.runner.cluster import ClusterError, load_profile
 from ckptflow.workflows.runner.document import workflow_name_problem
 from ckptflow.workflows.runner.nodelifecycle import parse_fail_node
+from ckptflow.workflows.runner.objects import ObjectError, load_objects
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
 __all__ = ["BUILDER_TARGETS", "build_parser", "main", "resolve_manifest", "run_manifest"]
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--semaphore-config", action="append", default=[], metavar="CONFIGMAP.yaml",
         help="semaphore limits from a ConfigMap manifest (each data KEY is NAME/KEY)",
+    )  # fmt: skip
+    p.add_argument(
+        "--objects", action="append", default=[], metavar="FILE",
+        help="Kubernetes objects (ConfigMaps, Secrets, WorkflowTemplates, any kind; YAML, many "
+        "documents) put in the cluster model's object store before the run (repeatable): "
+        "configMapKeyRef/secretKeyRef, secret/configMap volumes and resource templates read them",
     )  # fmt: skip
     return p
 
@@ -197,6 +204,10 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         raise UsageError(f"--name: {problem}")
     workdir = args.workdir or str(Path("runs") / "local" / name)
     cluster = cluster_profile(args)
+    try:
+        objects = load_objects(args.objects)  # a damaged file: one line naming it
+    except ObjectError as exc:
+        raise UsageError(f"--objects {exc}") from None
     result = run_workflow(
         manifest,
         arguments=params,
@@ -210,6 +221,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         cluster=cluster,
         fail_nodes=fail_nodes(args, cluster),
         memo_cache=args.memo_cache,
+        objects=objects,
     )
     print(result.table)
     suffix = f" ({result.message})" if result.message else ""

@@ -74,6 +74,20 @@ RUNNER_OPTIONS = {
     "synchronization-wf-level": ["--semaphore", "my-config/workflow=3"],
     "synchronization-db-tmpl-level": ["--semaphore", "template=3"],
     "synchronization-db-wf-level": ["--semaphore", "workflow=3"],
+    # the objects their comments ask to create first (ConfigMap, Secret, WorkflowTemplate),
+    # vendored in tests/workflows/fixtures/argo-objects/, put in the object store (--objects)
+    **{
+        name: ["--objects", str(ROOT / "tests/workflows/fixtures/argo-objects" / f)]
+        for name, f in {
+            "arguments-parameters-from-configmap": "simple-parameters-configmap.yaml",
+            "global-parameters-from-configmap": "simple-parameters-configmap.yaml",
+            "global-parameters-from-configmap-referenced-as-local-variable": (
+                "simple-parameters-configmap.yaml"
+            ),
+            "secrets": "my-secret.yaml",
+            "workflow-of-workflows": "workflow-template-submittable.yaml",
+        }.items()
+    },
 }
 
 # Examples that need a pod (sidecars, init containers, a mount namespace of their own): run with

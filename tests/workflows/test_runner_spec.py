@@ -24,8 +24,9 @@ def test_refused_manifest_names_each_field_and_template(tmp_path):
     with pytest.raises(SpecError) as info:
         run_workflow(manifest, workdir=str(tmp_path / "w"), stream=io.StringIO(), name="x")
     text = str(info.value)
-    assert "spec: volumes.data: only emptyDir, persistentVolumeClaim, hostPath" in text
-    assert "template 'make-configmap': resource" in text
+    # a configMap volume reads the object store (--objects); a resource template runs against it
+    assert "spec: volumes.data: ConfigMap 'settings' is not in the cluster model" in text
+    assert "make-configmap" not in text
     assert "template 'with-artifact' inputs: artifacts.data.s3: only s3.key works" in text
     assert "env.TOKEN.valueFrom.secretKeyRef" in text and "export TOKEN" in text
     assert "{{=sprig.env('HOME')}}: function sprig.env() is not supported" in text

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
-from ckptflow.workflows.runner import isolation, nodelifecycle, pod_rules, volumes
+from ckptflow.workflows.runner import isolation, nodelifecycle, pod_rules, refs, volumes
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
@@ -73,13 +73,17 @@ def map_tmp(tmpl: dict, root: Path) -> dict:
 def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[str, str]:
     """The runner's environment, the template's env and the downward API (`ip`: the pod's).
     A pod gets a variable the manifest hands out by secretKeyRef/configMapKeyRef only when its
-    own env asks for it (validated to be set in the runner's environment)."""
+    own env asks for it: from the object store (`--objects`), else the runner's environment
+    (validated to hold one or the other)."""
     hidden = run.isolation.secret_names if run.isolation is not None else frozenset()
     env = {k: v for k, v in run.env.items() if k not in hidden}
     for e in container.get("env") or []:
         name, vf = e["name"], e.get("valueFrom")
+        stored = refs.env_value(run.objects, vf) if vf is not None else None
         if vf is None:
             env[name] = to_str(e.get("value", ""))
+        elif stored is not None:
+            env[name] = stored
         elif "fieldRef" not in vf and name in run.env:
             env[name] = run.env[name]
     labels, annotations = isolation.pod_metadata(run, body, node.name)
@@ -165,7 +169,7 @@ def run_template(
         paths = arts.resolve_paths(tmpl, pod_dir(run, node), values)  # artifacts.py
         body = arts.map_paths(substitute(tmpl, {**values, **paths}), pod_dir(run, node))
         if run.isolation is None:  # a pod mounts its volumes at their mountPath instead
-            mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node))
+            mapping = volumes.mounts(run.spec, body, run.workdir, pod_dir(run, node), run.objects)
             body = volumes.apply_mounts(body, mapping)
     except ValueError as exc:  # a path that leaves the node's filesystem: one line
         run.store.update(node, phase=ERROR, message=str(exc))

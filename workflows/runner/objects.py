@@ -283,7 +283,8 @@ def _now() -> str:
 
 class ObjectStore:
     """Objects by (Kind, namespace, name); thread-safe; `wait_change` lets a waiter sleep until
-    something changes. `on_delete` callbacks see each deleted object (a child workflow stops)."""
+    something changes. `on_create` callbacks see each new object (controllers.py starts a child
+    workflow), `on_delete` callbacks each deleted one (a child workflow stops)."""
 
     def __init__(self, namespace: str = DEFAULT_NAMESPACE) -> None:
         self.namespace = namespace
@@ -291,6 +292,7 @@ class ObjectStore:
         self._cond = threading.Condition()
         self._version = 0
         self.on_delete: list[Callable[[dict], None]] = []
+        self.on_create: list[Callable[[dict], None]] = []  # controllers watching new objects
 
     # -- reading -------------------------------------------------------------------------
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict | None:
@@ -350,7 +352,9 @@ class ObjectStore:
             meta["creationTimestamp"] = _now()
             meta.setdefault("generation", 1)
             self._store(key, new)
-            return copy.deepcopy(new)
+        for callback in list(self.on_create):
+            callback(copy.deepcopy(new))
+        return copy.deepcopy(new)
 
     def apply(self, obj: Mapping) -> dict:
         """`kubectl apply`: create the object, or merge the manifest over the stored one

@@ -21,6 +21,9 @@ from ckptflow.workflows.runner.expr_check import problems as expression_problems
 from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.memo import problems as memo_problems
 from ckptflow.workflows.runner.pod_containers import problems as pod_container_problems
+from ckptflow.workflows.runner.objects import ObjectStore
+from ckptflow.workflows.runner.refs import env_value, missing_volume_objects
+from ckptflow.workflows.runner.resource import resource_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.suspend import suspend_problems
 from ckptflow.workflows.runner.sync import sync_problems
@@ -45,6 +48,7 @@ _SPEC_IGNORED = {
 _TEMPLATE_OK = {"name", "inputs", "outputs", "container", "script", "dag", "steps", "daemon"}
 _TEMPLATE_OK |= {"retryStrategy", "activeDeadlineSeconds", "timeout", "parallelism", "volumes"}
 _TEMPLATE_OK |= {"synchronization", "failFast", "memoize", "suspend"}
+_TEMPLATE_OK |= {"resource"}  # against the run's object store (resource.py)
 _TEMPLATE_IGNORED = {
     "metadata", "nodeSelector", "tolerations", "affinity", "securityContext",
     "serviceAccountName", "automountServiceAccountToken", "priorityClassName", "priority",
@@ -71,7 +75,6 @@ _FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace", "spec.node
 _FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
 
 _WHY = {
-    "resource": "resource templates need a Kubernetes API",
     "suspend": "a suspend template without a duration waits for a human or an API call",
     "http": "http templates run in the Argo agent",
     "plugin": "executor plugins run in the Argo agent",
@@ -98,9 +101,11 @@ class _Checker:
         parameters: dict[str, str],
         limits: dict[str, int],
         isolate: bool = False,
+        objects: Any = None,
     ) -> None:
         self.spec, self.env, self.errors, self.limits = spec, env, [], limits
         self.isolate = isolate  # tasks run as pods: sidecars and init containers can run
+        self.objects = objects  # the run's object store (objects.py): ConfigMaps, Secrets
         # (kind, object name) -> {variable: templates}: said once per object (missing_refs)
         self.refs: dict[tuple[str, str], dict[str, set[str]]] = {}
         # `{{workflow.parameters.X}}` known before the run (e.g. in dag.target)
@@ -119,7 +124,13 @@ class _Checker:
             self.err(where, key, _WHY.get(key, "not supported by the local runner"))
 
     def parameters(
-        self, where: str, block: Any, *, inputs: bool = False, kind: str = "arguments"
+        self,
+        where: str,
+        block: Any,
+        *,
+        inputs: bool = False,
+        kind: str = "arguments",
+        value_from: tuple[str, ...] = (),
     ) -> None:
         if block is None:
             return
@@ -140,7 +151,7 @@ class _Checker:
                 self.err(where, f"parameters.{p['name']}.valueFrom", "not supported locally")
             if vf is not None and not inputs:
                 for key in vf:
-                    if key not in ("path", "default", "parameter", "expression"):  # expr.py
+                    if key not in ("path", "default", "parameter", *value_from):
                         self.err(
                             where,
                             f"parameters.{p['name']}.valueFrom.{key}",
@@ -189,7 +200,8 @@ class _Checker:
                         f"only {_FIELD_REFS} and metadata.labels/annotations['KEY'] work",
                     )
             elif "secretKeyRef" in vf or "configMapKeyRef" in vf:
-                if name not in self.env:
+                stored = self.objects is not None and env_value(self.objects, vf) is not None
+                if name not in self.env and not stored:
                     kind = "secretKeyRef" if "secretKeyRef" in vf else "configMapKeyRef"
                     ref = str((vf[kind] or {}).get("name"))
                     self.refs.setdefault((kind, ref), {}).setdefault(name, set()).add(where)
@@ -262,11 +274,18 @@ class _Checker:
         pod_ok = set(_POD_CONTAINERS) if self.isolate else set()
         self.fields(where, t, _TEMPLATE_OK | pod_ok, _TEMPLATE_IGNORED)
         self.template_extras(where, t)
-        kinds = [k for k in ("container", "script", "dag", "steps") if k in t]
+        kinds = [k for k in ("container", "script", "dag", "steps", "resource") if k in t]
         if len(kinds) != 1 and not any(k in t for k in _WHY):
             self.err(where, "container/script/dag/steps", "a template needs exactly one of them")
         self.parameters(f"{where} inputs", t.get("inputs"), inputs=True, kind="inputs")
-        self.parameters(f"{where} outputs", t.get("outputs"), kind="outputs")
+        self.parameters(
+            f"{where} outputs", t.get("outputs"), kind="outputs",
+            value_from=("jsonPath", "jqFilter") if "resource" in t
+            else ("expression",) if "dag" in t or "steps" in t else (),  # expr.py
+        )  # fmt: skip
+        if "resource" in t:
+            for field, why in resource_problems(t):
+                self.err(where, field, why)
         if "container" in t:
             self.container(where, t["container"], script=False)
         if "script" in t:
@@ -299,7 +318,7 @@ class _Checker:
             for field, why in sync_problems(t["synchronization"], self.limits):
                 self.err(where, field, why)
         self.machine(where, os_problems(t))
-        for field, why in volume_problems(self.spec, t):
+        for field, why in [*volume_problems(self.spec, t), *self.object_volumes(t)]:
             self.err(where, field, why)
         for key in ("activeDeadlineSeconds", "timeout"):
             if key in t and "{{" not in to_str(t[key]):  # a parameter's: parsed when it runs
@@ -307,6 +326,17 @@ class _Checker:
                     parse_duration(t[key])
                 except ValueError as exc:
                     self.err(where, key, str(exc))
+
+    def object_volumes(self, t: dict) -> list[tuple[str, str]]:
+        """(field, why) for a secret/configMap volume of `t` (the spec's own with t=spec)
+        whose object the store lacks (refs.py)."""
+        out = []
+        for v in t.get("volumes") or []:
+            if isinstance(v, dict) and any(k in v for k in ("secret", "configMap")):
+                why = missing_volume_objects(v, self.objects or ObjectStore())
+                if why:
+                    out.append((f"volumes.{v.get('name')}", why))
+        return out
 
     def template_extras(self, where: str, t: dict) -> None:
         """failFast, memoize, suspend, sidecars and initContainers of a template."""
@@ -369,7 +399,7 @@ class _Checker:
         self.machine("spec", os_problems(spec))
         for field, why in podgc.problems(spec):
             self.err("spec", field, why)
-        for field, why in volume_problems(spec, None):
+        for field, why in [*volume_problems(spec, None), *self.object_volumes(spec)]:
             self.err("spec", field, why)
         for t in spec["templates"]:
             if isinstance(t, dict):
@@ -390,8 +420,8 @@ class _Checker:
                 f"{kind[:-6][0].upper()}{kind[1:-6]} {ref!r}",
                 ", ".join(f"env.{n}.valueFrom.{kind}" for n in names)
                 + f" in {places} template{'s' if places > 1 else ''}",
-                f"cannot read a Kubernetes {kind[:-6]} locally; export {' '.join(names)} in the "
-                "environment of the runner and it is passed through",
+                f"the {kind[:-6]} is not in the cluster model: give it with --objects FILE, or "
+                f"export {' '.join(names)} in the environment of the runner (passed through)",
             )
 
 
@@ -401,19 +431,22 @@ def validate(
     arguments: dict[str, Any] | None = None,
     semaphores: dict[str, int] | None = None,
     isolate: bool = False,
+    objects: Any = None,
 ) -> None:
     """Raise SpecError listing every unsupported or invalid field of a workflow spec.
 
     arguments: the workflow parameters given to the run (`-p`), substituted with the spec's own
     values into fields checked here (a `dag.target` of `{{workflow.parameters.target}}`).
     semaphores: the limits of the semaphores (`configmap/key` -> N) the run may use.
-    isolate: tasks run as pods, where sidecars and init containers can run."""
+    isolate: tasks run as pods, where sidecars and init containers can run.
+    objects: the run's object store (objects.py), where ConfigMaps/Secrets are looked up."""
     errors = _Checker(
         spec,
         dict(os.environ if env is None else env),
         _known_parameters(spec, arguments),
         dict(semaphores or {}),
         isolate,
+        objects,
     ).run()
     if errors:
         lines = "\n  ".join(dict.fromkeys(errors))

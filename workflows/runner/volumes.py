@@ -5,7 +5,8 @@
 `persistentVolumeClaim` or a `volumeClaimTemplates` entry is shared by the whole run
 (`<workdir>/volumes/<claim>`); a `hostPath` is that path. The mount path is then rewritten to the
 local directory wherever it appears in the container's command, args, env, workingDir, script
-source and output paths. Other volume kinds (configMap, secret, nfs...) are refused.
+source and output paths. A `secret` or `configMap` volume is its object's keys as files, from
+the run's object store (refs.py, `--objects FILE`). Other volume kinds (nfs...) are refused.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ckptflow.workflows.runner.refs import project_volume
 from ckptflow.workflows.runner.substitution import map_strings
 
 __all__ = ["volume_problems", "declared", "mounts", "apply_mounts", "subpath"]
 
-KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath")
+KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath", "secret", "configMap")
+PROJECTED = ("secret", "configMap")  # filled from the object store (refs.project_volume)
 # A claim's name is a Kubernetes object name (IsDNS1123Subdomain): it names a directory here.
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _OBJECT_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
@@ -102,8 +105,11 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
     return problems
 
 
-def mounts(spec: dict, tmpl: dict, workdir: str, pod_dir: Path) -> list[tuple[str, str]]:
-    """(mountPath, local directory) for each mount of a template; the directories exist."""
+def mounts(
+    spec: dict, tmpl: dict, workdir: str, pod_dir: Path, objects=None
+) -> list[tuple[str, str]]:
+    """(mountPath, local directory) for each mount of a template; the directories exist
+    (`objects`: the run's object store, for secret/configMap volumes)."""
     known = declared(spec, tmpl)
     container = tmpl.get("container") or tmpl.get("script") or {}
     out = []
@@ -115,6 +121,9 @@ def mounts(spec: dict, tmpl: dict, workdir: str, pod_dir: Path) -> list[tuple[st
             local = Path(workdir) / "volumes" / vol["persistentVolumeClaim"]["claimName"]
         elif mount == "/dev/shm":
             local = Path("/dev/shm")
+        elif any(k in vol for k in PROJECTED):
+            local = pod_dir / "volumes" / m["name"]
+            project_volume(vol, objects, local)  # ValueError: the object or a key is missing
         else:
             local = pod_dir / "volumes" / m["name"]
         if m.get("subPath"):

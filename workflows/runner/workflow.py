@@ -19,12 +19,15 @@ from typing import Any, TextIO
 
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import (
+    controllers,
     dag_exec,
     execute,
     isolation,
     leaf,
     memo,
     podgc,
+    refs,
+    resource,
     steps_exec,
     suspend,
     sync,
@@ -35,6 +38,7 @@ from ckptflow.workflows.runner.cluster import Cluster, default_cluster
 from ckptflow.workflows.runner.document import arguments_of, workflow_spec
 from ckptflow.workflows.runner.nodelifecycle import FailNode, NodeLifecycle
 from ckptflow.workflows.runner.nodes import DONE, ERROR, FAILED, SUCCEEDED, NodeStore, rfc3339
+from ckptflow.workflows.runner.objects import ObjectStore
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.report import Reporter, final_table, write_status
 from ckptflow.workflows.runner.scheduler import Scheduler
@@ -92,6 +96,7 @@ def dispatch() -> cx.Dispatch:
             "dag": cx.Kind("DAG", partial(execute.run_group, dag_exec.run_dag)),
             "steps": cx.Kind("Steps", partial(execute.run_group, steps_exec.run_steps)),
             "suspend": cx.Kind("Suspend", suspend.run_suspend),
+            "resource": cx.Kind("Pod", resource.run_template),
         },
     )
 
@@ -232,14 +237,19 @@ def _stop_everything(run: cx.Run) -> None:
         t.join(timeout=10)
 
 
-def _execute(run: cx.Run, scope: cx.Scope, reporter: Reporter, state: dict) -> bool:
+def _execute(
+    run: cx.Run, scope: cx.Scope, reporter: Reporter, state: dict, before_stop=None
+) -> bool:
     """Run to the end, then stop what still runs and close the pods, whatever happened; record
-    the phase, message and finish time in `state`; return whether the user interrupted."""
+    the phase, message and finish time in `state`; return whether the user interrupted.
+    `before_stop`: called first at the end (the object store's garbage collection)."""
     try:
         reporter.start(run.store)
         phase, message, interrupted = _locked_run(run, scope, state)
     finally:
         try:
+            if before_stop is not None:
+                before_stop()
             _stop_everything(run)
         finally:
             if run.isolation is not None:
@@ -286,6 +296,8 @@ def run_workflow(
     cluster: Cluster | None = None,
     fail_nodes: list[FailNode] | None = None,
     memo_cache: str | None = None,
+    objects: ObjectStore | None = None,
+    stop: threading.Event | None = None,
 ) -> RunResult:
     """Run a Workflow/WorkflowTemplate manifest here; raise SpecError before running anything
     if it uses what the local runner refuses.
@@ -308,11 +320,20 @@ def run_workflow(
     isolation.
     memo_cache: the directory of the memoization caches (memo.py); default `memo-cache` beside
     the workdir, so later runs there find what this one saved.
+    objects: the cluster model's object store (objects.py: `--objects` files, ConfigMaps and
+    Secrets); default an empty one. The run's Workflow is in it while it runs; what it owns is
+    garbage-collected at its end. stop: set to stop this run (a child workflow whose object was
+    deleted; controllers.py); a run given one is a child and leaves its object to its parent.
     """
     spec = template_forms.expand(workflow_spec(manifest))  # inline templates, templateDefaults
     base_env = dict(os.environ if env is None else env)
     pods = isolate or pod_node is not None
-    validate(spec, env=base_env, arguments=arguments, semaphores=semaphores, isolate=pods)
+    objects = ObjectStore() if objects is None else objects
+    spec = refs.resolve_parameter_refs(spec, objects)  # configMapKeyRef parameters (refs.py)
+    validate(
+        spec, env=base_env, arguments=arguments, semaphores=semaphores, isolate=pods,
+        objects=objects,
+    )  # fmt: skip
     params = arguments_of(spec, arguments)
     wf_name = name or workflow_name(manifest)
     work = Path(workdir).resolve()
@@ -325,6 +346,8 @@ def run_workflow(
         manifest, spec, params, store, name=wf_name, workdir=str(work), cwd=cwd,
         kill_grace=kill_grace, private_tmp=private_tmp, env=base_env,
     )  # fmt: skip
+    run.objects = objects
+    controllers.register_workflow(run, manifest)
     # the status file written before anything runs: an unwritable --status-file (a missing
     # folder) is an OSError now, not after the whole workflow ran
     write_status(status_path, _document(run, state))
@@ -341,5 +364,27 @@ def run_workflow(
     reporter.status = lambda: write_status(status_path, _document(run, state))
     deadline = spec.get("activeDeadlineSeconds")
     scope = cx.Scope(None, parse_duration(deadline) if deadline is not None else None, cx.DEADLINE)
-    interrupted = _execute(run, scope, reporter, state)
+    ended = threading.Event()
+    if stop is not None:  # a child: its object deleted (or its parent ending) stops it
+        watch = (stop, ended, scope)
+        threading.Thread(target=controllers.stop_when_set, args=watch, daemon=True).start()
+        ending = None
+    else:  # the top-level run is the cluster's workflow controller for the workflows it creates
+        ctl = controllers.Controllers(run, partial(_run_child, run))
+        objects.on_create.append(ctl.on_create)
+        ending = partial(controllers.end_run, run, ctl)
+    try:
+        interrupted = _execute(run, scope, reporter, state, ending)
+    finally:
+        ended.set()
     return _result(run, state, status_path, interrupted)
+
+
+def _run_child(parent: cx.Run, manifest: dict, name: str, workdir: str, stop: threading.Event):
+    """Run a Workflow a resource template created, in the parent's object store (its status
+    goes back to the store: controllers.py). Tasks run as processes, even under --isolate."""
+    return run_workflow(
+        manifest, workdir=workdir, name=name, cwd=parent.cwd, env=parent.env,
+        private_tmp=parent.private_tmp, lock_dir=parent.lock_dir,
+        semaphores=parent.semaphore_limits, objects=parent.objects, stop=stop,
+    )  # fmt: skip
