@@ -33,7 +33,7 @@ from ckptflow.workflows.runner import (
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 from ckptflow.workflows.runner.cluster import ClusterError, load_profile
 from ckptflow.workflows.runner.document import workflow_name_problem
-from ckptflow.workflows.runner.nodelifecycle import parse_fail_node
+from ckptflow.workflows.runner.nodelifecycle import freezer_problem, parse_fail_node
 from ckptflow.workflows.runner.objects import ObjectError, load_objects
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
@@ -153,9 +153,17 @@ def fail_nodes(args: argparse.Namespace, cluster) -> list:
     if cluster is None:
         raise UsageError("--fail-node fails a node of a cluster profile: add --cluster PROFILE")
     try:
-        return [parse_fail_node(text, cluster) for text in args.fail_node]
+        failures = [parse_fail_node(text, cluster) for text in args.fail_node]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    names = [f.node for f in failures]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise UsageError(f"--fail-node: node {twice!r} is given twice (a node fails once)")
+    problem = freezer_problem()
+    if problem:
+        raise IsolationError(problem)
+    return failures
 
 
 def artifact_repository(target: str | None):

@@ -134,8 +134,10 @@ def test_fail_node_option_is_checked(tmp_path, profile, capsys):
         ("node-a@soon", "is not a time"),
         ("node-a@-1", "is not a time"),
         ("node-a", "expected NODE@SECONDS"),
+        ("node-a@1 --fail-node node-a@2", "'node-a' is given twice"),
     ):
-        assert run_cli.main([*base, "--fail-node", bad]) == 2
+        given = [a for v in bad.split(" --fail-node ") for a in ("--fail-node", v)]
+        assert run_cli.main([*base, *given]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and "\n" not in err and err.startswith("ckptflow run: --fail-node")
     assert run_cli.main([str(manifest), "--isolate", "--fail-node", "node-a@1"]) == 2

@@ -28,15 +28,15 @@ with every other pod (`Isolation.close`).
 
 from __future__ import annotations
 
-import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ckptflow.workflows.runner.cluster import Cluster, LifecycleSettings
-from ckptflow.workflows.runner.pods import net
+from ckptflow.workflows.runner.pods import cgroups, net
 from ckptflow.workflows.runner.scheduler import _tolerates
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "admitted_tolerations",
     "argo_marks_pod_deleted",
     "eviction_delay",
+    "freezer_problem",
     "node_ready_condition",
     "parse_fail_node",
     "unreachable_taints",
@@ -93,6 +94,14 @@ def parse_fail_node(text: str, cluster: Cluster) -> FailNode:
             f"--fail-node {text!r}: {when!r} is not a time of 0-{MAX_FAIL_AFTER_S:.0f} s"
         )
     return FailNode(node, seconds)
+
+
+def freezer_problem() -> str | None:
+    """Why a lost node's pods cannot be frozen here (one line), or None."""
+    if not os.path.exists(os.path.join(cgroups.mount_of("freezer"), "cgroup.procs")):
+        where = cgroups.mount_of("freezer")
+        return f"--fail-node needs the cgroup v1 freezer controller (none at {where})"
+    return None
 
 
 def admitted_tolerations(tolerations, settings: LifecycleSettings) -> tuple[dict, ...]:
@@ -300,10 +309,12 @@ class NodeLifecycle:
         pod = entry.pod
         if pod.poll() is not None or pod.cgroups is None:
             return
-        with contextlib.suppress(net.NetError, OSError):
+        try:
             net.drop_pod_traffic(pod.pid)
-        with contextlib.suppress(OSError):
             pod.cgroups.freeze()
+        except (net.NetError, OSError) as exc:  # it ended meanwhile, or the host cannot
+            if pod.poll() is None:
+                self._event("NodeLostIncomplete", entry.key, f"not frozen and silenced: {exc}")
 
     def _monitor_node_health(self, node: _Node, now: float) -> None:
         """monitorNodeHealth: a node silent past the grace period goes Ready=Unknown and is
