@@ -27,6 +27,7 @@ __all__ = [
     "check",
     "evaluate",
     "expand",
+    "names",
     "go_json",
     "MAX_LEN",
     "MAX_DEPTH",
@@ -37,6 +38,29 @@ MAX_STEPS = 200_000  # nodes evaluated, closures included: `map(1..9999, map(1..
 
 class ExprMissing(ExprError):
     """A name the expression uses is not (yet) in scope: `{{=...}}` is left for a later stage."""
+
+
+def names(text: str) -> set[str]:
+    """The names from the env an expression uses (`item`, `inputs`...); an empty set when it
+    does not parse (`check` says why)."""
+    try:
+        tree = parse(text)
+    except ExprError:
+        return set()
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for part in node:
+                walk(part)
+        elif isinstance(node, tuple) and node:
+            if node[0] == "name":
+                found.add(node[1])
+            for part in node[1:]:
+                walk(part)
+
+    walk(tree)
+    return found
 
 
 def check(text: str) -> None:

@@ -18,6 +18,7 @@ __all__ = [
     "TAG",
     "render",
     "explain",
+    "per_item",
     "expression_tags",
     "substitute",
     "unresolved",
@@ -89,6 +90,14 @@ def render(text: str, values: dict[str, str]) -> str:
         pos = end
     out.append(_simple(text[pos:], values))
     return "".join(out)
+
+
+def per_item(tag: str) -> bool:
+    """Whether a tag is filled per loop item (`{{item}}`, `{{item.x}}`, or an expression that
+    uses `item`, which Argo leaves for the item too: expression_template.go variablesToCheck)."""
+    if tag == "{{item}}" or tag.startswith("{{item."):
+        return True
+    return tag.startswith("{{=") and "item" in expr.names(tag[3:-2])
 
 
 def explain(tag: str, values: dict[str, str]) -> str:
