@@ -15,8 +15,10 @@ from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.nodes import ERROR, SKIPPED, Node
 from ckptflow.workflows.runner.substitution import (
     expand_items,
+    explain,
     item_label,
     item_vars,
+    per_item,
     substitute,
     to_str,
     unresolved,
@@ -35,12 +37,10 @@ class Unit:
         self.spec, self.name, self.display = spec, name, display
 
 
-def _check(spec: dict, what: str) -> None:
-    missing = [
-        t for t in unresolved(spec) if t not in ("{{item}}",) and not t.startswith("{{item.")
-    ]
-    if missing:
-        raise ValueError(f"{what}: failed to resolve {missing[0]}")
+def _check(spec: dict, what: str, values: dict[str, str]) -> None:
+    missing = [t for t in unresolved(spec) if not per_item(t)]
+    if missing:  # explain: an expression's error
+        raise ValueError(f"{what}: failed to resolve {explain(missing[0], values)}")
 
 
 def plan(
@@ -51,11 +51,13 @@ def plan(
     Raises ValueError for unresolvable references or a bad loop value.
     """
     body = substitute(spec, values)
-    _check(body, f"step/task {spec['name']!r}")
+    _check(body, f"step/task {spec['name']!r}", values)
     items = expand_items(body)
     if items is None:
         for tag in unresolved(body):
-            raise ValueError(f"step/task {spec['name']!r}: failed to resolve {tag}")
+            raise ValueError(
+                f"step/task {spec['name']!r}: failed to resolve {explain(tag, values)}"
+            )
         return [Unit(body, name, display)], ""
     base = {k: v for k, v in body.items() if k not in _LOOPS}
     units = []
@@ -63,7 +65,8 @@ def plan(
         one = substitute(base, item_vars(item))
         left = unresolved(one)
         if left:
-            raise ValueError(f"step/task {spec['name']!r}: failed to resolve {left[0]}")
+            why = explain(left[0], item_vars(item))
+            raise ValueError(f"step/task {spec['name']!r}: failed to resolve {why}")
         label = item_label(spec["name"], i, item)
         prefix = name[: len(name) - len(spec["name"])]
         units.append(Unit(one, prefix + label, label))

@@ -21,7 +21,7 @@ from ckptflow.workflows.runner import isolation, nodelifecycle, pod_rules, refs,
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 from ckptflow.workflows.runner.pods.podspec import downward_env
 from ckptflow.workflows.runner.process import wait_ready
-from ckptflow.workflows.runner.substitution import substitute, to_str, unresolved
+from ckptflow.workflows.runner.substitution import explain, substitute, to_str, unresolved
 
 __all__ = ["run_template"]
 
@@ -176,7 +176,8 @@ def run_template(
         return
     missing = unresolved(body, skip=("outputs", "metrics"))  # metrics: ignored, may use {{status}}
     if missing:
-        run.store.update(node, phase=ERROR, message=f"failed to resolve {missing[0]}")
+        why = explain(missing[0], {**values, **paths})  # an expression's error
+        run.store.update(node, phase=ERROR, message=f"failed to resolve {why}")
         return
     try:  # from the substituted body: `timeout: "{{inputs.parameters.timeout}}"`
         deadline = cx.template_deadline(body)
