@@ -6,6 +6,7 @@ conditional-artifacts examples write a relative path in the image's WORKDIR `/`)
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,50 @@ def test_an_unsupported_expression_refuses_the_manifest_before_it_runs(tmp_path)
         "function sprig.env() is not supported by the local runner"
     ) in str(info.value)
     assert not (tmp_path / "w" / "pods").exists()
+
+
+def _workflow(name: str, *templates: dict) -> dict:
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": templates[0]["name"], "templates": list(templates)},
+    }
+
+
+def test_expression_tags_over_loop_items(tmp_path):
+    """expression-tag-template-workflow's DAG (its argosay image has no command here, so with
+    `sh`): withParam from `toJson(filter(...))`, `{{=item}}` per item, asInt arithmetic and
+    sprig.date on workflow.creationTimestamp."""
+    main = {
+        "name": "main",
+        "dag": {
+            "tasks": [
+                {
+                    "name": "task-0",
+                    "template": "pod-0",
+                    "arguments": {"parameters": [{"name": "foo", "value": "{{=item}}"}]},
+                    "withParam": "{{=toJson(filter([1, 3], {# > 1}))}}",
+                }
+            ]
+        },
+    }
+    pod = _sh(
+        "pod-0",
+        "echo 'hello {{=asInt(inputs.parameters.foo) * 10}} @ "
+        "{{=sprig.date('2006', workflow.creationTimestamp)}}'",
+        inputs={"parameters": [{"name": "foo"}]},
+    )
+    result = _run("tags", tmp_path, _workflow("tags", main, pod))
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    year = time.strftime("%Y")
+    assert result.node("task-0(0:3)")["outputs"]["result"] == f"hello 30 @ {year}"
+
+
+def test_an_expression_that_fails_at_run_time_says_why(tmp_path):
+    pod = _sh("main", "echo {{=asInt(workflow.name)}}")
+    result = _run("bad-int", tmp_path, _workflow("bad-int", pod))
+    assert result.phase in ("Error", "Failed")
+    assert result.node("bad-int")["message"] == (
+        "failed to resolve {{=asInt(workflow.name)}}: invalid operation: int(bad-int)"
+    )

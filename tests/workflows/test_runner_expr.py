@@ -13,7 +13,16 @@ from ckptflow.workflows.runner.expr import (
     evaluate,
     expand,
 )
+from ckptflow.workflows.runner.expr_check import problems
+from ckptflow.workflows.runner.expr_fields import (
+    output_expression,
+    retry_continues,
+    retry_policy,
+    retry_scope,
+)
 from ckptflow.workflows.runner.expr_funcs import go_json
+from ckptflow.workflows.runner.nodes import Node
+from ckptflow.workflows.runner.substitution import explain, per_item, render, unresolved
 
 CONFIG = '{"employees": [{"name": "Baris", "age":43},{"name": "Mo", "age": 42}, {"name": "Jai", "age" :44}]}'
 ENV = expand(
@@ -223,3 +232,100 @@ def test_a_non_string_expression_is_refused() -> None:
 def test_a_wrong_number_of_arguments_is_an_expr_error() -> None:
     with pytest.raises(ExprError, match="invalid call"):
         evaluate("sprig.add1()", {})
+
+
+# -- `{{=...}}` tags in substitution, the checks before the run, the retry scope ----------------
+
+
+def test_expression_tags_are_rendered_and_left_while_a_name_is_missing() -> None:
+    values = {"inputs.parameters.foo": "3", "inputs.parameters": "[...]"}
+    text = "x{{=asInt(inputs.parameters.foo) * 10}}y {{=item}} {{inputs.parameters.foo}}"
+    out = render(text, values)
+    assert out == "x30y {{=item}} 3"
+    assert unresolved(out) == ["{{=item}}"]
+    assert render(out, {"item": "7"}) == "x30y 7 3"
+
+
+def test_a_tag_ends_at_the_first_closing_braces_as_in_argo() -> None:
+    """fasttemplate: `{# > 1}` and a map literal close with one brace, so they nest."""
+    assert render("{{=toJson(filter([1, 3], {# > 1}))}}", {}) == "[3]"
+    assert render("{{=toJson({a: 1})}}!", {}) == '{"a":1}!'
+
+
+def test_an_expression_error_is_kept_and_explained() -> None:
+    out = render("{{=asInt('x')}}", {})
+    assert out == "{{=asInt('x')}}"
+    assert explain(out, {}) == "{{=asInt('x')}}: invalid operation: int(x)"
+    assert explain("{{=inputs.parameters.nope}}", {"inputs.parameters.a": "1"}).endswith(
+        "evaluated to nil"
+    )
+
+
+def test_per_item_tags() -> None:
+    assert per_item("{{item}}") and per_item("{{item.a}}") and per_item("{{=item + 'x'}}")
+    assert not per_item("{{=inputs.parameters.a}}") and not per_item("{{inputs.parameters.a}}")
+
+
+def test_expr_check_names_the_template_and_the_field() -> None:
+    spec = {
+        "arguments": {"parameters": [{"name": "p", "value": "{{=1 +}}"}]},
+        "templates": [
+            {
+                "name": "t",
+                "steps": [[{"name": "s", "template": "t", "when": "{{=sprig.env('X')}}"}]],
+                "outputs": {
+                    "parameters": [{"name": "o", "valueFrom": {"expression": "a b"}}],
+                    "artifacts": [{"name": "r", "fromExpression": "{"}],
+                },
+                "retryStrategy": {"expression": "{{inputs.parameters.x}} == true"},  # fine
+            },
+            {"name": "u", "container": {"args": ["{{=unclosed"]}},
+        ],
+    }
+    found = problems(spec)
+    assert [(w, f) for w, f, _ in found] == [
+        ("spec", "arguments.parameters.p.value"),
+        ("template 't'", "steps[0].s.when"),
+        ("template 't'", "outputs.parameters.o.valueFrom.expression"),
+        ("template 't'", "outputs.artifacts.r.fromExpression"),
+        ("template 'u'", "container.args[0]"),
+    ]
+    assert "sprig.env() is not supported" in found[1][2]
+    assert "no closing" in found[4][2]
+
+
+def _node(phase: str, exit_code: int | None, message: str, seconds: float) -> Node:
+    node = Node(id="n", name="n", display_name="n", type="Pod", phase=phase, message=message)
+    node.exit_code, node.started_at, node.finished_at = exit_code, 100.0, 100.0 + seconds
+    return node
+
+
+def test_retry_scope_and_expression_as_argo_builds_them() -> None:
+    """operator.go buildRetryStrategyLocalScope: strings; Go's float64 duration."""
+    last = _node("Failed", 2, "boom", 1.5)
+    assert retry_scope(3, last) == {
+        "retries": "2",
+        "lastRetry": {"exitCode": "2", "status": "Failed", "duration": "1.5", "message": "boom"},
+    }
+    assert retry_continues({"expression": "asInt(lastRetry.exitCode) > 1"}, 1, last)
+    assert not retry_continues({"expression": "lastRetry.status == 'Error'"}, 1, last)
+    assert retry_continues({}, 1, last)
+    with pytest.raises(ExprError, match=r"int\(1.5\)"):
+        retry_continues({"expression": "asInt(lastRetry.duration) < 120"}, 1, last)
+    with pytest.raises(ExprError, match="to bool"):
+        retry_continues({"expression": "lastRetry.exitCode"}, 1, last)
+    assert retry_policy({"expression": "true"}) == "Always"
+    assert retry_policy({}) == "OnFailure"
+    assert retry_policy({"expression": "true", "retryPolicy": "OnError"}) == "OnError"
+
+
+def test_output_expression_takes_the_default_on_error_or_nil() -> None:
+    scope = {"steps.a.outputs.result": "x"}
+    assert output_expression("o", {"expression": "steps.a.outputs.result + '!'"}, scope) == "x!"
+    assert (
+        output_expression("o", {"expression": "steps.b.outputs.result", "default": "d"}, scope)
+        == "d"
+    )
+    assert output_expression("o", {"expression": "[1, 'a']"}, scope) == "[1 a]"  # Go's %v
+    with pytest.raises(ValueError, match="output parameter 'o': valueFrom.expression: .*nil"):
+        output_expression("o", {"expression": "steps.b.outputs.result"}, scope)
