@@ -271,7 +271,7 @@ def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, 
             stream=stream,
             pod_node=node,
             cluster=load_profile(profile),
-            fail_nodes=[parse_fail_node("node-a@1.5", load_profile(profile))],
+            fail_nodes=[parse_fail_node("node-a@3", load_profile(profile))],
         )
         assert node.pods() == []  # the frozen pods were thawed and killed at the end
     finally:
@@ -306,12 +306,12 @@ def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, 
     # detection after the grace period (2 s, checked every 0.5 s); eviction after the
     # toleration (2 s) for one, at once for the pod without a toleration
     silent = float(re.search(r"NodeNotReady node-a: .* ([\d.]+)s after it went silent", out)[1])
-    assert 2.0 < silent <= 2.0 + 0.5 + 0.3, out
+    assert 2.0 < silent <= 2.0 + 0.5 + 1.0, out  # + a busy machine's delay
     waits = dict(
         re.findall(r"TaintManagerEviction lost\.(\w+)\(0\): .*\(([\d.]+)s after the taint\)", out)
     )
-    assert float(waits["bare"]) < 0.3, out
-    assert 2.0 <= float(waits["tolerant"]) < 2.4, out
+    assert float(waits["bare"]) < 0.5, out
+    assert 2.0 <= float(waits["tolerant"]) < 2.5, out
     print(out)
 
 
@@ -357,3 +357,54 @@ def test_frozen_pods_of_a_killed_runner_are_swept(tmp_path):
         assert time.monotonic() < deadline, "a frozen pod process survived the sweep"
         time.sleep(0.05)
     assert not any(leftovers(made["tag"]).values()), leftovers(made["tag"])
+
+
+@needs_pods
+@pytest.mark.timeout(120)
+def test_an_interrupted_run_thaws_and_kills_its_frozen_pods(tmp_path, profile):
+    """Ctrl-C while a node is lost: the frozen pod (it ignores every signal until thawed) goes
+    with the rest, and its cgroups with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    script = "import os, time\nopen('/shared/pid', 'w').write(str(os.getpid()))\ntime.sleep(600)"
+    task = {
+        "name": "sleeper",
+        "container": {
+            "image": "x",
+            "command": ["python", "-c", script],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        },
+    }
+    manifest = _workflow("cut", [task])
+    manifest["spec"]["volumes"] = [{"name": "shared", "hostPath": {"path": str(shared)}}]
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(manifest))
+    argv = [sys.executable, "-m", "ckptflow.run_cli", str(path), "--isolate", "--cluster"]
+    argv += [profile, "--fail-node", "node-a@1", "--workdir", str(tmp_path / "w")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            if "NodeLost node-a" in line:
+                break
+        pid = int((shared / "pid").read_text())
+        with open(f"/proc/{pid}/cgroup") as f:
+            freezer = next(x.split(":", 2)[2].strip() for x in f if ":freezer:" in x)
+        state = Path("/sys/fs/cgroup/freezer" + freezer)
+        assert (state / "freezer.state").read_text().strip() == "FROZEN"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "teardown" not in err, err
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, "the frozen pod survived the interrupted run"
+        time.sleep(0.05)
+    assert not state.exists()

@@ -92,7 +92,11 @@ class Pod:
 
     def stop(self, grace: float) -> None:
         """SIGTERM the pod's process group, SIGKILL it after `grace` s, then every process
-        left in the pod (also those that left the group)."""
+        left in the pod (also those that left the group). A frozen pod (a lost node,
+        nodelifecycle.py) is killed at once: it cannot run a grace period, nor may it run again."""
+        if self.cgroups is not None and self.cgroups.frozen():
+            self._kill_rest()  # SIGKILL, then thawed (cgroups.kill_all)
+            return
         stop_group(self.popen, grace)
         self._kill_rest()
 
