@@ -56,7 +56,7 @@ def _wf(key: str = "k-{{inputs.parameters.x}}", max_age: str | None = None, **ex
                     # counts its real runs in a file beside the cache: a hit does not run it
                     "script": {
                         "command": ["sh"],
-                        "source": "echo ran >> \"$RUNS_FILE\"; echo out-{{inputs.parameters.x}}",
+                        "source": 'echo ran >> "$RUNS_FILE"; echo out-{{inputs.parameters.x}}',
                     },
                     **extra,
                 },
@@ -186,3 +186,28 @@ def test_go_durations():
     for bad in ("10", "s", "1d", ""):
         with pytest.raises(memos.MemoError):
             memos.go_duration(bad)
+
+
+def test_ckptflow_run_memo_cache_option(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    from ckptflow.run_cli import main
+
+    monkeypatch.setenv("RUNS_FILE", str(tmp_path / "runs.txt"))
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(_wf()))
+    for n in (1, 2):
+        argv = [
+            str(path),
+            "--workdir",
+            str(tmp_path / f"w{n}"),
+            "--memo-cache",
+            str(tmp_path / "c"),
+        ]
+        assert main(argv) == 0
+    assert (tmp_path / "c" / "default" / "my-cache" / "k-1.json").is_file()
+    assert _runs(tmp_path) == 1
+    status = json.loads((tmp_path / "w2" / "status.json").read_text())
+    hits = [n["memoizationStatus"]["hit"] for n in status["status"]["nodes"].values()
+            if "memoizationStatus" in n]  # fmt: skip
+    assert hits == [True]
