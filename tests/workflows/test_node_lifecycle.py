@@ -307,6 +307,12 @@ def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, 
     # toleration (2 s) for one, at once for the pod without a toleration
     silent = float(re.search(r"NodeNotReady node-a: .* ([\d.]+)s after it went silent", out)[1])
     assert 2.0 < silent <= 2.0 + 0.5 + 1.0, out  # + a busy machine's delay
+    events = [(e["event"], e["subject"]) for e in result.status["status"]["local"]["nodeLifecycle"]]
+    assert events[:2] == [("NodeLost", "node-a"), ("NodeNotReady", "node-a")]
+    assert sorted(events[2:]) == [
+        ("TaintManagerEviction", "lost.bare(0)"),
+        ("TaintManagerEviction", "lost.tolerant(0)"),
+    ]
     waits = dict(
         re.findall(r"TaintManagerEviction lost\.(\w+)\(0\): .*\(([\d.]+)s after the taint\)", out)
     )

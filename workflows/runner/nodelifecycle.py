@@ -243,7 +243,15 @@ class NodeLifecycle:
 
     def _event(self, kind: str, subject: str, message: str) -> None:
         now = self._clock()
-        self.events.append({"at": now, "event": kind, "subject": subject, "message": message})
+        self.events.append(
+            {
+                "at": now,
+                "atUnix": time.time(),
+                "event": kind,
+                "subject": subject,
+                "message": message,
+            }
+        )
         self._say(f"{kind} {subject}: {message}")
 
     # --- what the runner tells it, and asks ------------------------------------------------

@@ -161,6 +161,10 @@ def _document(run: cx.Run, state: dict) -> dict:
     }
     if state["message"]:
         status["message"] = state["message"]
+    lifecycle = run.isolation.lifecycle if run.isolation is not None else None
+    if lifecycle is not None:  # --fail-node: what the control plane did, when (runner only)
+        events = [{k: v for k, v in e.items() if k != "at"} for e in lifecycle.events]
+        status["local"] = {"nodeLifecycle": events}
     if run.global_outputs:
         status["outputs"] = {
             "parameters": [{"name": k, "value": v} for k, v in run.global_outputs.items()]
