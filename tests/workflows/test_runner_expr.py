@@ -3,6 +3,9 @@ functions Argo adds, and hostile expressions refused with one line."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+
 import pytest
 from ckptflow.workflows.runner.expr import (
     MAX_DEPTH,
@@ -41,6 +44,11 @@ ENV = expand(
     ("text", "value"),
     [
         ("1 + 2 * 3", 7),
+        ("1 < 2 < 3", True),  # chained comparisons: 1 < 2 && 2 < 3 (parser.go parseComparison)
+        ("3 > 2 > 2", False),
+        ("-2 ** 2", -4.0),  # unary minus binds looser than **
+        ("not true == false", True),  # not binds tighter than ==
+        ("nil ?? nil ?? 3", 3),
         ("2 ** 3 ** 2", 512.0),  # right-associative, a float as in expr-lang
         ("7 / 2", 3.5),
         ("7 % 3", 1),
@@ -158,6 +166,8 @@ def test_expand_drops_a_key_that_prefixes_another() -> None:
         ("'unterminated", "unrecognized character"),
         ("@", "unrecognized character"),
         ("let x = 1; x", "'let' is not supported"),
+        ("nil ?? 1 + 2", "cannot be mixed"),  # expr-lang refuses ?? beside other operators
+        ("1 ! in [1]", "unexpected '!'"),  # only `not in` negates
         ("#index", "#index is not supported"),
         ("sprig.env('HOME')", r"sprig\.env\(\) is not supported"),
         ("sprig.expandenv('$HOME')", r"sprig\.expandenv\(\) is not supported"),
@@ -329,3 +339,16 @@ def test_output_expression_takes_the_default_on_error_or_nil() -> None:
     assert output_expression("o", {"expression": "[1, 'a']"}, scope) == "[1 a]"  # Go's %v
     with pytest.raises(ValueError, match="output parameter 'o': valueFrom.expression: .*nil"):
         output_expression("o", {"expression": "steps.b.outputs.result"}, scope)
+
+
+def test_random_token_soup_gives_a_value_or_an_expr_error() -> None:
+    """Hostile input: no other exception, no hang, whatever the tokens."""
+    tokens = "1 2.5 'a' nil true x x.y [ ] ( ) { } , : ? ?? ?. . + - * / % ** == < && || ! not in"
+    tokens += " matches .. # map filter len sprig.add asInt jsonpath toJson sprig.b64dec 0x1f 1e400"
+    tokens += " `raw` | .a [1,2] sprig.substr string sprig.repeat sprig.date keys sum split"
+    words = tokens.split()
+    rng = random.Random(7)
+    for _ in range(3000):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 10)))
+        with contextlib.suppress(ExprError):
+            evaluate(text, {"x": {"y": [1, 2]}})

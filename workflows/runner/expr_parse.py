@@ -41,6 +41,7 @@ _BINARY |= {"endsWith": 20, "..": 25, "+": 30, "-": 30, "*": 60, "/": 60, "%": 6
 _BINARY |= {"**": 100, "^": 100, "??": 500}
 _UNARY = {"not": 50, "!": 50, "-": 90, "+": 90}
 _NEGATABLE = {"in", "matches", "contains", "startsWith", "endsWith"}
+_COMPARISON = ("<", ">", "<=", ">=")
 
 
 def _unquote(text: str) -> str:
@@ -140,24 +141,42 @@ class _Parser:
         return node
 
     def binary(self, min_prec: int) -> tuple:
-        left = self.unary()
+        """Operators by precedence (parser.go parseExpression): `not in`-style negations,
+        chained comparisons (`a < b < c` is `a < b && b < c`), `??` not mixed with others."""
+        left, prev = self.unary(), ""
         while True:
             tok = self.peek()
             if tok is None or tok[0] != "op":
                 return left
             op, negate = tok[1], False
-            if op in ("not", "!") and self.peek(1) and self.peek(1)[1] in _NEGATABLE:
+            if op == "not" and self.peek(1) and self.peek(1)[1] in _NEGATABLE:
                 op, negate = self.peek(1)[1], True
-            if op not in _BINARY or _BINARY[op] < min_prec or (op == "|"):
+            if op not in _BINARY or _BINARY[op] < min_prec or op == "|":
                 return left
+            if prev == "??" and op != "??":
+                raise ExprError(f"operator {op} and coalesce expressions (??) cannot be mixed")
             self.pos += 2 if negate else 1
-            right_assoc = op in ("**", "^")
             self.nest()
-            right = self.binary(_BINARY[op] + (0 if right_assoc else 1))
+            if op in _COMPARISON:
+                left = self.comparison(left, op)
+            else:
+                right = self.binary(_BINARY[op] + (0 if op in ("**", "^") else 1))
+                left = ("bin", op, left, right)
             self.depth -= 1
-            left = ("bin", op, left, right)
             if negate:
                 left = ("not", left)
+            prev = op
+
+    def comparison(self, left: tuple, op: str) -> tuple:
+        root = None
+        while True:
+            right = self.binary(_BINARY[op] + 1)
+            node = ("bin", op, left, right)
+            root = node if root is None else ("bin", "&&", root, node)
+            if not self.is_op(*_COMPARISON):
+                return root
+            left, op = right, self.peek()[1]
+            self.pos += 1
 
     def unary(self) -> tuple:
         tok = self.peek()
