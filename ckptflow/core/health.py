@@ -30,7 +30,7 @@ EVENTS = "events"
 MAX_EVENTS = 10_000  # read and kept: a year of hourly saves with their loads and evaluations
 MAX_EVENT = 4096  # bytes of one event file
 MAX_TEXT = 500
-KINDS = ("save", "load", "evaluate", "verify", "drill", "gc", "slim")
+KINDS = ("save", "load", "evaluate", "verify", "drill", "gc", "slim", "recovery")
 OUTCOMES = ("ok", "failed")
 SAVE_KINDS = ("full", "delta", "")
 _NAME = re.compile(r"^(\d{16})-([a-z]{2,16})-([0-9a-f]{8})\.json$")
@@ -52,6 +52,9 @@ class Event:
     resume: bool = False  # load: a restart resuming training (a recovery)
     fell_back: int = 0  # load: corrupt newer steps skipped
     error: str = ""  # failed: what went wrong (one line, cut)
+    # recovery (ckptflow.core.liveness): the last step trained before the failure; its `step`
+    # is the step resumed from, its `duration_s` last progress to the resumed first progress
+    last_step: int | None = None
 
 
 def record(storage: Storage, kind: str, **fields) -> Event | None:
@@ -84,9 +87,10 @@ def check(d) -> Event:
         raise ValueError("outcome")
     if not _number(d.get("at"), 0, 1e11):
         raise ValueError("at")
-    step = d.get("step")
-    if step is not None and not (isinstance(step, int) and _number(step, 0, 1 << 62)):
-        raise ValueError("step")
+    for key in ("step", "last_step"):
+        step = d.get(key)
+        if step is not None and not (isinstance(step, int) and _number(step, 0, 1 << 62)):
+            raise ValueError(key)
     for key in ("duration_s", "stall_s"):
         if not _number(d.get(key, 0.0)):
             raise ValueError(key)

@@ -10,7 +10,9 @@ records and its event log (ckptflow.core.health); torch-free.
 - last verified step: the newest step a verify or drill read in full without fault;
 - recoveries: loads that resumed training after a save; time to recover: from the training's
   last save or resume before the restart to the resumed load's end, an upper bound of
-  detection + rescheduling + load (it includes the work lost since that save).
+  detection + rescheduling + load (it includes the work lost since that save);
+- each recovery measured (`recovery` events, ckptflow.core.liveness): from the failed
+  training's last progress to the resumed training's first, with the steps lost.
 """
 
 from __future__ import annotations
@@ -72,6 +74,21 @@ def _recoveries(events: list[health.Event]) -> list[float]:
     return out
 
 
+def _measured(events: list[health.Event]) -> list[dict]:
+    """Each recorded recovery, oldest first (ckptflow.core.liveness)."""
+    return [
+        {
+            "at": ev.at,
+            "recovery_s": ev.duration_s,
+            "resumed_step": ev.step,
+            "last_step": ev.last_step,
+            "lost_steps": max(0, (ev.last_step or 0) - (ev.step or 0)),
+        }
+        for ev in events
+        if ev.kind == "recovery" and ev.outcome == "ok"
+    ]
+
+
 def stats(st: Storage, now: float | None = None) -> dict:
     """Every figure of the module doc, as a JSON-ready dict (None where nothing was recorded)."""
     now = time.time() if now is None else now
@@ -123,6 +140,7 @@ def stats(st: Storage, now: float | None = None) -> dict:
             "count": len(recover),
             "median_s": quantile(recover, 0.5),
             "max_s": max(recover, default=None),
+            "measured": _measured(events),
         },
         "events": {"read": len(events), "damaged": damaged},
     }
@@ -138,6 +156,19 @@ def duration(v: float | None) -> str:
         digits = 0 if ms >= 100 else 1 if ms >= 10 else 2
         return "0 ms" if ms == 0 else f"{ms:.{digits}f} ms"
     return f"{v:.2f} s" if v < 120 else listing.human_age(v)
+
+
+def _measured_rows(measured: list[dict]) -> list[tuple[str, str]]:
+    """One row per measured recovery: its time, where it resumed and the steps lost."""
+    return [
+        (
+            f"  recovery {i}",
+            f"{duration(m['recovery_s'])} last progress to resumed progress (step "
+            f"{m['last_step']} reached, resumed from {m['resumed_step']}: {m['lost_steps']} "
+            "steps lost)",
+        )
+        for i, m in enumerate(measured, 1)
+    ]
 
 
 def render(s: dict) -> str:
@@ -187,6 +218,7 @@ def render(s: dict) -> str:
             "recoveries",
             f"{s['recoveries']['count']} (time to recover median {sec(s['recoveries']['median_s'])}, max {sec(s['recoveries']['max_s'])})",
         ),
+        *_measured_rows(s["recoveries"]["measured"]),
         ("events", f"{s['events']['read']} read, {s['events']['damaged']} damaged"),
     ]
     width = max(len(k) for k, _ in rows)

@@ -19,7 +19,9 @@ from ckptflow.core.errors import CheckpointError, CorruptCheckpoint, FileMissing
 from ckptflow.core.storage import AlreadyExists, Entry, Storage
 from ckptflow.core.uris import OBJECT_STORES
 
-_KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS, "events"}  # events: ckptflow.core.health
+# events: ckptflow.core.health; progress.json: ckptflow.core.liveness (written after the first
+# step, possibly before the first save writes the marker)
+_KNOWN_TOP = {layout.ROOT_MARKER, layout.OBJECTS, "events", "progress.json"}
 
 
 MAX_MARKER = 64 << 10  # bytes of a root marker: a few hundred in practice

@@ -33,7 +33,7 @@ from ckptflow.steps.lib.straggler import (
 )
 
 from ckptflow import env
-from ckptflow.core import runroot
+from ckptflow.core import liveness, runroot
 from ckptflow.core.layout import step_dir
 
 log = logging.getLogger("ckptflow.training")
@@ -148,6 +148,10 @@ class CheckpointedLoop:
 
         progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main, initial=start_step)
         self.start_step = start_step
+        # rank 0 marks progress; a restart in this root records its recovery's time
+        self.liveness = (
+            liveness.Tracker(self.ck.storage, start_step) if self.dinfo.is_main else None
+        )
         try:
             for step in range(start_step, self.spec.max_steps):
                 self._one_step(step + 1, progress)
@@ -160,6 +164,8 @@ class CheckpointedLoop:
         """Train to step `done`; show, save, agree at the boundary and reap what is due."""
         self._train_one(done)
         progress.update(done, self.last_metrics)
+        if self.liveness is not None:
+            self.liveness.progressed(done)
         if self.spec.fail_at_step == done:
             self._die(done)
         saved = done % self.spec.ckpt_every == 0 or done == self.spec.max_steps
