@@ -13,11 +13,14 @@ forms `key[=value]:Effect,...` and `key=value,...` are read too.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
 import yaml
+
+from ckptflow import env as wiring
 
 __all__ = [
     "ConfigError",
@@ -187,11 +190,16 @@ def _pairs_from_text(key: str, raw: str, form: str, mapping: str) -> tuple[tuple
         pairs = [(str(k), "" if v is None else _scalar(key, raw, v)) for k, v in value.items()]
     else:
         raise _bad(key, raw, f"expected {mapping}")
+    _bounded(key, raw, pairs, form.partition("=")[0])
+    return tuple(pairs)
+
+
+def _bounded(key: str, raw: str, pairs, what: str) -> None:
+    """At most PAIRS_MAX entries, none named twice."""
     if len(pairs) > PAIRS_MAX:
         raise _bad(key, raw, f"at most {PAIRS_MAX} entries")
     if len({n for n, _ in pairs}) != len(pairs):
-        raise _bad(key, raw, f"{form.partition('=')[0]} named twice")
-    return tuple(pairs)
+        raise _bad(key, raw, f"{what} named twice")
 
 
 # -- extra env and extended resources -----------------------------------------------------------
@@ -202,16 +210,62 @@ ANNOTATION_MAX = 16384  # characters of one annotation value (Kubernetes: 256 Ki
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 _COUNT = re.compile(r"[1-9][0-9]{0,8}")
 PAIRS_MAX = 64  # a bound on entries of one mapping setting
+# What ckptflow itself sets on rank and fine-tune pods (templates.step_env, cloud_env, rank_env;
+# tests/workflows/test_pod_parameters.py renders every one): an extra entry of the same name
+# would win (Kubernetes keeps the last; a podSpecPatch merges by name) and silently break
+# credentials, the rendezvous or the preemption save.
+OWN_ENV = frozenset(
+    {
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
+        "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_NAME",
+        "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "MLFLOW_TRACKING_URI",
+        "ARGO_WORKFLOW_NAME", "ARGO_WORKFLOW_UID", "ARGO_WORKFLOW_NAMESPACE", wiring.ARGO_UI,
+        "PET_LOCAL_ADDR", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        wiring.POD_NAME_VARIABLE, wiring.NODE_NAME_VARIABLE,
+    }
+)  # fmt: skip
 # Set by their own settings (cpu, memory, gpu): a second entry would contradict them.
 OWN_RESOURCES = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
 
 
+ENV_LIST = 'a JSON list of {"name": ..., "value": ...}'
+
+
 def env_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
-    """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON) or `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5` as (name,
-    value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)."""
+    """`{"NCCL_DEBUG": "INFO"}` (YAML/JSON), `NCCL_DEBUG=INFO,NCCL_IB_HCA=mlx5`, or a Pod spec's
+    env list `[{"name": "NCCL_DEBUG", "value": "INFO"}]` (the per-run parameter's form) as
+    (name, value) pairs; a name must be a C identifier (what a shell and torchrun can pass on)
+    and none that ckptflow sets itself (OWN_ENV)."""
+    listed = _structured(key, raw)
+    if isinstance(listed, list):
+        pairs = tuple(_env_entry(key, raw, entry) for entry in listed)
+        _bounded(key, raw, pairs, "NAME")
+        for pair in pairs:
+            _check_pair(key, raw, pair)
+        return pairs
     return _checked_pairs(
         key, raw, "NAME=VALUE", 'a mapping of variables, e.g. {"NCCL_DEBUG": "INFO"}'
     )
+
+
+def _env_entry(key: str, raw: str, entry: Any) -> tuple[str, str]:
+    """One entry of a Pod spec env list with a plain value, as (name, value)."""
+    if (
+        not isinstance(entry, dict)
+        or set(entry) != {"name", "value"}
+        or not all(isinstance(v, str) for v in entry.values())
+    ):
+        raise _bad(
+            key,
+            raw,
+            f'expected a mapping of variables, e.g. {{"NCCL_DEBUG": "INFO"}}, or {ENV_LIST}',
+        )
+    return entry["name"], entry["value"]
+
+
+def env_list(pairs: tuple[tuple[str, str], ...]) -> str:
+    """(name, value) pairs as the JSON env list of a Pod spec (the per-run parameter's form)."""
+    return json.dumps([{"name": n, "value": v} for n, v in pairs])
 
 
 def annotations_from_text(key: str, raw: str) -> tuple[tuple[str, str], ...]:
@@ -340,6 +394,8 @@ def _check_pair(key: str, shown: str, pair: tuple) -> None:
     if key in ENV_SETTINGS:
         if not _ENV_NAME.fullmatch(name):
             raise _bad(key, shown, f"{name!r} is not a variable name (letters, digits, '_')")
+        if name in OWN_ENV:
+            raise _bad(key, shown, f"{name!r} is set by ckptflow on these pods; leave it out")
     elif key in ANNOTATION_SETTINGS:
         if not _label_key(name):
             raise _bad(key, shown, f"{name!r} is not a Kubernetes annotation key")
@@ -359,6 +415,16 @@ def _check_pair(key: str, shown: str, pair: tuple) -> None:
 
 
 PATCHES = ("platform.gpu_pod_spec_patch",)
+# The podSpecPatch fields ckptflow sets on rank and fine-tune pods (templates.gpu_patch), with
+# the setting that changes each. A user patch may not set them: the two are merged as YAML
+# merge-key mappings, whose precedence parsers disagree on (PyYAML 6.0.4 lets the later one win
+# for most keys), so no key is ever in both.
+OWN_PATCH_FIELDS = {
+    "containers": "extra env is gpu_env; resources are pretrain.rank_resources and finetune.resources",
+    "terminationGracePeriodSeconds": "set pretrain.grace_s / finetune.grace_s",
+    "hostNetwork": "set platform.gpu_host_network",
+    "dnsPolicy": "set platform.gpu_host_network",
+}
 PATCH_MAX = 65536  # characters of a user podSpecPatch
 
 
@@ -377,6 +443,9 @@ def pod_spec_patch(key: str, text: str, shown: str | None = None) -> dict:
         raise _bad(key, shown, f"not valid YAML/JSON ({where})") from None
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _bad(key, shown, 'expected a mapping of Pod spec fields, e.g. {"priority": 10}')
+    for field in OWN_PATCH_FIELDS:
+        if field in value:
+            raise _bad(key, shown, f"{field!r} is ckptflow's: {OWN_PATCH_FIELDS[field]}")
     return value
 
 

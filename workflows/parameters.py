@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ckptflow.workflows import checks
 from ckptflow.workflows.checks import LR_CEILING
 from ckptflow.workflows.config import (
     ConfigError,
@@ -35,6 +36,7 @@ from hera.workflows import Parameter
 __all__ = [
     "FINETUNE",
     "PIPELINE",
+    "POD",
     "PRETRAIN",
     "Knob",
     "arguments",
@@ -53,7 +55,7 @@ class Knob:
     description: str  # one line, shown by the Argo UI's submit form
 
 
-PRETRAIN = (
+_PRETRAIN = (
     Knob("model", "pretrain.model", "named model size"),
     Knob("pretrain_task", "pretrain.task", "corpus task the base model is pretrained on"),
     Knob("ranks", "pretrain.ranks", "pretraining rank pods (torchrun nodes)"),
@@ -70,7 +72,7 @@ PRETRAIN = (
         "timeout of each evaluator beside training, e.g. 120h (empty: none)",
     ),
 )
-FINETUNE = (
+_FINETUNE = (
     Knob("finetune_task", "finetune.task", "task the variants are fine-tuned and ranked on"),
     Knob("finetune_steps", "finetune.max_steps", "fine-tuning optimizer steps per variant"),
     Knob("finetune_ckpt_every", "finetune.ckpt_every", "fine-tuning: save every K steps"),
@@ -85,7 +87,31 @@ FINETUNE = (
     Knob("metric", "finetune.metric", "eval.json metric that selects the champion"),
     Knob("mode", "finetune.mode", "whether a lower (min) or higher (max) metric is better"),
 )
-PIPELINE = PRETRAIN + FINETUNE
+# Pod settings that vary per run (issue 33 point 4): on the rank and fine-tune (GPU) pods,
+# read in their podSpecPatch (templates.gpu_patch), and every pod's PriorityClass. Each is
+# in the form Argo puts in the pod: an env list and a patch are JSON, inline in the patch.
+POD = (
+    Knob(
+        "gpu_env",
+        "platform.gpu_env",
+        'extra env of rank and fine-tune pods, a JSON list of {"name": ..., "value": ...}, '
+        "e.g. NCCL_DEBUG",
+    ),
+    Knob(
+        "gpu_pod_spec_patch",
+        "platform.gpu_pod_spec_patch",
+        "podSpecPatch of rank and fine-tune pods, a JSON object beside ckptflow's own fields "
+        "(containers, terminationGracePeriodSeconds, hostNetwork, dnsPolicy: not these)",
+    ),
+    Knob(
+        "priority_class",
+        "platform.priority_class_name",
+        "PriorityClass of every pod (empty: default)",
+    ),
+)
+PRETRAIN = _PRETRAIN + POD
+FINETUNE = _FINETUNE + POD
+PIPELINE = _PRETRAIN + _FINETUNE + POD
 BASE_ROOT = "base_root"  # the fine-tune workflow's base (no default: given at submission)
 
 
@@ -125,6 +151,11 @@ def default_values(cfg: PipelineConfig, knobs: Sequence[Knob]) -> dict[str, str]
     for k in knobs:
         if k.name == "variants":
             out[k.name] = json.dumps(variant_items(cfg), separators=(",", ":"))
+        elif k.name == "gpu_env":
+            out[k.name] = checks.env_list(cfg.platform.gpu_env)
+        elif k.name == "gpu_pod_spec_patch":
+            text = cfg.platform.gpu_pod_spec_patch
+            out[k.name] = json.dumps(checks.pod_spec_patch(k.key, text))
         else:
             out[k.name] = shown_value(value_at(cfg, keys[k.key].path))
     return out
@@ -189,6 +220,7 @@ def check_values(
             if knob.name == "variants":
                 _check_variants(value)
             else:
+                _check_form(knob.name, value)
                 apply_overrides(cfg, [f"{knob.key}={value}"])
         except ConfigError as exc:
             msg, prefix = str(exc), f"--set {knob.key}={value}: "
@@ -201,6 +233,20 @@ def shown(text: str, limit: int = 80) -> str:
     if len(text) <= limit and text.isprintable():
         return text
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _check_form(name: str, text: str) -> None:
+    """The pod knobs are substituted into a podSpecPatch as they are: JSON of the kind there."""
+    kinds = {"gpu_env": (list, checks.ENV_LIST), "gpu_pod_spec_patch": (dict, "a JSON object")}
+    if name not in kinds:
+        return
+    kind, what = kinds[name]
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, kind):
+        raise ConfigError(f"x: expected {what}")
 
 
 def _check_variants(text: str) -> None:

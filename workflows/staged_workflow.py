@@ -109,7 +109,9 @@ def lineage_workflow(cfg: PipelineConfig, *, prefix: str, title: str, descriptio
         on_exit="finish-run",
         labels=labels(cfg),
         workflow_metadata=workflow_metadata(),
-        **templates.workflow_kwargs(cfg.platform, title=title, description=description),
+        **templates.workflow_kwargs(
+            cfg.platform, title=title, description=description, per_run=True
+        ),
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ckptflow.workflows import checks
 from ckptflow.workflows.config import PlatformConfig, Resources
+from ckptflow.workflows.parameters import ref
 from hera.workflows import (
     Container,
     EmptyDirVolume,
@@ -201,18 +202,30 @@ def rank_env(grace_s: int | None) -> list:
     return out
 
 
-def grace_patch(grace_s: int | None, host_network: bool = False, user: str = "") -> str | None:
-    """The podSpecPatch of a pod (Argo templates have no fields of their own for these):
-    terminationGracePeriodSeconds (how long Kubernetes waits between SIGTERM and SIGKILL),
-    hostNetwork, with the DNS policy that still resolves cluster services (MLflow, S3), and
-    `user`'s patch (checked by config) over them: its top-level fields win."""
+def grace_patch(grace_s: int | None, host_network: bool = False) -> dict:
+    """Our podSpecPatch fields of a pod (Argo templates have no fields of their own for these):
+    terminationGracePeriodSeconds (how long Kubernetes waits between SIGTERM and SIGKILL), and
+    hostNetwork with the DNS policy that still resolves cluster services (MLflow, S3)."""
     patch: dict = {}
     if grace_s:
         patch["terminationGracePeriodSeconds"] = int(grace_s)
     if host_network:
         patch |= {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
-    patch |= checks.pod_spec_patch("platform.gpu_pod_spec_patch", user)
-    return json.dumps(patch) if patch else None
+    return patch
+
+
+def gpu_patch(ours: dict) -> str:
+    """The podSpecPatch of a rank or fine-tune pod: `ours`, the run's extra env (parameter
+    gpu_env, a Pod spec env list, merged into the main container by name) and the run's own
+    patch (parameter gpu_pod_spec_patch, a JSON object) beside them.
+
+    Both parameters vary per run, so they are merged where Argo reads the patch: it is YAML
+    (util.ConvertYAMLToJSON converts a patch not starting with '{'), whose merge key `<<` joins
+    the mappings of its list. The run's patch may not hold our fields (checks.OWN_PATCH_FIELDS),
+    so no key is in both and which one a parser lets win never matters."""
+    fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in ours.items()]
+    fields.append('"containers": [{"name": "main", "env": ' + ref("gpu_env") + "}]")
+    return "<<: [" + ref("gpu_pod_spec_patch") + ", {" + ", ".join(fields) + "}]"
 
 
 def step(
@@ -254,9 +267,9 @@ def step(
     command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
     env = step_env(platform) if with_env else None
+    patch = grace_patch(grace_s, bool(launcher) and platform.gpu_host_network)
     if launcher:  # a GPU pod: its own env, nodes and tolerations (platform.gpu_*)
-        extra = [Env(name=k, value=v) for k, v in platform.gpu_env]
-        env = [*(env or []), *rank_env(grace_s), *extra]
+        env = [*(env or []), *rank_env(grace_s)]
     volumes = credential_volumes(platform) if with_env else []
     if shm_size:
         # A pod's default /dev/shm is 64 MiB: dataloader workers and NCCL die with SIGBUS.
@@ -287,11 +300,7 @@ def step(
         volumes=volumes or None,
         daemon=daemon or None,
         metrics=metrics or None,
-        pod_spec_patch=grace_patch(
-            grace_s,
-            bool(launcher) and platform.gpu_host_network,
-            platform.gpu_pod_spec_patch if launcher else "",
-        ),
+        pod_spec_patch=gpu_patch(patch) if launcher else (json.dumps(patch) if patch else None),
         node_selector=(dict(platform.gpu_node_selector) or None) if launcher else None,
         tolerations=gpu_tolerations(platform) if launcher else None,
         labels=(dict(platform.gpu_pod_labels) or None) if launcher else None,
@@ -370,8 +379,13 @@ def as_tolerations(given: Sequence) -> list[Toleration] | None:
     return out or None
 
 
-def workflow_kwargs(platform: PlatformConfig, *, title: str, description: str) -> dict:
-    """Workflow-level settings every builder shares: identity, scheduling, GC, UI text."""
+def workflow_kwargs(
+    platform: PlatformConfig, *, title: str, description: str, per_run: bool = False
+) -> dict:
+    """Workflow-level settings every builder shares: identity, scheduling, GC, UI text.
+    `per_run`: the workflow has the pod parameters (parameters.POD), so every pod's
+    PriorityClass is the run's (Argo substitutes workflow parameters in the spec's fields)."""
+    priority = ref("priority_class") if per_run else platform.priority_class_name
     return {
         "namespace": platform.namespace,
         "service_account_name": platform.service_account,
@@ -386,7 +400,7 @@ def workflow_kwargs(platform: PlatformConfig, *, title: str, description: str) -
         else None,
         "node_selector": node_selector(platform),
         "tolerations": tolerations(platform),
-        "pod_priority_class_name": platform.priority_class_name or None,
+        "pod_priority_class_name": priority or None,
         "scheduler_name": platform.scheduler_name or None,
     }
 

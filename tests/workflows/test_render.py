@@ -38,6 +38,14 @@ def arguments(doc: dict) -> dict[str, str]:
     return {p["name"]: p.get("value") for p in spec["arguments"]["parameters"]}
 
 
+def pod_patch(doc: dict, name: str) -> dict:
+    """Template `name`'s podSpecPatch as Argo applies it with the parameters' defaults (YAML)."""
+    text = templates(doc)[name].get("podSpecPatch") or "{}"
+    for k, v in arguments(doc).items():
+        text = text.replace("{{workflow.parameters." + k + "}}", v or "")
+    return yaml.safe_load(text)
+
+
 def render(name: str, *overrides: str) -> list[dict]:
     return manifests(name, apply_overrides(PipelineConfig(), overrides))
 
@@ -458,7 +466,9 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
     assert errors(doc) == []  # Argo's schema (strict)
     tpl, spec = templates(doc), doc["spec"]
     assert spec["nodeSelector"] == {"pool": "cpu"}  # light steps: the workflow's
-    assert spec["podPriorityClassName"] == "training-high"
+    # per-run parameters, defaulting to the settings (tests/workflows/test_pod_parameters.py)
+    assert spec["podPriorityClassName"] == "{{workflow.parameters.priority_class}}"
+    assert arguments(doc)["priority_class"] == "training-high"
     assert spec["schedulerName"] == "volcano"
     gpu = {n for n, t in tpl.items() if t.get("nodeSelector")}
     assert gpu == {"pretrain-rank", "finetune-variant"}
@@ -470,9 +480,9 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
             "key": "nvidia.com/gpu",
             "operator": "Exists",
         }
-        env = tpl[name]["container"]["env"]
-        assert {"name": "NCCL_DEBUG", "value": "INFO"} in env
-        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in env
+        (main,) = pod_patch(doc, name)["containers"]
+        assert {"name": "NCCL_DEBUG", "value": "INFO"} in main["env"]
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in main["env"]
         assert tpl[name]["metadata"]["labels"] == {"team": "ml"}
         assert tpl[name]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "ib0,ib1"}
         res = tpl[name]["container"]["resources"]
@@ -480,6 +490,7 @@ def test_gpu_pods_get_their_own_nodes_tolerations_and_env_light_steps_do_not():
     for name, t in tpl.items():
         if name not in gpu and "container" in t:
             assert "tolerations" not in t and "metadata" not in t, name
+            assert "podSpecPatch" not in t, name
             assert "rdma/ib" not in t["container"]["resources"].get("limits", {}), name
             assert all(e["name"] != "NCCL_DEBUG" for e in t["container"].get("env", [])), name
 
@@ -493,7 +504,7 @@ def test_gpu_host_network_is_said_at_render_and_only_rank_pods_get_it(tmp_path, 
     assert "platform.gpu_host_network=true" in note and "Pod Security" in note
     doc = yaml.safe_load(out.read_text())
     for name, t in templates(doc).items():
-        patch = json.loads(t.get("podSpecPatch") or "{}")
+        patch = pod_patch(doc, name)
         gpu = name in ("pretrain-rank", "finetune-variant")
         assert patch.get("hostNetwork", False) is gpu, name
         if gpu:  # still resolves cluster services; the rest of the context stays restricted
@@ -511,8 +522,8 @@ def test_a_user_pod_spec_patch_is_merged_over_ours_on_gpu_pods_and_said_when_it_
     rc = render_main(["pipeline", "--set", f"platform.gpu_pod_spec_patch={user}", "-o", str(out)])
     assert rc == 0
     assert "gpu_pod_spec_patch sets hostIPC" in capsys.readouterr().err
-    tpl = templates(yaml.safe_load(out.read_text()))
-    patch = json.loads(tpl["pretrain-rank"]["podSpecPatch"])
+    doc = yaml.safe_load(out.read_text())
+    patch = pod_patch(doc, "pretrain-rank")  # the setting is the per-run parameter's default
     assert patch["hostIPC"] is True and patch["priority"] == 7
     assert patch["terminationGracePeriodSeconds"] > 0  # ours kept beside it
-    assert "podSpecPatch" not in tpl["select"]
+    assert "podSpecPatch" not in templates(doc)["select"]
