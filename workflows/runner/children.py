@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import hooks
 from ckptflow.workflows.runner.nodes import ERROR, SKIPPED, Node
 from ckptflow.workflows.runner.substitution import (
     expand_items,
@@ -30,11 +31,21 @@ __all__ = ["Launcher", "Unit", "plan"]
 _LOOPS = ("withItems", "withParam", "withSequence")
 
 
-class Unit:
-    """One child to start: a step/task or one item of it, fully substituted."""
+# resolved when they run (hooks.py), with the step's own outputs: steps.go resolveReferences
+# and dag.go resolveDependencyReferences leave a step's Hooks out of its substitution
+_LATER = ("hooks", "onExit")
 
-    def __init__(self, spec: dict, name: str, display: str) -> None:
+
+class Unit:
+    """One child to start: a step/task or one item of it, fully substituted but its hooks
+    (`later`: item values only), and `values`, the scope it was planned in."""
+
+    def __init__(
+        self, spec: dict, name: str, display: str, later: dict | None = None,
+        values: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.spec, self.name, self.display = spec, name, display
+        self.later, self.values = later or {}, values or {}
 
 
 def _check(spec: dict, what: str, values: dict[str, str]) -> None:
@@ -50,7 +61,8 @@ def plan(
 
     Raises ValueError for unresolvable references or a bad loop value.
     """
-    body = substitute(spec, values)
+    later = {k: spec[k] for k in _LATER if k in spec}
+    body = substitute({k: v for k, v in spec.items() if k not in _LATER}, values)
     _check(body, f"step/task {spec['name']!r}", values)
     items = expand_items(body)
     if items is None:
@@ -58,7 +70,7 @@ def plan(
             raise ValueError(
                 f"step/task {spec['name']!r}: failed to resolve {explain(tag, values)}"
             )
-        return [Unit(body, name, display)], ""
+        return [Unit(body, name, display, later, values)], ""
     base = {k: v for k, v in body.items() if k not in _LOOPS}
     units = []
     for i, item in enumerate(items):
@@ -69,7 +81,8 @@ def plan(
             raise ValueError(f"step/task {spec['name']!r}: failed to resolve {why}")
         label = item_label(spec["name"], i, item)
         prefix = name[: len(name) - len(spec["name"])]
-        units.append(Unit(one, prefix + label, label))
+        item_later = substitute(later, item_vars(item))
+        units.append(Unit(one, prefix + label, label, item_later, values))
     return units, "loop"
 
 
@@ -95,7 +108,7 @@ def start_unit(
         p["name"]: to_str(p.get("value", ""))
         for p in (unit.spec.get("arguments") or {}).get("parameters") or []
     }
-    return run.dispatch.start(
+    node = run.dispatch.start(
         run,
         name=unit.name,
         display=unit.display,
@@ -106,6 +119,20 @@ def start_unit(
         parents=parents,
         scope=scope,
     )
+    if unit.later:
+        _watch_hooks(run, unit, node, boundary_id, scope)
+    return node
+
+
+def _watch_hooks(run: cx.Run, unit: Unit, node: Node, boundary_id: str, scope: cx.Scope) -> None:
+    """Hand a started step/task with hooks to hooks.py. Its status and outputs are in scope as
+    `steps.<expanded step name>` (steps.go) or `tasks.<task name>` (dag.go: the task's own)."""
+    boundary = run.store.nodes.get(boundary_id)
+    if boundary is not None and boundary.type == "DAG":
+        ref = f"tasks.{unit.spec['name']}"
+    else:
+        ref = f"steps.{unit.display}"
+    hooks.watch_step(run, node, unit.later, unit.values, ref, boundary_id, scope)
 
 
 class Launcher:

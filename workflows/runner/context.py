@@ -123,6 +123,8 @@ class Run:
     exit_vars: dict[str, str] = field(default_factory=dict)
     threads: list[threading.Thread] = field(default_factory=list)
     threads_lock: threading.Lock = field(default_factory=threading.Lock)
+    # node id -> the lifecycle hooks watching that step/task (hooks.py)
+    hook_watches: dict[str, Any] = field(default_factory=dict)
     # the cluster model's API server (objects.py): ConfigMaps, Secrets, the run's Workflow and
     # pods, what resource templates create
     objects: ObjectStore = field(default_factory=ObjectStore)

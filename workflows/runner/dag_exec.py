@@ -12,6 +12,7 @@ from __future__ import annotations
 from ckptflow.workflows.runner import children as ch
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import depends as dep
+from ckptflow.workflows.runner import hooks
 from ckptflow.workflows.runner.nodes import (
     ERROR,
     FAILED,
@@ -71,12 +72,15 @@ class _Dag:
         return [n for n in self._closure([name]) if n != name]
 
     def fulfilled(self, name: str) -> bool:
+        """Done for its dependents: its hooks and exit handler finished too (dag.go
+        evaluateDependsLogic: common.CheckAllHooksFullfilled; hooks.py)."""
         n = self.state.get(name)
         if n is None:
             return False
         if n.type == "TaskGroup":
-            return n.phase in (SUCCEEDED, FAILED, ERROR, SKIPPED, OMITTED)
-        return n.fulfilled
+            done = n.phase in (SUCCEEDED, FAILED, ERROR, SKIPPED, OMITTED)
+            return done and hooks.settled(self.run, self.items.get(name, []))
+        return n.fulfilled and hooks.settled(self.run, [n])
 
     def facts(self, name: str) -> dep.TaskFacts:
         n = self.state[name]
@@ -230,6 +234,9 @@ class _Dag:
         unfinished = [n for n in self.state.values() if not n.fulfilled and n.type != "TaskGroup"]
         if unfinished:
             return False
+        started = [n for n in self.state.values() if not isinstance(n, _Placeholder)]
+        if not hooks.settled(self.run, started + [k for ks in self.items.values() for k in ks]):
+            return False  # dag.go: the DAG waits for its tasks' exit handlers and hooks
         cut = self.stopped is not None or self.scope.reason() is not None
         return cut or not any(self.ready(n) for n in self.needed)
 

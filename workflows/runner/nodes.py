@@ -72,6 +72,9 @@ class Node:
     log_file: str | None = None
     attempts: int = 0
     memoization_status: dict | None = None  # {hit, key, cacheName} of a memoized node (memo.py)
+    # every phase it entered, in order: a lifecycle hook's expression sees each one, even one a
+    # fast pod passed through between two looks (hooks.py)
+    history: list[str] = field(default_factory=list)
 
     @property
     def fulfilled(self) -> bool:
@@ -182,6 +185,7 @@ class NodeStore:
                 boundary_id=boundary_id,
                 phase=phase,
                 message=message,
+                history=[phase],
             )
             if phase in DONE:
                 node.started_at = node.finished_at = time.time()
@@ -213,6 +217,7 @@ class NodeStore:
                 node.finished_at = now
             event = "updated"
             if old_phase != node.phase:
+                node.history.append(node.phase)
                 event = "finished" if node.phase in DONE else node.phase.lower()
             if fields.get("daemoned"):
                 event = "daemoned"

@@ -3,7 +3,7 @@ faithfully in a Workflow / WorkflowTemplate spec (loaded by document.py).
 
 Fields with no meaning on one machine (image, resources, scheduling, pod metadata) are ignored;
 fields that change what runs or how (artifacts, configMap/secret volumes, resource templates,
-sidecars, synchronization, hooks, expression tags...) are refused with an error naming the field and the
+sidecars, synchronization, expression tags...) are refused with an error naming the field and the
 template, so a run never silently differs from the cluster.
 """
 
@@ -14,14 +14,14 @@ import re
 from typing import Any
 
 from ckptflow.workflows.runner import depends as dep
-from ckptflow.workflows.runner import podgc
+from ckptflow.workflows.runner import hooks, podgc
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.expr_check import problems as expression_problems
 from ckptflow.workflows.runner.machine import command_problems, os_problems
 from ckptflow.workflows.runner.memo import problems as memo_problems
-from ckptflow.workflows.runner.pod_containers import problems as pod_container_problems
 from ckptflow.workflows.runner.objects import ObjectStore
+from ckptflow.workflows.runner.pod_containers import problems as pod_container_problems
 from ckptflow.workflows.runner.refs import env_value, missing_volume_objects
 from ckptflow.workflows.runner.resource import resource_problems
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
@@ -32,6 +32,7 @@ from ckptflow.workflows.runner.volumes import declared, volume_problems
 __all__ = ["SpecError", "validate"]
 
 _SPEC_OK = {"entrypoint", "arguments", "templates", "onExit", "activeDeadlineSeconds"}
+_SPEC_OK |= {"hooks"}  # lifecycle hooks (hooks.py)
 _SPEC_OK |= {"parallelism", "retryStrategy", "volumes", "volumeClaimTemplates", "synchronization"}
 _SPEC_IGNORED = {
     "serviceAccountName", "podGC", "ttlStrategy", "ttlSecondsAfterFinished", "imagePullSecrets",
@@ -66,6 +67,7 @@ _CONTAINER_IGNORED = {
 }  # fmt: skip
 _STEP_OK = {"name", "template", "arguments", "when", "withItems", "withParam", "withSequence"}
 _STEP_OK |= {"continueOn", "templateRef", "description"}
+_STEP_OK |= {"hooks", "onExit"}  # lifecycle hooks and exit handlers (hooks.py)
 _TASK_OK = _STEP_OK | {"dependencies", "depends"}
 _PROBE_OK = {"tcpSocket", "httpGet", "exec", "initialDelaySeconds", "periodSeconds"}
 _PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
@@ -82,8 +84,6 @@ _WHY = {
     "containerSet": "container sets share one pod",
     "sidecars": "sidecars need a pod: run with --isolate",
     "initContainers": "init containers need a pod: run with --isolate",
-    "hooks": "lifecycle hooks are not implemented locally",
-    "onExit": "only the workflow-level onExit is implemented locally",
     "templateDefaults": "template defaults are not implemented locally",
     "workflowTemplateRef": "give the WorkflowTemplate it names with --template-file FILE",
     "envFrom": "envFrom reads ConfigMaps/Secrets",
@@ -232,9 +232,19 @@ class _Checker:
         elif s.get("template") not in self.templates:
             self.err(sw, "template", f"no template named {s.get('template')!r}")
         self.parameters(sw + " arguments", s.get("arguments"))
+        self.hook_fields(sw, s)
         loops = [k for k in ("withItems", "withParam", "withSequence") if s.get(k) is not None]
         if len(loops) > 1:
             self.err(sw, loops[1], f"use only one of {', '.join(loops)}")
+
+    def hook_fields(self, where: str, holder: dict) -> None:
+        """`hooks` / `onExit` of the spec or a step/task (hooks.py), their arguments too."""
+        for field, why in hooks.problems(holder, self.templates):
+            self.err(where, field, why)
+        if isinstance(holder.get("hooks"), dict):
+            for name, hook in holder["hooks"].items():
+                if isinstance(hook, dict):
+                    self.parameters(f"{where} hooks.{name} arguments", hook.get("arguments"))
 
     def dag(self, where: str, d: Any) -> None:
         if not isinstance(d, dict) or not isinstance(d.get("tasks"), list):
@@ -388,8 +398,7 @@ class _Checker:
         entry = spec.get("entrypoint")
         if entry not in self.templates:
             self.err("spec", "entrypoint", f"no template named {entry!r}")
-        if spec.get("onExit") is not None and spec["onExit"] not in self.templates:
-            self.err("spec", "onExit", f"no template named {spec['onExit']!r}")
+        self.hook_fields("spec", spec)
         self.parameters("spec arguments", spec.get("arguments"))
         if "retryStrategy" in spec:
             self.retry("spec", spec["retryStrategy"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ckptflow.workflows.runner import children as ch
 from ckptflow.workflows.runner import context as cx
+from ckptflow.workflows.runner import hooks
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
 
 __all__ = ["FAIL_FAST", "run_steps"]
@@ -75,7 +76,9 @@ def _run_group(run, node, index, group, local, parents, scope, parallelism, fail
         if fail_fast and any(n.phase in (FAILED, ERROR) for n in launcher.started):
             stopped = launcher.drop_pending() > 0 or stopped
         launcher.pump()
-        if not launcher.busy():
+        # steps.go executeStepGroup: a group completes once its steps' hooks and exit handlers
+        # have finished too (hooks.py)
+        if not launcher.busy() and hooks.settled(run, launcher.started):
             break
         store.wait_change(gen, 0.1)
     return gnode, results, stopped

@@ -22,6 +22,7 @@ from ckptflow.workflows.runner import (
     controllers,
     dag_exec,
     execute,
+    hooks,
     isolation,
     leaf,
     memo,
@@ -185,23 +186,29 @@ def _run_to_end(run: cx.Run, scope: cx.Scope) -> tuple[str, str, bool]:
         boundary_id=None, parents=[], scope=scope,
         artifacts=(spec.get("arguments") or {}).get("artifacts"),
     )  # fmt: skip
+    wf_hooks = hooks.WorkflowHooks(run, root, scope)  # spec.hooks but exit (hooks.py)
+    run.start_thread(wf_hooks.watch)
     interrupted = _wait(run, root, scope)
     phase, message = root.phase, root.message
     if scope.reason() is not None and scope.reason()[0] == cx.DEADLINE:
         phase, message = FAILED, scope.reason()[1]
-    if spec.get("onExit") and not interrupted:
+    for hook_node in [] if interrupted else wf_hooks.finish(phase):  # they end before onExit
+        interrupted = _wait(run, hook_node, scope) or interrupted
+    if wf_hooks.error:  # hooks.go: an expression that cannot be evaluated: the root is Error
+        phase, message = ERROR, wf_hooks.error
+    default_args = {"parameters": [{"name": k, "value": v} for k, v in params.items()]}
+    exit_hook = hooks.exit_hook(spec, default_args)  # onExit or hooks.exit
+    if exit_hook is not None and not interrupted:
         run.exit_vars = {"workflow.status": phase, "workflow.failures": cx.failures(run.store)}
+        args, artifacts = hooks.resolve_arguments(exit_hook["arguments"], run.global_vars())
         exit_scope = cx.Scope()
         handler = execute.start(
             run, name=f"{wf_name}.onExit", display=f"{wf_name}.onExit",
-            template=spec["onExit"], args=params, boundary_id=None, parents=[], scope=exit_scope,
+            template=exit_hook["template"], args=args, artifacts=artifacts, boundary_id=None,
+            parents=[], scope=exit_scope,
         )  # fmt: skip
         interrupted = _wait(run, handler, exit_scope)
-        if phase == SUCCEEDED and handler.phase != SUCCEEDED:
-            phase, message = (
-                handler.phase,
-                f"exit handler {handler.phase.lower()}: {handler.message}",
-            )
+        phase, message = hooks.exit_failure(phase, handler) or (phase, message)
     if interrupted:
         phase, message = FAILED, "Stopped by user (interrupted)"
     return phase, message, interrupted
