@@ -179,6 +179,13 @@ def run_template(
         why = explain(missing[0], {**values, **paths})  # an expression's error
         run.store.update(node, phase=ERROR, message=f"failed to resolve {why}")
         return
+    if body.get("podSpecPatch") and body.get("container"):  # its env (pod_rules.patched_env)
+        try:
+            env = pod_rules.patched_env(body["container"], to_str(body["podSpecPatch"]))
+        except ValueError as exc:
+            run.store.update(node, phase=ERROR, message=str(exc))
+            return
+        body = {**body, "container": {**body["container"], "env": env}}
     try:  # from the substituted body: `timeout: "{{inputs.parameters.timeout}}"`
         deadline = cx.template_deadline(body)
     except ValueError as exc:

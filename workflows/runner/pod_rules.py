@@ -1,5 +1,6 @@
 """Rules about one pod's placement and outcome that the leaf executor (leaf.py) applies: where a
-pod runs when there is no cluster model, and what a daemon's exit means.
+pod runs when there is no cluster model, what a daemon's exit means, and the env a podSpecPatch
+gives its container.
 
 Each rule is one function citing the Argo or Kubernetes source it follows.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 
+import yaml
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.cluster import ClusterNode, default_cluster
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node
@@ -20,7 +22,13 @@ from ckptflow.workflows.runner.scheduler import (
 )
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
 
-__all__ = ["DAEMON_SUCCEEDED", "bind_this_machine", "pending_scope", "pod_succeeded"]
+__all__ = [
+    "DAEMON_SUCCEEDED",
+    "bind_this_machine",
+    "patched_env",
+    "pending_scope",
+    "pod_succeeded",
+]
 
 # the words of workflow/controller/operator.go assessNodeStatus (its log line; the node's phase
 # is what changes there, the message says why)
@@ -109,3 +117,54 @@ def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> b
         node, phase=FAILED, message=PENDING_PAST_DEADLINE if kind == cx.DEADLINE else text
     )
     return False
+
+
+MAIN_CONTAINER = "main"  # the name Argo gives a template's container (common.MainContainerName)
+
+
+def patched_env(container: dict, patch: str) -> list:
+    """The main container's env once a template's podSpecPatch is applied. Argo merges the
+    patch into the pod it built (workflow/controller/workflowpod.go: util.ApplyPodSpecPatch, a
+    strategic merge patch, YAML converted to JSON first), and in a PodSpec `containers` and
+    their `env` merge by `name` (k8s.io/api core/v1 patchMergeKey): an entry of the patch
+    replaces the container's entry of that name, a new one is added. The patch's other fields
+    change where and how a pod runs on a node, which the runner does not model (spec.py ignores
+    them). ValueError (one line) for a patch Argo could not apply."""
+    env = list(container.get("env") or [])
+    if not patch:
+        return env
+    try:
+        value = yaml.safe_load(patch)
+    except yaml.YAMLError as exc:
+        raise ValueError(
+            f"podSpecPatch: not valid YAML/JSON ({getattr(exc, 'problem', '')})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError("podSpecPatch: expected a mapping of Pod spec fields")
+    containers = value.get("containers", [])
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        raise ValueError("podSpecPatch: containers is a list of containers by name")
+    for c in containers:
+        if c.get("name") == MAIN_CONTAINER:
+            env = _merge_env(env, c.get("env") or [])
+    return env
+
+
+def _merge_env(env: list, patch: list) -> list:
+    """`patch` entries (name, plain value) merged into `env` by name, in the container's order
+    with new names after it (strategicpatch mergeSlice)."""
+    if not isinstance(patch, list):
+        raise ValueError(f"podSpecPatch: containers[{MAIN_CONTAINER}].env is a list")
+    out = {e.get("name"): e for e in env}
+    for i, entry in enumerate(patch):
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"name", "value"}
+            or not all(isinstance(v, str) for v in entry.values())
+        ):
+            raise ValueError(
+                f"podSpecPatch: containers[{MAIN_CONTAINER}].env[{i}]: a name and a string "
+                "value (the runner reads no valueFrom there)"
+            )
+        out[entry["name"]] = {"name": entry["name"], "value": entry["value"]}
+    return list(out.values())
