@@ -291,6 +291,7 @@ def test_expr_check_names_the_template_and_the_field() -> None:
             },
             {"name": "u", "container": {"args": ["{{=unclosed"]}},
         ],
+        "hooks": {"running": {"expression": "workflow.status ==", "template": "t"}},
     }
     found = problems(spec)
     assert [(w, f) for w, f, _ in found] == [
@@ -299,6 +300,7 @@ def test_expr_check_names_the_template_and_the_field() -> None:
         ("template 't'", "outputs.parameters.o.valueFrom.expression"),
         ("template 't'", "outputs.artifacts.r.fromExpression"),
         ("template 'u'", "container.args[0]"),
+        ("spec", "hooks.running.expression"),
     ]
     assert "sprig.env() is not supported" in found[1][2]
     assert "no closing" in found[4][2]

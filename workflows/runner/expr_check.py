@@ -1,7 +1,8 @@
 """Refuse, before anything runs, a manifest whose expressions the runner cannot evaluate:
 every `{{=...}}` tag, `outputs.parameters[].valueFrom.expression`,
-`outputs.artifacts[].fromExpression` and `retryStrategy.expression` is parsed and its functions
-checked (expr.check), each problem one line naming the template and the field.
+`outputs.artifacts[].fromExpression`, `retryStrategy.expression`, lifecycle `hooks.*.expression`
+and `workflowMetadata.labelsFrom.*.expression` is parsed and its functions checked (expr.check),
+each problem one line naming the template and the field.
 
 Simple `{{...}}` tags inside a bare expression are filled in before Argo evaluates it (the
 template is substituted first), so they are checked as a placeholder value.
@@ -37,6 +38,8 @@ def _strings(obj: Any, path: list[str]) -> Iterator[tuple[list[str], str]]:
 def _is_bare(path: list[str]) -> bool:
     if path[-1:] == ["fromExpression"]:
         return True
+    if path[-1:] == ["expression"] and len(path) >= 3 and path[-3] in ("hooks", "labelsFrom"):
+        return True  # a lifecycle hook's condition, a workflowMetadata label's value
     return tuple(path[-2:]) in _BARE
 
 
