@@ -52,6 +52,9 @@ ENV = expand(
         ("2 ** 3 ** 2", 512.0),  # right-associative, a float as in expr-lang
         ("7 / 2", 3.5),
         ("7 % 3", 1),
+        ("-7 % 3", -1),  # Go's %: the sign of the dividend
+        ("sprig.div(-7, 2)", -3),  # Go's integer /: toward zero
+        ("sprig.div(9223372036854775806, 3)", 3074457345618258602),  # exact, not via float
         ("-2 + +3", 1),
         ("1 == 1.0", True),
         ("'1' == 1", False),

@@ -13,7 +13,6 @@ manifest with an unsupported construct is refused before anything runs (expr_che
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -198,7 +197,7 @@ def _binary(op: str, a: Any, b: Any) -> Any:
             raise ExprError("invalid operation: % needs integers")
         if y == 0:
             raise ExprError("integer divide by zero")
-        return int(math.fmod(x, y))
+        return fn.go_mod(x, y)
     try:
         return float(x) ** float(y)
     except (OverflowError, ZeroDivisionError) as exc:

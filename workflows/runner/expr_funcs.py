@@ -76,6 +76,18 @@ def need_int(value: Any, op: str) -> int:
     return value
 
 
+def go_div(x: int, y: int) -> int:
+    """Go's integer `/`: truncated toward zero (Python's `//` floors)."""
+    q = abs(x) // abs(y)
+    return q if (x < 0) == (y < 0) else -q
+
+
+def go_mod(x: int, y: int) -> int:
+    """Go's integer `%`: the sign of the dividend."""
+    r = abs(x) % abs(y)
+    return r if x >= 0 else -r
+
+
 def need_str(value: Any, op: str) -> str:
     if not isinstance(value, str):
         raise ExprError(f"invalid operation: {op} needs a string, not {type_name(value)}")

@@ -18,7 +18,9 @@ from typing import Any
 from ckptflow.workflows.runner.expr_funcs import (
     MAX_STRING,
     ExprError,
+    go_div,
     go_json,
+    go_mod,
     go_string,
     limit_int,
     limit_size,
@@ -64,14 +66,14 @@ def _div(a: Any, b: Any) -> int:
     x, y = to_int(a), to_int(b)
     if y == 0:
         raise ExprError("sprig.div: integer divide by zero")
-    return int(x / y) if abs(x) < 2**52 else (abs(x) // abs(y)) * (1 if (x < 0) == (y < 0) else -1)
+    return go_div(x, y)
 
 
 def _mod(a: Any, b: Any) -> int:
     x, y = to_int(a), to_int(b)
     if y == 0:
         raise ExprError("sprig.mod: integer divide by zero")
-    return int(math.fmod(x, y))
+    return go_mod(x, y)
 
 
 def _product(first: Any, *rest: Any) -> int:
