@@ -53,6 +53,7 @@ ENV = expand(
         ("7 / 2", 3.5),
         ("7 % 3", 1),
         ("-7 % 3", -1),  # Go's %: the sign of the dividend
+        ("9223372036854775806 % 10", 6),  # exact (math.fmod through a float gave 8)
         ("sprig.div(-7, 2)", -3),  # Go's integer /: toward zero
         ("sprig.div(9223372036854775806, 3)", 3074457345618258602),  # exact, not via float
         ("-2 + +3", 1),
