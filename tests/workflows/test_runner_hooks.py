@@ -389,3 +389,56 @@ def test_an_unknown_step_on_exit_template_is_refused(tmp_path):
     )
     with pytest.raises(SpecError, match="step/task 's': onExit: no template named 'gone'"):
         run(doc, tmp_path, "bad")
+
+
+def test_a_looped_dag_task_has_named_hooks_on_its_group_and_an_exit_handler_per_item(tmp_path):
+    """dag.go executeDAGTask: named hooks on the task's node (the TaskGroup), runOnExitNode on
+    each expanded task; the group ends once the items' exit handlers ended."""
+    doc = manifest(
+        f"""
+spec:
+  entrypoint: main
+  arguments: {{parameters: [{{name: log}}]}}
+  templates:
+    - name: main
+      dag:
+        tasks:
+        - name: each
+          template: echo
+          withItems: [a, b]
+          hooks:
+            done:
+              expression: tasks.each.status == "Succeeded"
+              template: log
+              arguments: {{parameters: [{{name: msg, value: group}}]}}
+            exit: {{template: log, arguments: {{parameters: [{{name: msg, value: "{{{{item}}}}"}}]}}}}
+{ECHO}"""
+    )
+    log = tmp_path / "log.txt"
+    result = run(doc, tmp_path, "lg", arguments={"log": str(log)})
+    assert result.phase == "Succeeded"
+    got = lines(log)
+    assert sorted(got[:2]) == ["a", "b"] and got[2:] == ["group"]
+    nodes = by_name(result)
+    assert nodes["lg.each.hooks.done"]["displayName"] == "each.hooks.done"
+    assert nodes["lg.each.hooks.done"]["id"] in nodes["lg.each"]["children"]
+    assert nodes["lg.each(0:a).onExit"]["phase"] == "Succeeded"
+    assert not [n for n in nodes if n.startswith("lg.each(") and ".hooks." in n]
+
+
+def test_workflow_status_is_the_workflows_phase_while_it_runs(tmp_path):
+    """operator.go sets `workflow.status` in the global scope on every pass: Running here."""
+    doc = manifest(
+        f"""
+spec:
+  entrypoint: main
+  arguments: {{parameters: [{{name: log}}]}}
+  templates:
+    - name: main
+      steps:
+      - - {{name: s, template: log, arguments: {{parameters: [{{name: msg, value: "{{{{workflow.status}}}}"}}]}}}}
+{ECHO}"""
+    )
+    log = tmp_path / "log.txt"
+    assert run(doc, tmp_path, "st", arguments={"log": str(log)}).phase == "Succeeded"
+    assert lines(log) == ["Running"]

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptflow.workflows.runner.artifacts import output_values
-from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node, NodeStore, rfc3339
+from ckptflow.workflows.runner.nodes import (
+    DONE,
+    FAILED,
+    OMITTED,
+    RUNNING,
+    SKIPPED,
+    SUCCEEDED,
+    Node,
+    NodeStore,
+    rfc3339,
+)
 from ckptflow.workflows.runner.objects import ObjectStore
 from ckptflow.workflows.runner.process import ProcessRegistry
 from ckptflow.workflows.runner.substitution import parse_duration, to_str
@@ -60,6 +70,13 @@ class Scope:
             self._reason = (self.kind, msg)
             return self._reason
         return self.parent.reason() if self.parent is not None else None
+
+
+def workflow_phase(root_phase: str) -> str:
+    """`{{workflow.status}}`: the workflow phase the root node's phase stands for, set on every
+    pass of the controller (workflow/controller/operator.go: Skipped and Omitted are
+    Succeeded)."""
+    return SUCCEEDED if root_phase in (SKIPPED, OMITTED) else root_phase
 
 
 def template_deadline(tmpl: dict) -> float | None:
@@ -154,7 +171,12 @@ class Run:
         values.update(
             {f"workflow.outputs.artifacts.{k}": v for k, v in self.global_artifacts.items()}
         )
-        values.update(self.exit_vars)
+        # Running until the root node is done (a template that reads it while its root is
+        # still Pending is planned on the controller's later passes, when it is Running)
+        root = self.store.by_name.get(self.name)
+        done = root is not None and root.phase in DONE
+        values["workflow.status"] = workflow_phase(root.phase) if done else RUNNING
+        values.update(self.exit_vars)  # the exit handler's: the workflow's final status
         return values
 
     def start_thread(self, target, *args) -> threading.Thread:

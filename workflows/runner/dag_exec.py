@@ -79,7 +79,7 @@ class _Dag:
             return False
         if n.type == "TaskGroup":
             done = n.phase in (SUCCEEDED, FAILED, ERROR, SKIPPED, OMITTED)
-            return done and hooks.settled(self.run, self.items.get(name, []))
+            return done and hooks.settled(self.run, [n, *self.items.get(name, [])])
         return n.fulfilled and hooks.settled(self.run, [n])
 
     def facts(self, name: str) -> dep.TaskFacts:
@@ -156,6 +156,11 @@ class _Dag:
             return
         group = store.create(node_name, name, "TaskGroup", phase=RUNNING, **common)
         self.state[name], self.items[name], self.expected[name] = group, [], len(units)
+        # dag.go: the task's named hooks on its TaskGroup node, its exit hook on each item
+        named, _ = hooks.split_for_group(task)
+        hooks.watch_step(self.run, group, named, values, f"tasks.{name}", self.node.id, self.inner)
+        for unit in units:
+            unit.later = hooks.split_for_group(unit.later)[1]
         for unit in units:
             self.launcher.add(
                 lambda u=unit: self._add_item(
@@ -177,7 +182,9 @@ class _Dag:
             if group.phase != RUNNING:
                 continue
             cut = self.stopped is not None or self.scope.reason() is not None
-            if (len(kids) == self.expected[name] or cut) and all(k.fulfilled for k in kids):
+            # dag.go: a group ends once its items' exit handlers have ended too (hooks.py)
+            ended = all(k.fulfilled for k in kids) and hooks.settled(self.run, kids)
+            if (len(kids) == self.expected[name] or cut) and ended:
                 bad = [k.phase for k in kids if k.phase in _BAD]
                 if len(kids) < self.expected[name] and not bad:
                     bad = [FAILED]  # items that never started because the DAG was cut short

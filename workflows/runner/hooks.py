@@ -45,8 +45,6 @@ __all__ = [
 EXIT = "exit"  # wfv1.ExitLifecycleEvent
 MAX_HOOKS = 64  # hooks of one workflow, step or task: a hostile manifest cannot start thousands
 _HOOK_FIELDS = {"template", "arguments", "expression", "templateRef"}
-# operator.go: the workflow phase each root node phase stands for (`workflow.status`)
-_WORKFLOW_STATUS = {"Skipped": SUCCEEDED, "Omitted": SUCCEEDED}
 
 
 def exit_hook(holder: dict, default_args: dict | None) -> dict | None:
@@ -67,6 +65,17 @@ def exit_hook(holder: dict, default_args: dict | None) -> dict | None:
 def named_hooks(holder: dict) -> dict[str, dict]:
     """The hooks other than `exit`, in the order written (hooks.go skips ExitLifecycleEvent)."""
     return {k: v for k, v in (holder.get("hooks") or {}).items() if k != EXIT}
+
+
+def split_for_group(later: dict) -> tuple[dict, dict]:
+    """The hooks of a looped DAG task: (the named ones, watched on its TaskGroup node; the exit
+    hook, run for each item). dag.go executeDAGTask evaluates named hooks on the task's node,
+    the TaskGroup, and runs runOnExitNode on each expanded task's node."""
+    named = named_hooks(later)
+    rest = {k: v for k, v in later.items() if k != "hooks"}
+    if EXIT in (later.get("hooks") or {}):
+        rest["hooks"] = {EXIT: later["hooks"][EXIT]}
+    return ({"hooks": named} if named else {}), rest
 
 
 def hook_node_name(parent: str, hook: str) -> str:
@@ -116,12 +125,11 @@ def problems(holder: dict, templates: dict) -> list[tuple[str, str]]:
 
 
 def workflow_status(run: cx.Run, phase: str | None = None) -> str:
-    """`workflow.status`: the phase of the workflow's root node as a workflow phase (operator.go
-    maps Skipped/Omitted to Succeeded); `phase` overrides the root's (its final phase)."""
+    """`workflow.status`: the phase of the workflow's root node as a workflow phase
+    (context.workflow_phase); `phase` stands for the root's (a phase it entered, its final)."""
     if phase is None:
-        root = run.store.by_name.get(run.name)
-        phase = root.phase if root is not None else "Pending"
-    return _WORKFLOW_STATUS.get(phase, phase)
+        return run.global_vars()["workflow.status"]
+    return cx.workflow_phase(phase)
 
 
 def fires(expression: str, flat: dict[str, str]) -> bool:
