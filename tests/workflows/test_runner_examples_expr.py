@@ -204,3 +204,29 @@ def test_an_expression_that_fails_at_run_time_says_why(tmp_path):
     assert result.node("bad-int")["message"] == (
         "failed to resolve {{=asInt(workflow.name)}}: invalid operation: int(bad-int)"
     )
+
+
+def test_an_item_expression_sees_the_item_and_the_template_scope(tmp_path):
+    main = {
+        "name": "main",
+        "inputs": {"parameters": [{"name": "n", "value": "5"}]},
+        "steps": [
+            [
+                {
+                    "name": "mul",
+                    "template": "echo",
+                    "arguments": {
+                        "parameters": [
+                            {"name": "v", "value": "{{=asInt(item) * asInt(inputs.parameters.n)}}"}
+                        ]
+                    },
+                    "withItems": [1, 2],
+                }
+            ]
+        ],
+    }
+    echo = _sh("echo", "echo {{inputs.parameters.v}}", inputs={"parameters": [{"name": "v"}]})
+    result = _run("items", tmp_path, _workflow("items", main, echo))
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    assert result.node("mul(0:1)")["outputs"]["result"] == "5"
+    assert result.node("mul(1:2)")["outputs"]["result"] == "10"

@@ -19,6 +19,7 @@ __all__ = [
     "render",
     "explain",
     "per_item",
+    "substitute_item",
     "expression_tags",
     "substitute",
     "unresolved",
@@ -77,19 +78,32 @@ def _expression(tag: str, expression: str, env: dict) -> str:
     return value if isinstance(value, str) else expr.go_json(value)
 
 
-def render(text: str, values: dict[str, str]) -> str:
-    """Replace the known `{{name}}` tags and the `{{=expression}}` tags that evaluate."""
+def render(text: str, values: dict[str, str], *, simple: bool = True) -> str:
+    """Replace the known `{{name}}` tags (unless not `simple`) and the `{{=expression}}` tags
+    that evaluate."""
     if "{{" not in text:
         return text
     if "{{=" not in text:
-        return _simple(text, values)
+        return _simple(text, values) if simple else text
     out, pos, env = [], 0, expr.expand(values)
     for start, end, expression in expression_tags(text):
-        out.append(_simple(text[pos:start], values))
+        plain = text[pos:start]
+        out.append(_simple(plain, values) if simple else plain)
         out.append(_expression(text[start:end], expression, env))
         pos = end
-    out.append(_simple(text[pos:], values))
+    out.append(_simple(text[pos:], values) if simple else text[pos:])
     return "".join(out)
+
+
+def substitute_item(obj: Any, item: Any, scope: dict[str, str]) -> Any:
+    """One loop item's copy of a step/task: its `{{item}}` tags, then the expressions left,
+    with the item and the `scope` it was planned in (Argo evaluates `{{=...}}` once, with
+    every name: `{{=asInt(item) * asInt(inputs.parameters.n)}}`)."""
+    one = substitute(obj, item_vars(item))
+    if not any(t.startswith("{{=") for t in unresolved(one)):
+        return one
+    env = {**scope, **item_vars(item)}
+    return map_strings(one, lambda text: render(text, env, simple=False))
 
 
 def per_item(tag: str) -> bool:
