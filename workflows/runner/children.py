@@ -21,6 +21,7 @@ from ckptflow.workflows.runner.substitution import (
     item_vars,
     per_item,
     substitute,
+    substitute_item,
     to_str,
     unresolved,
 )
@@ -46,6 +47,13 @@ class Unit:
     ) -> None:  # fmt: skip
         self.spec, self.name, self.display = spec, name, display
         self.later, self.values = later or {}, values or {}
+
+
+def input_vars(node: Node) -> dict[str, str]:
+    """`inputs.parameters.X` of a DAG/steps node: in its children's scope as in Argo's
+    (workflow/controller/scope.go createScope), so `{{=asInt(item) * asInt(inputs.parameters.n)}}`
+    sees both when each loop item is filled in (steps.go processItem)."""
+    return {f"inputs.parameters.{p['name']}": to_str(p.get("value")) for p in node.inputs or []}
 
 
 def _check(spec: dict, what: str, values: dict[str, str]) -> None:
@@ -74,10 +82,10 @@ def plan(
     base = {k: v for k, v in body.items() if k not in _LOOPS}
     units = []
     for i, item in enumerate(items):
-        one = substitute(base, item_vars(item))
+        one = substitute_item(base, item, values)
         left = unresolved(one)
         if left:
-            why = explain(left[0], item_vars(item))
+            why = explain(left[0], {**values, **item_vars(item)})
             raise ValueError(f"step/task {spec['name']!r}: failed to resolve {why}")
         label = item_label(spec["name"], i, item)
         prefix = name[: len(name) - len(spec["name"])]

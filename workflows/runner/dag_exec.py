@@ -133,6 +133,7 @@ class _Dag:
             "parents": parents,
         }
         values = self.run.global_vars()
+        values.update(ch.input_vars(self.node))  # scope.go createScope: the template's inputs
         values.update(self.local_vars(self.ancestors(name)))
         values["tasks.name"] = name  # the task being planned, as Argo names it
         try:

@@ -40,6 +40,7 @@ def _run_group(run, node, index, group, local, parents, scope, parallelism, fail
     launcher = ch.Launcher(parallelism)
     results: list[tuple[dict, list[Node], bool]] = []
     values = run.global_vars()
+    values.update(ch.input_vars(node))  # scope.go createScope: the template's inputs
     values.update(local)
     for step in group:
         name = f"{gnode.name}.{step['name']}"
