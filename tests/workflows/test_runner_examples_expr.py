@@ -37,7 +37,7 @@ def _run(name: str, tmp_path: Path, manifest: dict | None = None):
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="no Argo checkout at ../shared")
-@pytest.mark.parametrize("name", [*PRINTS, *CONDITIONAL, "retry-conditional"])
+@pytest.mark.parametrize("name", [*PRINTS, *CONDITIONAL, "retry-conditional", "conditionals"])
 def test_the_vendored_copy_is_unchanged(name):
     assert (VENDORED / f"{name}.yaml").read_bytes() == (SHARED / f"{name}.yaml").read_bytes()
 
@@ -230,3 +230,21 @@ def test_an_item_expression_sees_the_item_and_the_template_scope(tmp_path):
     assert result.phase == "Succeeded", result.status["status"].get("message")
     assert result.node("mul(0:1)")["outputs"]["result"] == "5"
     assert result.node("mul(1:2)")["outputs"]["result"] == "10"
+
+
+def test_conditionals_expr_form_of_when(tmp_path):
+    """conditionals: `when` with `{{= inputs.parameters["should-print"] == 'true'}}` and
+    `{{=jsonpath(workflow.parameters.json, '$[0].value') == 'true'}}` (Argo's JSON list of the
+    workflow's parameters). Its argosay image's `cowsay` is not on this machine, so the pods
+    echo instead (in memory; the vendored copy is unchanged)."""
+    manifest = load_manifest(str(VENDORED / "conditionals.yaml"))
+    argosay = manifest["spec"]["templates"][1]
+    argosay["container"]["args"] = ["echo hello"]
+    result = _run("conditionals", tmp_path, manifest)
+    assert result.phase == "Succeeded", result.status["status"].get("message")
+    for step in ("print-hello-govaluate", "print-hello-expr", "print-hello-expr-json"):
+        assert result.node(step)["phase"] == "Succeeded", step
+    manifest["spec"]["arguments"]["parameters"][0]["value"] = "false"
+    result = _run("conditionals", tmp_path / "false", manifest)
+    for step in ("print-hello-govaluate", "print-hello-expr", "print-hello-expr-json"):
+        assert result.node(step)["phase"] == "Skipped", step
