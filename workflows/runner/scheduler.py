@@ -9,6 +9,13 @@ fits nowhere gets the FitError message (`pkg/scheduler/framework/types.go`) and 
 
 `Scheduler` accounts what bound pods request (extended resources such as `nvidia.com/gpu` too)
 until `release`; `ckptflow check` uses the same `place` on an empty cluster.
+
+Pods of a gang (gang.py: a Kueue pod group, a Volcano or coscheduling PodGroup) are bound all or
+nothing: none of them until the gang's size can be placed at once (`place_gang`), as Volcano's
+gang plugin allocates a job only when JobReady, Kueue admits a pod group's Workload as a whole,
+and coscheduling's Permit releases its waiting pods only at minMember. Coscheduling holds the
+waiting pods' resources until its permit timeout; here nothing is held (the state after that
+timeout), so a gang that does not fit never starves other pods.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ckptflow.workflows.runner.cluster import CPU, PODS, Cluster, ClusterNode, resource_units
+from ckptflow.workflows.runner.gang import Gang, gang_message, gang_of, pod_group_size
 
 __all__ = [
     "PodRequest",
@@ -27,6 +35,7 @@ __all__ = [
     "match_node_affinity",
     "pending_message",
     "place",
+    "place_gang",
     "pod_request",
     "untolerated_taint",
 ]
@@ -44,6 +53,7 @@ class PodRequest:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[dict, ...] = ()
     required_terms: tuple[dict, ...] = ()  # nodeAffinity required nodeSelectorTerms (ORed)
+    gang: Gang | None = None  # the pod group it must be bound with (gang.py)
 
 
 def _containers(body: dict) -> list[dict]:
@@ -67,10 +77,13 @@ def _requests(body: dict, name: str) -> dict[str, int]:
     return total
 
 
-def pod_request(name: str, body: dict, spec: dict | None = None) -> PodRequest:
+def pod_request(
+    name: str, body: dict, spec: dict | None = None, namespace: str = "default"
+) -> PodRequest:
     """The PodRequest of a substituted template `body`: nodeSelector, tolerations and affinity
     its own, else the workflow's (`spec`), as Argo builds the pod (workflow/controller/
-    workflowpod.go). ValueError (one line) on what the scheduler cannot read."""
+    workflowpod.go), and its gang (gang.py). ValueError (one line) on what the scheduler
+    cannot read."""
     spec = spec or {}
     selector = body.get("nodeSelector") or spec.get("nodeSelector") or {}
     tolerations = body.get("tolerations") or spec.get("tolerations") or []
@@ -88,12 +101,17 @@ def pod_request(name: str, body: dict, spec: dict | None = None) -> PodRequest:
     terms = required.get("nodeSelectorTerms") or [] if isinstance(required, dict) else None
     if not isinstance(terms, list) or not all(isinstance(t, dict) for t in terms):
         raise ValueError(f"pod {name}: nodeAffinity nodeSelectorTerms must be a list of terms")
+    try:
+        gang = gang_of(body, spec, namespace)
+    except ValueError as exc:
+        raise ValueError(f"pod {name}: {exc}") from None
     return PodRequest(
         name,
         _requests(body, name),
         {str(k): str(v) for k, v in selector.items()},
         tuple(t for t in tolerations if isinstance(t, dict)),
         tuple(terms),
+        gang,
     )
 
 
@@ -233,6 +251,25 @@ def _add(used: dict[str, int], requests: dict[str, int], sign: int) -> None:
         used[rname] = used.get(rname, 0) + sign * units
 
 
+def place_gang(
+    cluster: Cluster, pods: list[PodRequest], used: dict[str, dict[str, int]]
+) -> tuple[list[str | None], str]:
+    """Where each of `pods` would go if bound one after the other (first fit, each counting the
+    ones before it), without binding any: (a node or None per pod, the FitError of the first
+    that fits nowhere, or "")."""
+    trial = {name: dict(u) for name, u in used.items()}
+    nodes: list[str | None] = []
+    first = ""
+    for pod in pods:
+        node, why = place(cluster, pod, trial)
+        nodes.append(node)
+        if node is None:
+            first = first or why
+            continue
+        _add(trial.setdefault(node, {}), pod.requests, +1)
+    return nodes, first
+
+
 @dataclass
 class _Waiter:
     key: str
@@ -246,26 +283,83 @@ class Scheduler:
     """Binds pods of one run to the cluster's nodes and accounts their requests until release.
 
     Waiting pods are bound in the order they asked (the scheduling queue's FIFO within one
-    priority, pkg/scheduler/internal/queue), each to the first node that fits it then."""
+    priority, pkg/scheduler/internal/queue), each to the first node that fits it then; a gang
+    is tried where its first waiting pod stands, all its waiting pods at once (`_admit_gang`).
+    `objects` is the run's object store, where Volcano and coscheduling PodGroups are read."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, objects=None):
         self.cluster = cluster
+        self.objects = objects
         self._cond = threading.Condition()
         self._used: dict[str, dict[str, int]] = {n.name: {} for n in cluster.nodes}
         self._bound: dict[str, tuple[str, PodRequest]] = {}
         self._queue: list[_Waiter] = []
         self._seq = 0
 
+    def _bind_waiter(self, w: _Waiter, node: str) -> None:
+        _add(self._used[node], w.pod.requests, +1)
+        self._bound[w.key] = (node, w.pod)
+        w.node = node
+        self._queue.remove(w)
+
     def _drain(self) -> None:
+        tried: set[str] = set()
         for w in list(self._queue):
+            if w.node is not None:
+                continue  # bound with its gang in this pass
+            if w.pod.gang is not None:
+                if w.pod.gang.key not in tried:
+                    tried.add(w.pod.gang.key)
+                    self._admit_gang(w.pod.gang)
+                continue
             node, message = place(self.cluster, w.pod, self._used)
             if node is None:
                 w.message = message
                 continue
-            _add(self._used[node], w.pod.requests, +1)
-            self._bound[w.key] = (node, w.pod)
-            w.node = node
-            self._queue.remove(w)
+            self._bind_waiter(w, node)
+
+    def _admit_gang(self, gang: Gang) -> None:
+        """Bind the waiting pods of `gang` if, with its pods already bound, its size fits at
+        once; otherwise none of them, each waiting with one line naming the gang and the
+        capacity missing. Past its size (a retried rank joining a running gang) pods are bound
+        one by one as any pod is."""
+        members = [w for w in self._queue if w.pod.gang is not None and w.pod.gang.key == gang.key]
+        size, why = pod_group_size(gang, self.objects)
+        if size is None:
+            for w in members:
+                w.message = why
+            return
+        running = [p for _, p in self._bound.values() if p.gang and p.gang.key == gang.key]
+        bound = len(running)
+        need = size - bound
+        if need > len(members):
+            # Kueue makes the Workload once every pod of the group exists; coscheduling's
+            # PreFilter: "cannot find enough sibling pods"
+            message = (
+                f"{gang}: {bound + len(members)} of its {size} pods exist; the rest must be "
+                "created before any is bound"
+            )
+            for w in members:
+                w.message = message
+            return
+        nodes, first = place_gang(self.cluster, [w.pod for w in members], self._used)
+        if sum(n is not None for n in nodes) < need:
+            empty, _ = place_gang(self.cluster, running + [w.pod for w in members[:need]], {})
+            fits = bound + sum(n is not None for n in nodes)
+            held = sum(n is not None for n in empty)
+            message = gang_message(gang, size, fits, members[0].pod.requests, first, held)
+            for w in members:
+                w.message = message
+            return
+        for w, node in zip(members, nodes, strict=True):
+            if node is not None:
+                self._bind_waiter(w, node)
+        self._drain_singles([w for w in members if w.node is None])
+
+    def _drain_singles(self, waiters: list[_Waiter]) -> None:
+        """Pods of a gang past its size that did not fit: each waits with its own FitError."""
+        for w in waiters:
+            _, w.message = place(self.cluster, w.pod, self._used)
 
     def bind(
         self,
@@ -275,13 +369,15 @@ class Scheduler:
         on_pending: Callable[[str], None],
     ) -> str | None:
         """The node `pod` is bound to, waiting while none fits (`on_pending(message)` each time
-        the reason changes); None when `stopped()` (a deadline, the run's end) came first."""
+        the reason changes); None when `stopped()` (a deadline, the run's end) came first. A
+        gang's pod is tried again when the object store changes (its PodGroup created)."""
         with self._cond:
             self._seq += 1
             waiter = _Waiter(key, pod, self._seq)
             self._queue.append(waiter)
             self._drain()
-        shown = ""
+            self._cond.notify_all()  # a gang's earlier pods may have been bound with this one
+        shown, seen = "", self._objects_version()
         while True:
             with self._cond:
                 if waiter.node is not None:
@@ -289,12 +385,21 @@ class Scheduler:
                 if stopped():
                     self._queue.remove(waiter)
                     return None
+                version = self._objects_version()
+                if pod.gang is not None and version != seen:
+                    seen = version
+                    self._drain()
+                    self._cond.notify_all()
+                    continue
                 message = waiter.message
                 if message == shown:
                     self._cond.wait(0.05)
                     continue
             shown = message
             on_pending(pending_message(message))
+
+    def _objects_version(self) -> int:
+        return self.objects.version if self.objects is not None else 0
 
     def release(self, key: str) -> None:
         """The pod `key` ended: its requests return to its node; waiting pods are bound."""
