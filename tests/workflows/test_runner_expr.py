@@ -216,6 +216,7 @@ def test_bad_or_unsupported_expressions_are_refused_by_check(
         ("sprig.repeat(100000, sprig.repeat(100000, 'x'))", "out of bounds"),
         ("'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!' matches '(a+)+$'", "nests quantifiers"),
         ("'a' matches '('", "invalid regular expression"),
+        ("jsonpath('[\"aaaaaaaaaaaaaaaaaaaaaaaaaaaa!\"]', '$[?@ =~ /(a+)+$/]')", "nests regex"),
         ("jsonpath('{', '$.a')", "invalid JSON"),
         ("jsonpath('{\"a\": 1}', '$.b')", "not found"),
         ("jsonpath('{\"a\": 1}', '$[?(')", "jsonpath"),

@@ -211,8 +211,11 @@ def jsonpath(text: Any, path: Any) -> Any:
     """Argo's `jsonpath(json, path)` (github.com/evilmonkeyinc/jsonpath): a singular path gives
     its value (an error when absent); a wildcard, filter or slice gives the list of matches."""
     data = from_json(text)
+    where = need_str(path, "jsonpath")
+    if len(where) > MAX_PATTERN or _NESTED_QUANTIFIER.search(where):  # `=~`, match(), search()
+        raise ExprError(f"jsonpath {where[:40]!r} is too long or nests regex quantifiers")
     try:
-        query = _jsonpath.compile(need_str(path, "jsonpath"))
+        query = _jsonpath.compile(where)
         found = query.findall(data)
     except _jsonpath.JSONPathError as exc:
         raise ExprError(f"jsonpath {str(path)[:60]!r}: {exc}") from None
