@@ -4,8 +4,9 @@ use (builtin/builtin.go, builtin/lib.go in expr-lang/expr), the functions Argo a
 Go's JSON encoding of a result (util/template/expression_template.go marshals it).
 
 Values are Python's JSON types: int and float stand for Go's int and float64, None for nil.
-Every string or list a function builds is bounded (`limit_size`), and regular expressions with
-nested quantifiers are refused, since Python's `re` (unlike Go's RE2) can backtrack for ever.
+Every string or list a function builds is bounded (`limit_size`); a regular expression runs with
+a time limit (the `regex` module), and a jsonpath with nested quantifiers is refused, since
+Python's `re` (unlike Go's RE2) can backtrack for ever.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonpath as _jsonpath
+import regex as _regex
 
 __all__ = ["ExprError", "go_json", "equal", "limit_size", "ENV_FUNCS", "BUILTINS", "PREDICATES"]
 
@@ -25,6 +27,7 @@ MAX_STRING = 1 << 20  # characters in any string an expression builds or parses
 MAX_ITEMS = 100_000  # items in any list or map an expression builds
 MAX_INT = 1 << 63  # Go's int64: bigger results are an error, not a huge Python int
 MAX_PATTERN = 1000  # characters of a regular expression
+REGEX_TIMEOUT_S = 1.0  # one regular expression match
 
 
 class ExprError(ValueError):
@@ -106,23 +109,28 @@ def equal(a: Any, b: Any) -> bool:
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)[*+{]")
 
 
-def regex(pattern: Any) -> re.Pattern:
-    """A compiled pattern, refusing what could backtrack for ever (a quantified group holding a
-    quantifier, `(a+)+`); Go's RE2, which Argo uses, takes linear time."""
-    text = need_str(pattern, "matches")
-    if len(text) > MAX_PATTERN or _NESTED_QUANTIFIER.search(text):
-        raise ExprError(f"regular expression {text[:40]!r} is too long or nests quantifiers")
+def regex_search(pattern: Any, text: str) -> bool:
+    """Whether `pattern` matches in `text`, with the `regex` module and a time limit: Go's RE2,
+    which Argo uses, takes linear time, Python's `re` can backtrack for ever (`(a+)+$`)."""
+    source = need_str(pattern, "matches")
+    if len(source) > MAX_PATTERN:
+        raise ExprError(f"regular expression longer than {MAX_PATTERN} characters")
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise ExprError(f"invalid regular expression {text[:40]!r}: {exc}") from None
+        compiled = _regex.compile(source)
+        return compiled.search(text, timeout=REGEX_TIMEOUT_S) is not None
+    except _regex.error as exc:
+        raise ExprError(f"invalid regular expression {source[:40]!r}: {exc}") from None
+    except TimeoutError:
+        raise ExprError(
+            f"regular expression {source[:40]!r} took over {REGEX_TIMEOUT_S} s"
+        ) from None
 
 
 def string_op(op: str, a: Any, b: Any) -> bool:
     """`matches`, `contains`, `startsWith`, `endsWith` on two strings."""
     text = need_str(a, op)
     if op == "matches":
-        return regex(b).search(text) is not None
+        return regex_search(b, text)
     other = need_str(b, op)
     if op == "contains":
         return other in text

@@ -25,7 +25,7 @@ from ckptflow.workflows.runner.expr_funcs import (
     limit_int,
     limit_size,
     need_str,
-    regex,
+    regex_search,
 )
 
 __all__ = ["SPRIG", "go_date"]
@@ -236,7 +236,7 @@ SPRIG: dict[str, Callable[..., Any]] = {
         need_str(s, "replace").replace(need_str(old, "replace"), need_str(new, "replace"))
     ),
     "cat": lambda *a: limit_size(" ".join(go_string(v) for v in a if v is not None)),
-    "regexMatch": lambda r, s: regex(r).search(need_str(s, "regexMatch")) is not None,
+    "regexMatch": lambda r, s: regex_search(r, need_str(s, "regexMatch")),
     # lists and defaults (sprig/list.go, sprig/defaults.go)
     "splitList": lambda sep, s: limit_size(need_str(s, "splitList").split(need_str(sep, "sep"))),
     "join": lambda sep, v: limit_size(
