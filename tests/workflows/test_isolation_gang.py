@@ -163,3 +163,12 @@ def test_a_podgroup_s_min_member_is_read_from_the_object_store(tmp_path, cluster
     assert first[2]["local"]["startedAtUnix"] >= min(
         r["local"]["finishedAtUnix"] for r in first[:2]
     )
+
+
+def test_a_podgroup_without_a_namespace_is_made_in_the_workflow_s(tmp_path, cluster):
+    """kubectl in Argo's executor pod creates a manifest without a namespace in the pod's own,
+    the workflow's: the ranks of a workflow in `team-a` find their PodGroup there."""
+    manifest = gang_workflow("gang-ns", "volcano", ranks=2, deadline=10)
+    manifest["metadata"]["namespace"] = "team-a"
+    result = run(tmp_path, cluster, manifest)
+    assert result.phase == "Succeeded", [r.get("message") for r in ranks_of(result)]

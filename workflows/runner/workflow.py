@@ -339,7 +339,10 @@ def run_workflow(
     spec = template_forms.expand(workflow_spec(manifest))  # inline templates, templateDefaults
     base_env = dict(os.environ if env is None else env)
     pods = isolate or pod_node is not None
-    objects = ObjectStore() if objects is None else objects
+    # kubectl in Argo's executor pod puts a manifest without a namespace in the pod's own, the
+    # workflow's (its service account's namespace): so does the store's default
+    namespace = str((manifest.get("metadata") or {}).get("namespace") or "default")
+    objects = ObjectStore(namespace) if objects is None else objects
     spec = refs.resolve_parameter_refs(spec, objects)  # configMapKeyRef parameters (refs.py)
     validate(
         spec, env=base_env, arguments=arguments, semaphores=semaphores, isolate=pods,
@@ -364,7 +367,7 @@ def run_workflow(
     write_status(status_path, _document(run, state))
     if pods:
         run.isolation = isolation.open_isolation(spec, pod_node)
-        run.scheduler = Scheduler(cluster or default_cluster())  # scheduler.py
+        run.scheduler = Scheduler(cluster or default_cluster(), run.objects)  # scheduler.py
         if fail_nodes:  # frozen, silent pods; NotReady, taint, eviction as Kubernetes does
             run.isolation.lifecycle = NodeLifecycle(
                 run.scheduler.cluster, list(fail_nodes), run.scheduler.taint, reporter.say
