@@ -200,24 +200,27 @@ def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, sc
 def bind_pod(run, node, body: dict, scope) -> bool:
     """Ask the run's scheduler (scheduler.py) for a node for `node`'s pod and wait, Pending with
     the scheduler's message, until it is bound (True, `hostNodeName` set) or `scope` ends (False,
-    the node Failed with the scope's reason, as a pending pod past its deadline is). A pod the
-    scheduler cannot read is Error."""
+    the node Failed with the scope's reason, as a pending pod past its deadline is; a gang's pod
+    keeps its last Pending line after it). A pod the scheduler cannot read is Error."""
     try:
-        request = scheduler.pod_request(node.id, body, run.spec)
+        request = scheduler.pod_request(node.id, body, run.spec, run.namespace)
     except ValueError as exc:
         run.store.update(node, phase=ERROR, message=str(exc))
         return False
-    host = run.scheduler.bind(
-        node.id,
-        request,
-        lambda: scope.reason() is not None,
-        lambda message: run.store.update(node, message=message),
-    )
+    pending = [""]
+
+    def on_pending(message: str) -> None:
+        pending[0] = message
+        run.store.update(node, message=message)
+
+    host = run.scheduler.bind(node.id, request, lambda: scope.reason() is not None, on_pending)
     if host is None:  # a Pending pod past a deadline fails as a running one does (leaf._record)
         kind, text = scope.reason()
-        run.store.update(
-            node, phase=FAILED, message="Step exceeded its deadline" if kind == DEADLINE else text
-        )
+        message = "Step exceeded its deadline" if kind == DEADLINE else text
+        if request.gang is not None and pending[0]:
+            # the one line that says which gang did not fit and what capacity it lacked
+            message = f"{message}: {pending[0]}"
+        run.store.update(node, phase=FAILED, message=message)
         return False
     run.store.update(node, host_node_name=host, message="")
     return True
