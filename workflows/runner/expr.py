@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptflow.workflows.runner import expr_funcs as fn
+from ckptflow.workflows.runner.expr_env import ENV_FUNCS
 from ckptflow.workflows.runner.expr_funcs import ExprError, equal, go_json, limit_size
 from ckptflow.workflows.runner.expr_parse import MAX_DEPTH, MAX_LEN, check_tree, parse
 
@@ -84,8 +85,8 @@ class _Eval:
         if kind == "name":
             if node[1] in self.env:
                 return self.env[node[1]]
-            if node[1] in fn.ENV_FUNCS:
-                return fn.ENV_FUNCS[node[1]]
+            if node[1] in ENV_FUNCS:
+                return ENV_FUNCS[node[1]]
             raise ExprMissing(f"unknown name {node[1]}")
         if kind == "list":
             return limit_size([self.run(n, ptr) for n in node[1]])

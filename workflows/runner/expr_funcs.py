@@ -1,7 +1,7 @@
 """The values and functions of Argo's expressions (expr.py): expr-lang's builtins the examples
 use (builtin/builtin.go, builtin/lib.go in expr-lang/expr), the functions Argo adds
-(util/expr/env/env.go in argoproj/argo-workflows: asInt, asFloat, jsonpath, toJson, sprig) and
-Go's JSON encoding of a result (util/template/expression_template.go marshals it).
+(util/expr/env/env.go in argoproj/argo-workflows: asInt, asFloat, jsonpath, toJson; the table
+is expr_env.py) and Go's JSON encoding of a result (util/template/expression_template.go marshals it).
 
 Values are Python's JSON types: int and float stand for Go's int and float64, None for nil.
 Every string or list a function builds is bounded (`limit_size`); a regular expression runs with
@@ -21,7 +21,7 @@ from typing import Any
 import jsonpath as _jsonpath
 import regex as _regex
 
-__all__ = ["ExprError", "go_json", "equal", "limit_size", "ENV_FUNCS", "BUILTINS", "PREDICATES"]
+__all__ = ["ExprError", "go_json", "equal", "limit_size", "BUILTINS", "PREDICATES", "jsonpath"]
 
 MAX_STRING = 1 << 20  # characters in any string an expression builds or parses
 MAX_ITEMS = 100_000  # items in any list or map an expression builds
@@ -357,20 +357,3 @@ def call_builtin(name: str, args: list[tuple], run: Callable[..., Any], ptr: Any
         if test(items[i]):
             return i if name.endswith("Index") else items[i]
     return -1 if name.endswith("Index") else None
-
-
-def _sprig() -> dict[str, Callable[..., Any]]:
-    from ckptflow.workflows.runner.expr_sprig import SPRIG as table
-
-    return table
-
-
-# The names Argo adds to every expression's env (util/expr/env/env.go GetFuncMap)
-ENV_FUNCS: dict[str, Any] = {
-    "asInt": as_int,
-    "asFloat": as_float,
-    "jsonpath": jsonpath,
-    "toJson": go_json,
-}
-SPRIG = _sprig()
-ENV_FUNCS["sprig"] = SPRIG

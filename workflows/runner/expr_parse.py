@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ckptflow.workflows.runner import expr_funcs as fn
+from ckptflow.workflows.runner.expr_env import ENV_FUNCS, SPRIG
 from ckptflow.workflows.runner.expr_funcs import ExprError
 
 __all__ = ["MAX_DEPTH", "MAX_LEN", "check_tree", "parse"]
@@ -340,8 +341,6 @@ def _calls(node: Any):
 def check_tree(tree: tuple) -> None:
     """Refuse a tree that calls a function the runner lacks (ExprError, one line)."""
     for name in _calls(tree):
-        known = callable(fn.ENV_FUNCS.get(name)) or (
-            name.startswith("sprig.") and name[6:] in fn.SPRIG
-        )
+        known = callable(ENV_FUNCS.get(name)) or (name.startswith("sprig.") and name[6:] in SPRIG)
         if not known:
             raise ExprError(f"function {name}() is not supported by the local runner")
