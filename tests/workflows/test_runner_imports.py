@@ -1,6 +1,7 @@
 """`workflows/runner/` is a standalone Argo interpreter: its modules import each other without a
 cycle (module-level and function-level imports alike), and nothing outside the runner but the
-standard library and PyYAML (no builders, no hera, no torch, no checkpoint core).
+standard library, PyYAML and the two libraries of its expressions (python-jsonpath, regex): no
+builders, no hera, no torch, no checkpoint core.
 
 Read from the source with `ast`, so an import hidden inside a function counts too.
 """
@@ -16,7 +17,8 @@ import pytest
 
 PKG = "ckptflow.workflows.runner"
 RUNNER = Path(__file__).resolve().parents[2] / "workflows" / "runner"
-ALLOWED_THIRD_PARTY = {"yaml"}
+# yaml: manifests; jsonpath, regex: Argo's jsonpath() and `matches` in expressions (expr_funcs.py)
+ALLOWED_THIRD_PARTY = {"yaml", "jsonpath", "regex"}
 
 
 def _modules() -> dict[str, ast.Module]:
