@@ -15,7 +15,8 @@ nothing: none of them until the gang's size can be placed at once (`place_gang`)
 gang plugin allocates a job only when JobReady, Kueue admits a pod group's Workload as a whole,
 and coscheduling's Permit releases its waiting pods only at minMember. Coscheduling holds the
 waiting pods' resources until its permit timeout; here nothing is held (the state after that
-timeout), so a gang that does not fit never starves other pods.
+timeout), so a gang that does not fit never starves other pods. Kueue admits against a
+ClusterQueue's quota, which is not modelled: here a Kueue group is admitted when it fits the nodes.
 """
 
 from __future__ import annotations
