@@ -143,6 +143,26 @@ def _failed_node(status_file: Path) -> str:
     return ""
 
 
+# What a task's own failure looks like on its node (an exit code, a kill, a deadline): an Error
+# node with any other message is the runner's (a variable it could not resolve, a start that
+# failed), not the example's design.
+_TASK_FAILURES = ("Error (exit code", "OOMKilled", "Step exceeded its deadline", "Pod was active")
+
+
+def _runner_error(status_file: Path) -> str:
+    """The first Pod (or Skipped) node in Error for a reason other than its task's own."""
+    try:
+        nodes = json.loads(status_file.read_text())["status"]["nodes"].values()
+    except (OSError, ValueError, KeyError):
+        return ""
+    for n in nodes:
+        message = str(n.get("message") or "")
+        own = message.startswith(_TASK_FAILURES)
+        if n.get("type") in ("Pod", "Skipped") and n.get("phase") == "Error" and not own:
+            return f"{n['displayName']}: {message}"
+    return ""
+
+
 def run_one(path: Path, workroot: Path, timeout: float, extra: list[str]) -> dict:
     """Run one example; return {name, class, phase, reason, seconds}."""
     name = path.stem
@@ -177,12 +197,19 @@ def run_one(path: Path, workroot: Path, timeout: float, extra: list[str]) -> dic
     phase, message = _phase_and_message(work / "status.json")
     if phase == "Succeeded":
         return row | {"class": "ran", "phase": phase, "reason": ""}
-    why = EXPECTED_FAILURE.get(name) or (
-        "labelled expected-failure" if _labelled_failure(path) else ""
-    )
+    why = EXPECTED_FAILURE.get(name)
+    if not why and _labelled_failure(path):
+        # the label says it fails in Argo; an error of the runner's own is still a failure here
+        runner = _runner_error(work / "status.json")
+        why = "" if runner else "labelled expected-failure"
     if phase in ("Failed", "Error") and why:
         return row | {"class": "expected", "phase": phase, "reason": why}
-    reason = _failed_node(work / "status.json") or message or done.stderr.strip()[-200:]
+    reason = (
+        _runner_error(work / "status.json")
+        or _failed_node(work / "status.json")
+        or message
+        or done.stderr.strip()[-200:]
+    )
     return row | {"class": "failed", "phase": phase, "reason": reason}
 
 
