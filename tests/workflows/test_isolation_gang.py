@@ -2,8 +2,8 @@
 cluster model binds a gang's pods all or nothing (runner/gang.py, runner/scheduler.py).
 
 Profile: a CPU node and two tainted one-GPU nodes; each rank requests one GPU. Two ranks fit and
-are bound together (Kueue's total count, or a Volcano PodGroup a resource template creates
-first); three never fit: none is bound, and at the workflow's deadline each fails with one line
+are bound together (Kueue's total count, or a Volcano / coscheduling PodGroup a resource
+template creates first); three never fit: none is bound, and at the workflow's deadline each fails with one line
 naming the gang and the capacity missing.
 """
 
@@ -47,9 +47,14 @@ MARKINGS = {
         "metadata": {"annotations": {"scheduling.k8s.io/group-name": "{{workflow.name}}"}},
         "schedulerName": "volcano",
     },
+    "coscheduling": {
+        "metadata": {"labels": {"scheduling.x-k8s.io/pod-group": "{{workflow.name}}"}},
+        "schedulerName": "scheduler-plugins-scheduler",
+    },
 }
+API = {"volcano": "scheduling.volcano.sh/v1beta1", "coscheduling": "scheduling.x-k8s.io/v1alpha1"}
 PODGROUP = f"""\
-apiVersion: scheduling.volcano.sh/v1beta1
+apiVersion: API
 kind: PodGroup
 metadata:
   name: "{{{{workflow.name}}}}"
@@ -74,13 +79,13 @@ def gang_workflow(
     }
     tasks = [{"name": "rank", "template": "rank", "withSequence": {"count": RANKS}}]
     templates = [rank]
-    if kind == "volcano":  # its PodGroup first, owned by the workflow (gang_scheduling.py)
+    if kind in API:  # its PodGroup first, owned by the workflow (gang_scheduling.py)
         templates.append(
             {
                 "name": "podgroup",
                 "resource": {
                     "action": "apply",
-                    "manifest": PODGROUP.replace(RANKS, min_member),
+                    "manifest": PODGROUP.replace(RANKS, min_member).replace("API", API[kind]),
                     "setOwnerReference": True,
                 },
             }
@@ -123,7 +128,7 @@ def ranks_of(result) -> list[dict]:
     )
 
 
-@pytest.mark.parametrize("kind", ["kueue", "volcano"])
+@pytest.mark.parametrize("kind", ["kueue", "volcano", "coscheduling"])
 def test_a_gang_that_fits_is_bound_together(tmp_path, cluster, kind):
     # a deadline so that a gang never admitted fails the test instead of hanging it
     result = run(tmp_path, cluster, gang_workflow(f"gang-{kind}", kind, ranks=2, deadline=60))
