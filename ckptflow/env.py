@@ -168,6 +168,16 @@ def pod_identity() -> tuple[str, str]:
     return pod, os.environ.get(NODE_NAME_VARIABLE, "")
 
 
+# A rank pod's own IP (the downward API's status.podIP, workflows/templates.py rank_env); the
+# name is torchrun's, which publishes it as the agent's address (--local-addr).
+POD_IP_VARIABLE = "PET_LOCAL_ADDR"
+
+
+def pod_ip() -> str | None:
+    """This pod's IP when the template gives it (rank 0 publishes it as the rendezvous)."""
+    return os.environ.get(POD_IP_VARIABLE) or None
+
+
 def torchelastic_agent_pid() -> int | None:
     """The pid of the torchrun agent that started this worker, None outside torchrun."""
     return os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None

@@ -1,58 +1,191 @@
-"""`python -m ckptflow.steps.rdzv`: the TCP store where torchrun's c10d rendezvous of N rank pods meets.
+"""`python -m ckptflow.steps.rdzv ARGS -- TORCHRUN_ARGS`: a rank pod's rendezvous, then torchrun.
 
-The pretraining DAG runs this as an Argo daemon task; each rank's torchrun connects to
-`{{tasks.rdzv.ip}}:PORT` with `--rdzv-conf=is_host=false` (workflows/pretrain_dag.py explains
-why a separate daemon rather than rank 0). The store holds only rendezvous bookkeeping: no
-training state, so it needs no storage, credentials or MLflow. It serves until stopped
-(Argo stops daemons when their DAG ends) or until `--timeout-seconds`.
+Design (issue 34). torchrun's c10d rendezvous needs one TCP store every rank can reach at an
+address the ranks learn when they start. It used to be a separate daemon pod whose IP Argo
+baked into the ranks' arguments (`{{tasks.rdzv.ip}}`): a daemon has no retry, and a retried
+one would come back at an IP the ranks never learn, so losing that pod lost the run. Now the
+rank pod of index 0 hosts the store itself and publishes where it is in the run's storage,
+which every rank already reaches (it holds the checkpoints):
+
+    <run_root>/rendezvous/gen-000007.json   {"generation", "host", "port", "nonce", "at"}
+
+Each start of rank 0 (the first, and each Argo retry: a new pod, a new IP) is a new
+generation: it opens its store, writes the generation and a fresh nonce into it, then
+publishes the file. The other ranks read the newest file and use it only when its store
+answers with that nonce: a dead host (its pod gone, its IP silent) or an address that now
+serves someone else is stale and is retried, until a newer generation is live or
+`--join-timeout-s` passes (one line, RDZV_TIMEOUT_EXIT). Then this process runs torchrun with
+`--rdzv-endpoint=HOST:PORT` and returns its exit code; rank 0's store lives exactly as long as
+its torchrun (a failed rank 0 takes the store with it, so every rank fails and comes back).
+
+Why not a Service in front of a retried daemon? It needs cluster DNS and a Service per run
+(the local runner has neither) and still leaves the store a pod apart from the ranks; and
+torchrun's agents cache the store address for a whole generation anyway. Object storage is
+the one thing every rank, on a cluster and locally, already shares. No separate pod exists.
+
+Whole-gang restart: a rank that loses its peers fails within the process-group timeout
+(steps/lib/distributed.py), its pod fails and Argo retries it; a rank whose store is gone
+fails at its next rendezvous call. Every retried rank finds the newest live generation and
+resumes from the newest valid checkpoint (the training step does that on its own).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import signal
+import socket
+import subprocess
 import sys
-import threading
+import time
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
+from ckptflow import env
 from ckptflow.contract import RdzvArgs, parse
+from ckptflow.core import jsonfile
+from ckptflow.core.storage import Storage
+
+log = logging.getLogger("ckptflow.rdzv")
+
+FOLDER = "rendezvous"
+NONCE_KEY = "ckptflow/rdzv-nonce"
+RDZV_TIMEOUT_EXIT = 6  # no live generation within --join-timeout-s (Argo retries the pod)
+MAX_RECORD = 1024  # bytes of one generation file
+PROBE_S = 5.0  # how long one probe of a published store may take (a silent host: all of it)
+POLL_S = 1.0  # pause between reads of the rendezvous folder
 
 
-def parse_args(argv: list[str] | None) -> RdzvArgs:
-    """Build the config from the command line."""
-    return parse(RdzvArgs, argv, description=__doc__.split("\n")[0])
+@dataclass(frozen=True)
+class Generation:
+    """Where one start of rank 0 serves the store."""
+
+    number: int
+    host: str
+    port: int
+    nonce: str
+
+    @property
+    def name(self) -> str:
+        return f"{FOLDER}/gen-{self.number:06d}.json"
 
 
-def serve(cfg: RdzvArgs, stop: threading.Event) -> None:
-    """Host the store until `stop` is set or the timeout passes."""
+def _number(name: str) -> int | None:
+    if name.startswith("gen-") and name.endswith(".json") and name[4:-5].isdigit():
+        return int(name[4:-5])
+    return None
+
+
+def newest(storage: Storage) -> Generation | None:
+    """The newest valid generation file (a damaged one is skipped with a warning)."""
+    numbers = sorted(n for n in map(_number, storage.listdir(FOLDER)) if n is not None)
+    for number in reversed(numbers[-16:]):  # bounded: a few damaged files, then give up
+        rel = f"{FOLDER}/gen-{number:06d}.json"
+        try:
+            doc = jsonfile.read(storage, rel, max_bytes=MAX_RECORD)
+            gen = Generation(
+                int(doc["generation"]), str(doc["host"]), int(doc["port"]), str(doc["nonce"])
+            )
+            if gen.number != number or not 0 < gen.port < 65536 or len(gen.host) > 255:
+                raise ValueError("fields disagree with the name or are out of range")
+            return gen
+        except FileNotFoundError:
+            continue
+        except (jsonfile.BadJsonFile, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s damaged, skipped: %s", storage.url(rel), exc)
+    return None
+
+
+def host_store(storage: Storage, host: str, port: int):
+    """Open the store (rank 0), then publish it as the next generation; (store, generation)."""
+    from torch.distributed import TCPStore
+
+    before = newest(storage)
+    gen = Generation((before.number if before else 0) + 1, host, port, uuid.uuid4().hex)
+    try:
+        store = TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+    except (RuntimeError, OSError) as exc:  # usually a port taken by another run's store
+        raise SystemExit(f"ckptflow.steps.rdzv: cannot listen on port {port}: {exc}") from exc
+    store.set(NONCE_KEY, gen.nonce)  # before publishing: a reader that finds it, finds this
+    doc = {"generation": gen.number, "host": host, "port": port, "nonce": gen.nonce}
+    storage.write(gen.name, json.dumps({**doc, "at": time.time()}).encode())
+    log.info("generation %d: hosting the rendezvous store at %s:%d", gen.number, host, port)
+    return store, gen
+
+
+def live(gen: Generation) -> bool:
+    """Whether `gen`'s store answers with its nonce (not a dead host, not someone else's)."""
     from torch.distributed import TCPStore
 
     try:
-        store = TCPStore(
-            cfg.host,
-            cfg.port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=60),
-        )
-    except (RuntimeError, OSError) as exc:
-        # The usual cause is a port already taken (another run's store on this host).
-        raise SystemExit(
-            f"ckptflow.steps.rdzv: cannot listen on {cfg.host}:{cfg.port}: {exc}"
-        ) from exc
-    print(f"rendezvous store listening on {cfg.host}:{cfg.port}", flush=True)
-    stop.wait(cfg.timeout_seconds or None)
-    del store
-    print("rendezvous store stopped", flush=True)
+        store = TCPStore(gen.host, gen.port, is_master=False, timeout=timedelta(seconds=PROBE_S))
+        return store.get(NONCE_KEY).decode() == gen.nonce
+    except (RuntimeError, OSError, UnicodeDecodeError):  # torch raises DistError subclasses
+        return False
+
+
+def find_store(storage: Storage, timeout_s: float, clock=time.monotonic) -> Generation:
+    """The newest live generation, polling until one is or `timeout_s` passes (SystemExit)."""
+    deadline, said = clock() + timeout_s, None
+    while True:
+        gen = newest(storage)
+        if gen is not None and live(gen):
+            log.info(
+                "generation %d: joining the rendezvous at %s:%d", gen.number, gen.host, gen.port
+            )
+            return gen
+        if gen is not None and gen != said:
+            log.info("generation %d at %s:%d is not live yet or stale: waiting", gen.number, gen.host, gen.port)  # fmt: skip
+            said = gen
+        if clock() >= deadline:
+            where = f"newest: generation {gen.number} at {gen.host}:{gen.port}" if gen else "none"
+            log.error(
+                "no live rendezvous under %s within %.0f s (%s): rank 0 never published "
+                "one, or its pod is gone; exiting %d for a retry",
+                storage.url(FOLDER), timeout_s, where, RDZV_TIMEOUT_EXIT,
+            )  # fmt: skip
+            raise SystemExit(RDZV_TIMEOUT_EXIT)
+        time.sleep(POLL_S)
+
+
+def run_torchrun(argv: list[str], endpoint: str) -> int:
+    """torchrun with `endpoint` as its rendezvous, SIGTERM/SIGINT passed on; its exit code."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--rdzv-endpoint={endpoint}", *argv]
+    child = subprocess.Popen(cmd)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a preemption: the ranks save and leave
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    return child.wait()
+
+
+def split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(this step's arguments, torchrun's), split at the first `--`."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve the rendezvous store; SIGTERM/SIGINT stop it cleanly (exit 0)."""
-    cfg = parse_args(argv)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    serve(cfg, stop)
-    return 0
+    """Host (rank 0) or find the live rendezvous, then run torchrun there."""
+    ours, torchrun = split(sys.argv[1:] if argv is None else list(argv))
+    cfg = parse(RdzvArgs, ours, description=__doc__.split("\n")[0])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [rdzv] %(message)s")
+    if not torchrun:
+        print("ckptflow.steps.rdzv: give torchrun's arguments after --", file=sys.stderr)
+        return 2
+    storage = env.open_storage(cfg.run_root)
+    if cfg.node_rank == 0:
+        host = cfg.host or env.pod_ip() or socket.gethostbyname(socket.gethostname())
+        store, gen = host_store(storage, host, cfg.port)
+        try:
+            return run_torchrun(torchrun, f"{gen.host}:{gen.port}")
+        finally:
+            del store  # the store ends with this generation's torchrun
+    gen = find_store(storage, cfg.join_timeout_s)
+    return run_torchrun(torchrun, f"{gen.host}:{gen.port}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The whole pipeline as one workflow and one MLflow parent run.
 
-    start-run -> pretrain (rdzv daemon, N ranks, background evaluator)
+    start-run -> pretrain (N ranks, rank 0 hosting the rendezvous; background evaluator)
               -> finetune (variant fan-out on fewer workers -> select: export + register)
     onExit: finish-run --status {{workflow.status}}
 

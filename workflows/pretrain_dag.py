@@ -1,25 +1,23 @@
-"""Distributed pretraining as an Argo DAG: N rank pods, one rendezvous daemon, one evaluator.
+"""Distributed pretraining as an Argo DAG: N rank pods (rank 0 hosting the rendezvous), evaluators.
 
-Rendezvous design. torchrun's c10d rendezvous needs one TCP store that every rank can reach
-at an address known when the ranks start. Argo knows exactly one such address: the IP of a
-*daemon* task (`{{tasks.rdzv.ip}}`), available to every task that depends on it. So a small
-daemon step, `python -m ckptflow.steps.rdzv`, hosts the store, and each rank runs
+Rendezvous design (issue 34). torchrun's c10d rendezvous needs one TCP store every rank can
+reach. The rank pod of index 0 hosts it and publishes its address, one generation per start of
+that pod, in the run's storage (`<run_root>/rendezvous/`); every rank pod runs
 
-    python -m torch.distributed.run --nnodes=N --nproc-per-node=P --rdzv-backend=c10d
-        --rdzv-endpoint={{tasks.rdzv.ip}}:PORT --rdzv-id={{workflow.uid}}
-        --rdzv-conf=is_host=false,join_timeout=T --max-restarts=R -m ckptflow.steps.pretrain ...
+    python -m ckptflow.steps.rdzv --run-root R --node-rank {{item}} --port PORT
+        --join-timeout-s T -- --nnodes=N --nproc-per-node=P --rdzv-backend=c10d
+        --rdzv-id={{workflow.uid}} --rdzv-conf=is_host=false,join_timeout=T
+        --max-restarts=R -m ckptflow.steps.pretrain ...
 
-Why not let rank 0 host the store (torchrun's default)? Rank 0's IP is unknown to its peers
-until it runs (Argo exposes IPs of daemon tasks only), a daemon rank would be killed when its
-peers finish and its failure would not fail the workflow, and a retried rank 0 comes back
-with a new IP that the others cannot learn. A separate daemon has none of these problems: it
-holds no training state, ranks retried by Argo (`retryStrategy`) rejoin the same rendezvous
-(same id, same store) and resume from the latest valid checkpoint (the step does that on its
-own), and torchrun's `--max-restarts` lets surviving ranks re-form the group in place. The
-daemon lives exactly as long as the DAG that contains it. `is_host=false` stops a rank that
-shares the daemon's host (the local runner: every task is 127.0.0.1) from hosting a second
-store. Under the local runner the same manifest runs unchanged: `{{tasks.rdzv.ip}}` is
-127.0.0.1 and `python` is the runner's interpreter.
+which finds the newest live generation (a stale one, its pod gone, is detected and retried)
+and runs torchrun with `--rdzv-endpoint` set to it (steps/rdzv.py explains why not a separate
+daemon or a Service). No pod exists besides the ranks, and every pod has a retryStrategy: a
+lost rank 0 comes back as a new generation. A lost rank's peers fail within the process-group
+timeout (`pretrain.pg_timeout_s`), so the whole gang comes back (Argo retries each) and
+resumes from the newest valid checkpoint; torchrun's `--max-restarts` re-forms the group in
+place when only a worker failed. `is_host=false` keeps torchrun from opening a second store.
+Under the local runner the same manifest runs unchanged (every pod's IP is 127.0.0.1, or its
+own namespace's under --isolate).
 
 The background evaluator (`ckptflow.steps.evaluate --forever`, a daemon) runs beside the ranks in
 the same DAG, evaluating each committed checkpoint once, until the DAG ends and stops it (Argo
@@ -41,7 +39,7 @@ from ckptflow.workflows.parameters import ref
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
 from ckptflow.workflows.templates import param, run_root, step
 from hera.workflows import DAG, Parameter, Workflow
-from hera.workflows.models import ContainerPort, Probe, Sequence, TCPSocketAction
+from hera.workflows.models import Sequence
 
 from ckptflow.contract import PretrainArgs, RdzvArgs, to_argv
 
@@ -63,25 +61,18 @@ def torchrun_args(c: PretrainConfig) -> list[str]:
         f"--nnodes={ref('ranks')}",
         f"--nproc-per-node={c.procs_per_rank}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={param('rdzv_host')}:{c.rdzv_port}",
         "--rdzv-id={{workflow.uid}}",
         f"--rdzv-conf=is_host=false,join_timeout={c.rdzv_join_timeout_s}",
         f"--max-restarts={c.max_restarts}",
     ]
 
 
-def _rdzv_template(cfg: PipelineConfig):
-    """The daemon hosting the c10d rendezvous store, ready once it accepts connections."""
-    p, c = cfg.platform, cfg.pretrain
-    rdzv = step(
-        "rdzv", "rdzv", to_argv(RdzvArgs(port=c.rdzv_port)), platform=p, daemon=True, with_env=False
-    )
-    # Dependents start once the store accepts connections, not merely once the pod runs.
-    rdzv.readiness_probe = Probe(
-        tcp_socket=TCPSocketAction(port=c.rdzv_port), period_seconds=2, failure_threshold=30
-    )
-    rdzv.ports = [ContainerPort(container_port=c.rdzv_port, name="rdzv")]
-    return rdzv
+def rendezvous_args(c: PretrainConfig) -> list[str]:
+    """The rank pod's command up to torchrun's arguments: `ckptflow.steps.rdzv`, which hosts
+    (index 0) or finds the rendezvous of this generation, then runs torchrun there."""
+    rdzv = RdzvArgs(run_root="", port=c.rdzv_port, join_timeout_s=float(c.rdzv_join_timeout_s))
+    argv = to_argv(rdzv, run_root=param("run_root"), node_rank=param("node_rank"))
+    return ["python", "-m", "ckptflow.steps.rdzv", *argv, "--"]
 
 
 def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
@@ -92,7 +83,6 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
     p, c = cfg.platform, cfg.pretrain
     if c.ranks < 1 or c.procs_per_rank < 1:
         raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
-    rdzv = _rdzv_template(cfg)
     train = to_argv(
         c.train,
         run_root=param("run_root"),
@@ -105,10 +95,11 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         train,
         platform=p,
         resources=c.rank_resources,
-        inputs=("run_root", "parent_run_id", "rdzv_host"),
+        inputs=("run_root", "parent_run_id", "node_rank"),
         output_names=PretrainArgs.OUTPUTS,
         metrics=save_metrics("pretrain-rank"),
         launcher=torchrun_args(c),
+        wrapper=rendezvous_args(c),
         retries=c.retries,
         backoff_s=c.retry_backoff_s,
         timeout=ref("pretrain_timeout"),  # "" by default: no deadline
@@ -145,10 +136,9 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
     with DAG(
         name=DAG_NAME, inputs=[Parameter(name="run_root"), Parameter(name="parent_run_id")]
     ) as dag:
-        host = rdzv(name="rdzv")
         ranks = rank(
             name="rank",
-            arguments={**refs, "rdzv_host": "{{tasks.rdzv.ip}}"},
+            arguments={**refs, "node_rank": "{{item}}"},
             with_sequence=Sequence(count=ref("ranks")),
         )
         # The background evaluator is a daemon that never exits: when the ranks fail, failFast
@@ -157,7 +147,7 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         # the run to its end beside it: every checkpoint is evaluated once (claims).
         background(name="evaluate", arguments=refs)
         last = final(name="evaluate-final", arguments=refs)
-        host >> ranks >> last
+        ranks >> last
         if group is not None:
             group(name="podgroup") >> ranks
     return dag
@@ -175,7 +165,7 @@ def ui_text(cfg: PipelineConfig) -> tuple[str, str]:
 
 
 def build_pretrain(cfg: PipelineConfig) -> Workflow:
-    """Pretraining alone: start_run -> (rdzv daemon, N ranks, evaluator); finish_run on exit."""
+    """Pretraining alone: start_run -> (N ranks, evaluator); finish_run on exit."""
     root = run_root(cfg.platform, cfg.pretrain.run_root, "pretrain")
     stage = Stage("pretrain", add_pretrain_dag, {"run_root": root})
     title, description = ui_text(cfg)

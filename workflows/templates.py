@@ -238,6 +238,7 @@ def step(
     inputs: Sequence[str] = (),
     output_names: Sequence[str] = (),
     launcher: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
     retries: int = 0,
     backoff_s: int = 10,
     transient_only: bool = False,
@@ -254,7 +255,9 @@ def step(
 
     A dotted `module` (`ckptflow.cli`) is run as given rather than under `ckptflow.steps.`.
 
-    `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`.
+    `launcher` (torchrun's arguments) wraps the module in `python -m torch.distributed.run`,
+    or in `wrapper` (a command that runs torchrun with the arguments after it: the ranks'
+    rendezvous, ckptflow.steps.rdzv).
     `with_env=False` leaves out credentials and MLflow (least privilege for helpers such as
     the rendezvous store). A launcher's template also gets `rank_env`, `grace_s` as its
     terminationGracePeriodSeconds. `retry_elsewhere` keeps retries off the nodes where the task
@@ -264,7 +267,8 @@ def step(
     context, which collects it.
     """
     target = module if "." in module else f"ckptflow.steps.{module}"
-    command = [*TORCHRUN, *launcher, "-m", target] if launcher else ["python", "-m", target]
+    prefix = wrapper or TORCHRUN
+    command = [*prefix, *launcher, "-m", target] if launcher else ["python", "-m", target]
     args = [*args, "--output-dir", platform.outputs_dir] if output_names else list(args)
     env = step_env(platform) if with_env else None
     patch = grace_patch(grace_s, bool(launcher) and platform.gpu_host_network)

@@ -235,16 +235,20 @@ class FinishRunArgs:
 
 @dataclass(frozen=True)
 class RdzvArgs:
-    """Settings of the rendezvous store."""
+    """A rank pod's rendezvous: rank 0 hosts the store and publishes it, the others find it."""
 
     STEP: ClassVar[str] = "rdzv"
-    RUNS_AS: ClassVar[str] = "plain (daemon)"
+    RUNS_AS: ClassVar[str] = "plain, wrapping torchrun (every rank pod)"
     OUTPUTS: ClassVar[tuple[str, ...]] = ()
 
-    host: str = arg("0.0.0.0", "address to listen on (all interfaces: ranks run in other pods)")
-    port: int = arg(29400, "TCP port ranks pass in --rdzv-endpoint")
-    timeout_seconds: float = arg(0.0, "stop after this many seconds; 0 serves until stopped")
-    output_dir: str = arg("", "accepted like every step's; the store writes no outputs")
+    run_root: str = arg(doc="run root URI: generations are published under rendezvous/")
+    node_rank: int = arg(0, "this pod's index among the ranks; 0 hosts the store", at_least=0)
+    host: str = arg("", 'address rank 0 publishes ("": its pod IP from the downward API)')
+    port: int = arg(29400, "TCP port of the store rank 0 hosts")
+    join_timeout_s: float = arg(
+        300.0, "how long a rank looks for a live generation before it fails", at_least=1.0
+    )
+    output_dir: str = arg("", "accepted like every step's; the rendezvous writes no outputs")
 
 
 @dataclass(frozen=True)

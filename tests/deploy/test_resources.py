@@ -127,7 +127,7 @@ def test_the_default_pipeline_fits_the_readmes_laptop():
 
 
 def test_the_peak_counts_pretrainings_concurrent_pods():
-    """Ranks, the rendezvous daemon and the evaluator at once; variants side by side."""
+    """Ranks (rank 0 hosting the rendezvous) and the evaluator at once; variants side by side."""
     render = pytest.importorskip(
         "ckptflow.workflows.render", reason="workflows (hera) not installed"
     )
@@ -140,7 +140,6 @@ def test_the_peak_counts_pretrainings_concurrent_pods():
         (quantity(r.cpu) * n, quantity(r.memory) * n)
         for r, n in (
             (p.rank_resources, p.ranks),
-            (cfg.platform.step_resources, 1),  # the rdzv daemon
             (p.evaluator_resources, 1),
         )
     ]

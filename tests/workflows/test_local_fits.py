@@ -10,7 +10,7 @@ from ckptflow.workflows.runner.scheduler import Scheduler, pod_request
 
 
 def test_every_pod_of_a_local_pipeline_fits_two_cpus_at_once(tmp_path):
-    """rdzv, 4 ranks, the evaluator and every other pod template bound together on a 2-CPU node
+    """4 ranks, the evaluator and every other pod template bound together on a 2-CPU node
     (this machine's size in CI)."""
     cfg = local_config(tmp_path, s3_endpoint=None, overrides=["pretrain.ranks=4"])
     (wf,) = [d for d in manifests("pipeline", cfg) if d.get("kind") == "Workflow"]

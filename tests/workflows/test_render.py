@@ -117,26 +117,27 @@ def test_builders_return_hera_objects():
     assert isinstance(build_evaluate(cfg), WorkflowTemplate)
 
 
-def test_pretrain_ranks_meet_at_the_rendezvous_daemon():
+def test_pretrain_ranks_meet_at_rank_0s_published_rendezvous():
     doc = render("pipeline", "pretrain.ranks=3", "pretrain.procs_per_rank=2")[0]
     tpl = templates(doc)
-    rdzv = tpl["rdzv"]
-    assert rdzv["daemon"] is True
-    assert rdzv["container"]["command"] == ["python", "-m", "ckptflow.steps.rdzv"]
-    assert rdzv["container"]["readinessProbe"]["tcpSocket"]["port"] == 29400
-    assert "env" not in rdzv["container"]  # no credentials where none are needed
+    assert "rdzv" not in tpl  # no daemon: rank 0 hosts the store (issue 34)
     dag = tasks(doc, "pretrain")
     assert dag["rank"]["withSequence"] == {"count": "{{workflow.parameters.ranks}}"}
     assert arguments(doc)["ranks"] == "3"
-    assert dag["rank"]["depends"] == "rdzv"
+    assert "depends" not in dag["rank"]
     args = {p["name"]: p["value"] for p in dag["rank"]["arguments"]["parameters"]}
-    assert args["rdzv_host"] == "{{tasks.rdzv.ip}}"
+    assert args["node_rank"] == "{{item}}"
     assert "depends" not in dag["evaluate"]  # concurrent with the ranks
     cmd = tpl["pretrain-rank"]["container"]["command"]
-    assert cmd[:3] == ["python", "-m", "torch.distributed.run"]
+    assert cmd[:3] == ["python", "-m", "ckptflow.steps.rdzv"]
+    ours = cmd[3 : cmd.index("--")]
+    assert ours == [
+        "--run-root", "{{inputs.parameters.run_root}}",
+        "--node-rank", "{{inputs.parameters.node_rank}}",
+    ]  # fmt: skip
     assert cmd[-2:] == ["-m", "ckptflow.steps.pretrain"]
     assert "--nnodes={{workflow.parameters.ranks}}" in cmd and "--nproc-per-node=2" in cmd
-    assert "--rdzv-endpoint={{inputs.parameters.rdzv_host}}:29400" in cmd
+    assert not any(a.startswith("--rdzv-endpoint") for a in cmd)  # the rendezvous step's
     assert "--rdzv-id={{workflow.uid}}" in cmd
     assert any(a.startswith("--rdzv-conf=is_host=false") for a in cmd)
     rank_args = tpl["pretrain-rank"]["container"]["args"]
@@ -289,7 +290,7 @@ def test_s3_keys_come_from_the_secret_never_inline():
 def test_mlflow_uri_and_argo_names_reach_every_step():
     doc = render("pipeline", "platform.mlflow_tracking_uri=http://mlflow.example:5000")[0]
     for name, tpl in templates(doc).items():
-        if "container" not in tpl or name == "rdzv":
+        if "container" not in tpl:
             continue
         env = {e["name"]: e.get("value") for e in tpl["container"]["env"]}
         assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.example:5000", name

@@ -123,7 +123,7 @@ def test_podgroup_is_made_before_the_ranks_and_owned_by_the_workflow(kind, api, 
     assert group["spec"].get("queue") == ("default" if kind == "volcano" else None)
     dag = tasks(doc, "pretrain")
     assert dag["podgroup"]["template"] == "rank-podgroup"
-    assert "podgroup" in dag["rank"]["depends"] and "rdzv" in dag["rank"]["depends"]
+    assert dag["rank"]["depends"] == "podgroup"  # no rendezvous daemon (issue 34)
     body = {**rank, "metadata": {k: {n: "wf" for n in v} for k, v in rank["metadata"].items()}}
     assert gang_of(body, doc["spec"]) == Gang(kind, "wf", "default")
 

@@ -1,12 +1,15 @@
-"""The rendered rendezvous really forms a process group: the rank pods' torchrun command,
-taken from the manifest, joins the `ckptflow.steps.rdzv` daemon's store and all-reduces.
+"""The rendered rendezvous really forms a process group: the rank pods' command, taken from the
+manifest, hosts (index 0) or finds the generation published in the run root and all-reduces;
+and it survives the loss of rank 0's pod (issue 34): a new generation, the stale one skipped.
 
-Only the training module is swapped for a small all-reduce script; every torchrun argument
-is the manifest's, with Argo's variables filled in as the local runner fills them.
+Only the training module is swapped for a small all-reduce script; every other argument is
+the manifest's, with Argo's variables filled in as the local runner fills them.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,8 +17,11 @@ import time
 import uuid
 from pathlib import Path
 
+from ckptflow.steps import rdzv
 from ckptflow.workflows.config import PipelineConfig, apply_overrides
 from ckptflow.workflows.render import manifests
+
+from ckptflow.core.storage import Storage
 
 SCRIPT = Path(__file__).with_name("rdzv_allreduce.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -27,63 +33,86 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"rendezvous store never listened on {port}")
-
-
-def test_ranks_form_a_group_through_the_daemon(tmp_path):
-    port = _free_port()
+def rank_commands(tmp_path: Path, port: int) -> dict:
+    """The rank template's command for each node rank, the training swapped for the script."""
     cfg = apply_overrides(PipelineConfig(), [f"pretrain.rdzv_port={port}", "pretrain.ranks=2"])
     doc = manifests("pretrain", cfg)[0]
     tpl = {t["name"]: t for t in doc["spec"]["templates"]}
-    fill = {"{{inputs.parameters.rdzv_host}}": "127.0.0.1", "{{workflow.uid}}": uuid.uuid4().hex}
-    # the workflow parameters' defaults (ranks: 2), as the runner substitutes them
+    assert "rdzv" not in tpl  # no pod besides the ranks
+    fill = {
+        "{{inputs.parameters.run_root}}": str(tmp_path / "run"),
+        "{{workflow.uid}}": uuid.uuid4().hex,
+    }
     for p in doc["spec"]["arguments"]["parameters"]:
         fill["{{workflow.parameters." + p["name"] + "}}"] = p["value"]
-
-    def argv(container: dict) -> list[str]:
-        out = []
-        for arg in container["command"] + container.get("args", []):
+    command = tpl["pretrain-rank"]["container"]["command"]
+    assert command[:3] == ["python", "-m", "ckptflow.steps.rdzv"]
+    assert command[-2:] == ["-m", "ckptflow.steps.pretrain"]
+    out = {}
+    for rank in (0, 1):
+        argv = []
+        for arg in command[:-2]:
+            arg = arg.replace("{{inputs.parameters.node_rank}}", str(rank))
             for k, v in fill.items():
                 arg = arg.replace(k, v)
-            out.append(arg)
-        assert out[0] == "python"
-        return [sys.executable, *out[1:]]
+            argv.append(arg)
+        out[rank] = [sys.executable, *argv[1:], str(SCRIPT), str(tmp_path)]
+    return out
 
-    daemon = subprocess.Popen(
-        argv(tpl["rdzv"]["container"]),
+
+def start(cmd: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PET_LOCAL_ADDR="127.0.0.1")  # status.podIP, as the runner sets it
+    return subprocess.Popen(
+        cmd,
         cwd=REPO,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,  # a pod: killed as a whole
     )
-    ranks = []
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+
+
+def test_ranks_form_a_group_through_rank_0s_published_store(tmp_path):
+    cmds = rank_commands(tmp_path, _free_port())
+    ranks = [start(cmds[1]), start(cmds[0])]  # rank 1 first: it waits for a generation
     try:
-        _wait_for_port(port, daemon)
-        cmd = argv({"command": tpl["pretrain-rank"]["container"]["command"]})
-        assert cmd[-2:] == ["-m", "ckptflow.steps.pretrain"]
-        cmd = [*cmd[:-2], str(SCRIPT), str(tmp_path)]
-        ranks = [
-            subprocess.Popen(
-                cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            for _ in range(2)
-        ]
         for r in ranks:
-            out, _ = r.communicate(timeout=120)
+            out, _ = r.communicate(timeout=180)
             assert r.returncode == 0, out
     finally:
-        for p in [*ranks, daemon]:
-            if p.poll() is None:
-                p.terminate()
-                p.wait(timeout=30)
-    assert daemon.returncode == 0  # SIGTERM (Argo stopping a daemon) is a clean stop
+        finish(ranks)
     results = sorted(p.read_text() for p in tmp_path.glob("rank*"))
     assert results == ["3 2", "3 2"]
+    assert rdzv.newest(Storage(str(tmp_path / "run"))).number == 1
+
+
+def test_the_rendezvous_survives_the_loss_of_rank_0s_pod(tmp_path):
+    cmds = rank_commands(tmp_path, _free_port())
+    root = Storage(str(tmp_path / "run"))
+    procs = [start(cmds[0])]  # generation 1, then its pod is lost before the gang forms
+    try:
+        deadline = time.monotonic() + 120
+        while rdzv.newest(root) is None:
+            assert time.monotonic() < deadline and procs[0].poll() is None
+            time.sleep(0.2)
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(timeout=30)
+        # rank 1 finds generation 1 stale and waits; rank 0's retry publishes generation 2
+        procs.append(start(cmds[1]))
+        time.sleep(3)
+        procs.append(start(cmds[0]))
+        for r in procs[1:]:
+            out, _ = r.communicate(timeout=180)
+            assert r.returncode == 0, out
+    finally:
+        finish(procs)
+    assert rdzv.newest(root).number == 2
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*")) == ["3 2", "3 2"]
