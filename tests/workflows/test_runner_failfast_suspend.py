@@ -80,8 +80,20 @@ def _suspending(suspend: dict, outputs: dict | None = None) -> dict:
                 "name": "main",
                 "steps": [
                     [{"name": "wait", "template": "wait"}],
-                    [{"name": "after", "template": "echo", "arguments": {"parameters": [
-                        {"name": "m", "value": "{{steps.wait.outputs.parameters.answer}}"}]}}],
+                    [
+                        {
+                            "name": "after",
+                            "template": "echo",
+                            "arguments": {
+                                "parameters": [
+                                    {
+                                        "name": "m",
+                                        "value": "{{steps.wait.outputs.parameters.answer}}",
+                                    }
+                                ]
+                            },
+                        }
+                    ],
                 ],
             },  # fmt: skip
             wait,

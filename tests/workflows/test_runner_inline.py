@@ -107,7 +107,9 @@ def test_template_defaults_apply_and_the_templates_own_values_win(tmp_path):
             {
                 "name": "main",
                 "activeDeadlineSeconds": 60,
-                "steps": [[{"name": "slow", "template": "slow"}, {"name": "own", "template": "own"}]],
+                "steps": [
+                    [{"name": "slow", "template": "slow"}, {"name": "own", "template": "own"}]
+                ],
             },
             {"name": "slow", "container": {"command": ["sh", "-c", "sleep 5"]}},
             {
@@ -135,6 +137,10 @@ def test_kind_defaults_apply_only_to_that_kind():
 
 
 def test_template_defaults_that_are_not_a_mapping_are_refused(tmp_path):
-    spec = {"entrypoint": "m", "templateDefaults": ["x"], "templates": [{"name": "m", **_echo("x")}]}
+    spec = {
+        "entrypoint": "m",
+        "templateDefaults": ["x"],
+        "templates": [{"name": "m", **_echo("x")}],
+    }
     with pytest.raises(SpecError, match="templateDefaults: expected a template"):
         _run(spec, tmp_path)
