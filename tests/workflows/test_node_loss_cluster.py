@@ -10,6 +10,7 @@ test_node_loss.py::test_a_rank_pod_killed_mid_training_resumes_and_succeeds.
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -56,9 +57,15 @@ def _pods(result) -> list[dict]:
     return [n for n in result.nodes.values() if n["type"] == "Pod"]
 
 
-def _first_fit(rank_pods: list[dict], pod: dict) -> str:
+def _rank(pod: dict) -> str:
+    return re.match(r"rank\((\d+):", pod["displayName"]).group(1)
+
+
+def _first_fit(rank_pods: list[dict], pod: dict, elsewhere: bool) -> str:
     """The node the scheduler's filters give `pod`: the first GPU node in profile order whose
-    one GPU no other rank pod holds when it starts (runner/scheduler.py `place`)."""
+    one GPU no other rank pod holds when it starts (runner/scheduler.py `place`) and, with
+    retry_elsewhere, where no earlier attempt of its rank failed (the retry's required
+    node anti-affinity, retry_tweak.go)."""
     start = pod["local"]["startedAtUnix"]
     held = {
         p["hostNodeName"]
@@ -66,11 +73,23 @@ def _first_fit(rank_pods: list[dict], pod: dict) -> str:
         if p is not pod
         and p["local"]["startedAtUnix"] <= start < (p["local"].get("finishedAtUnix") or 1e12)
     }
-    return next(n for n in GPU_NODES if n not in held)
+    failed = {
+        p["hostNodeName"]
+        for p in rank_pods
+        if elsewhere
+        and _rank(p) == _rank(pod)
+        and p["local"]["startedAtUnix"] < start
+        and p["phase"] != "Succeeded"
+    }
+    return next(n for n in GPU_NODES if n not in held | failed)
 
 
 @pytest.mark.timeout(480)
-def test_a_rank_killed_mid_run_on_a_four_node_cluster_resumes_and_succeeds(tmp_path):
+@pytest.mark.parametrize("elsewhere", [False, True], ids=["default", "retry-elsewhere"])
+def test_a_rank_killed_mid_run_on_a_four_node_cluster_resumes_and_succeeds(tmp_path, elsewhere):
+    """Default: the retry may come back to the node its rank lost (no retry affinity, a
+    cluster sized to the job still runs it). With pretrain.retry_elsewhere the retry avoids
+    it and takes the spare GPU node."""
     profile = tmp_path / "cluster.yaml"
     profile.write_text(PROFILE)
 
@@ -79,8 +98,8 @@ def test_a_rank_killed_mid_run_on_a_four_node_cluster_resumes_and_succeeds(tmp_p
 
     out = run_isolated(
         tmp_path,
-        "loss-4n",
-        [*BASE, *ON_GPU_NODES],
+        "loss-4n-elsewhere" if elsewhere else "loss-4n",  # the in-process S3 outlives a test
+        [*BASE, *ON_GPU_NODES, f"pretrain.retry_elsewhere={str(elsewhere).lower()}"],
         side_for=killer_for,
         cluster=load_profile(str(profile)),
     )
@@ -97,10 +116,20 @@ def test_a_rank_killed_mid_run_on_a_four_node_cluster_resumes_and_succeeds(tmp_p
     assert {p["hostNodeName"] for p in light} == {"cpu-0"}, [
         (p["displayName"], p.get("hostNodeName")) for p in light
     ]
-    for pod in ranks:
-        assert pod["hostNodeName"] == _first_fit(ranks, pod), [
-            (p["displayName"], p["hostNodeName"], p["local"]["startedAtUnix"]) for p in ranks
-        ]
+    placed = [(p["displayName"], p["hostNodeName"], p["local"]["startedAtUnix"]) for p in ranks]
+    # The first attempts arrive together (bound in thread order): the first two GPU nodes.
+    first = [p for p in ranks if p["displayName"].endswith(")(0)")]
+    assert sorted(p["hostNodeName"] for p in first) == ["gpu-0", "gpu-1"], placed
+    for a, b in itertools.combinations(ranks, 2):  # one GPU a node: never two ranks at once
+        la, lb = a["local"], b["local"]
+        at_once = (
+            la["startedAtUnix"] < lb["finishedAtUnix"]
+            and lb["startedAtUnix"] < la["finishedAtUnix"]
+        )
+        assert not (at_once and a["hostNodeName"] == b["hostNodeName"]), placed
+    for pod in ranks:  # a retry arrives alone: the first node that passes the filters then
+        if pod not in first:
+            assert pod["hostNodeName"] == _first_fit(ranks, pod, elsewhere), placed
 
     # The killed rank was retried as a new pod, and both ranks resumed from the latest
     # checkpoint committed before the kill.
@@ -108,6 +137,8 @@ def test_a_rank_killed_mid_run_on_a_four_node_cluster_resumes_and_succeeds(tmp_p
     assert len(attempts) >= 2 and attempts[0]["phase"] in ("Failed", "Error"), result.table
     assert attempts[-1]["phase"] == "Succeeded", result.table
     assert len({n["podIP"] for n in attempts}) == len(attempts)
+    if elsewhere:  # the spare node: rank 0 holds one GPU node, rank 1 failed on another
+        assert attempts[-1]["hostNodeName"] not in {a["hostNodeName"] for a in attempts[:-1]}
     last_before = max(_committed_in(_attempt_logs(result, 1)[0]))
     logs = "".join(log for i in (0, 1) for log in _attempt_logs(result, i))
     resumed = re.findall(r"\[rank(\d)\] \S+ INFO resumed from step (\d+)", logs)
