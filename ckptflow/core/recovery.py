@@ -27,6 +27,9 @@ DEFAULT_WARMUP_S = 240.0  # compile, allocator and data-loader warm-up before fu
 DEFAULT_PG_TIMEOUT_S = 120.0  # the steps' --pg-timeout-s (ckptflow.contract LoopArgs)
 DEFAULT_NODE_GRACE_S = 50.0  # platform.node_monitor_grace_s (--node-monitor-grace-period)
 DEFAULT_NODE_LOSS_TOLERATION_S = 60.0  # platform.gpu_node_loss_toleration_s
+# what a pod without its own toleration gets (0 in that setting: none rendered), from the
+# DefaultTolerationSeconds admission plugin (kubernetes plugin/pkg/admission/defaulttolerationseconds)
+KUBERNETES_TOLERATION_S = 300.0
 
 
 def gang_detect_s(pg_timeout_s: float, node_grace_s: float, toleration_s: float) -> float:
@@ -36,11 +39,11 @@ def gang_detect_s(pg_timeout_s: float, node_grace_s: float, toleration_s: float)
 
     The survivors leave when their collective times out (pg_timeout); a silently lost node's
     rank is only deleted, and retried by Argo, once its node turned NotReady (node_grace) and
-    its toleration of the node-loss taints ran out (toleration; 300 s when not rendered).
+    its toleration of the node-loss taints ran out (toleration; 0 = none rendered: 300 s).
     The first of the two notices the failure, but the gang restarts only after the second:
     a min() would promise an RTO that a silent node loss cannot meet. A crash that closes
     its sockets is noticed at once and costs less; the planner plans for the silent case."""
-    return max(pg_timeout_s, node_grace_s + toleration_s)
+    return max(pg_timeout_s, node_grace_s + (toleration_s or KUBERNETES_TOLERATION_S))
 
 
 @dataclass(frozen=True)

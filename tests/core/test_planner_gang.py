@@ -27,6 +27,7 @@ def test_detection_waits_for_the_last_rank_out():
     assert rec.gang_detect_s(120, 50, 60) == 120  # survivors' timeout is the later one
     assert rec.gang_detect_s(30, 50, 300) == 350  # Kubernetes' default toleration: eviction
     assert rec.gang_detect_s(600, 50, 60) == 600
+    assert rec.gang_detect_s(120, 50, 0) == 350  # 0: none rendered, so Kubernetes' 300 s
 
 
 def test_the_formulas_defaults_are_the_workflows_settings():
@@ -42,6 +43,7 @@ def test_plan_detects_by_the_settings_and_each_setting_moves_it(capsys):
     late = plan_json(capsys, "--node-loss-toleration=5m")["inputs"]
     assert late["detect_s"] == 350.0  # no rendered toleration: Kubernetes' 300 s
     assert plan_json(capsys, "--pg-timeout=10m")["inputs"]["detect_s"] == 600.0
+    assert plan_json(capsys, "--node-loss-toleration=0")["inputs"]["detect_s"] == 350.0
     assert plan_json(capsys, "--node-grace=40s", "--pg-timeout=30s")["inputs"]["detect_s"] == 100
     rto = plan_json(capsys, "--rto=1h")["recovery"]
     assert rto["detect_s"] == 120.0
