@@ -33,6 +33,7 @@ __all__ = [
     "ObjectError",
     "ObjectStore",
     "Requirement",
+    "as_text",
     "canonical_kind",
     "field_value",
     "load_objects",
@@ -131,7 +132,7 @@ def field_value(obj: Any, path: str) -> tuple[bool, Any]:
     return True, value
 
 
-def _as_text(value: Any) -> str:
+def as_text(value: Any) -> str:
     """A value as gjson's `String()` gives it: strings bare, numbers and booleans as JSON."""
     if isinstance(value, str):
         return value
@@ -169,7 +170,14 @@ class Requirement:
         return left > right if self.op == ">" else left < right
 
     def __repr__(self) -> str:
-        return f"{self.key} {self.op} {','.join(self.values)}"
+        """As Requirement.String() writes it (`status.phase in (Error,Failed)`, `n>1`)."""
+        if self.op == "exists":
+            return self.key
+        if self.op == "!":
+            return f"!{self.key}"
+        if self.op in ("in", "notin"):
+            return f"{self.key} {self.op} ({','.join(sorted(self.values))})"
+        return f"{self.key}{self.op}{self.values[0]}"
 
 
 _TOKEN = re.compile(r"\s*(==|!=|=|!|<|>|\(|\)|,|[^\s=!<>(),]+)")
@@ -319,7 +327,7 @@ class ObjectStore:
         labels = (obj.get("metadata") or {}).get("labels") or {}
 
         def lookup(key: str) -> tuple[bool, str]:
-            return key in labels, _as_text(labels.get(key))
+            return key in labels, as_text(labels.get(key))
 
         return all(r.matches(lookup) for r in reqs)
 

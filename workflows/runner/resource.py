@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from pathlib import Path
 
 import yaml
@@ -21,6 +20,13 @@ from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import objects as ob
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner.resource_fields import (
+    ResourceError,
+    conditions_met,
+    jq_filter,
+    json_path,
+    parse_json_path,
+)
 from ckptflow.workflows.runner.substitution import TAG, substitute, to_str, unresolved
 
 __all__ = [
@@ -48,10 +54,6 @@ CONTROLLED = ("Workflow", "Job")
 
 _VALIDATE = ("", "false", "true", "strict", "ignore", "warn")
 _IGNORE_NOT_FOUND = ("--ignore-not-found", "--ignore-not-found=true")
-
-
-class ResourceError(Exception):
-    """What kubectl or the executor would report (one line); the node Fails with it."""
 
 
 def owner_reference(run: cx.Run) -> dict:
@@ -145,7 +147,7 @@ def resource_problems(tmpl: dict) -> list[tuple[str, str]]:
         vf = (p or {}).get("valueFrom") or {}
         if vf.get("jsonPath") is not None and "{{" not in to_str(vf["jsonPath"]):
             try:
-                _parse_json_path(to_str(vf["jsonPath"]))
+                parse_json_path(to_str(vf["jsonPath"]))
             except ResourceError as exc:
                 problems.append(
                     (f"outputs.parameters.{p.get('name')}.valueFrom.jsonPath", str(exc))
@@ -173,101 +175,6 @@ def _kind_problems(res: dict) -> list[tuple[str, str]]:
                 )
             ]
     return []
-
-
-# -- kubectl jsonpath (a subset) and jq ------------------------------------------------------
-_JP_PART = re.compile(r"""\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[['"]([^'"]+)['"]\]""")
-
-
-def _parse_json_path(template: str) -> list[str | list]:
-    """A kubectl jsonpath template as literal strings and field paths; ResourceError for the
-    parts of the syntax not followed here (filters, wildcards, ranges)."""
-    pieces: list[str | list] = []
-    pos = 0
-    for m in re.finditer(r"\{([^{}]*)\}", template):
-        pieces.append(template[pos : m.start()])
-        expr = m.group(1).strip()
-        if expr in ("", "."):
-            pieces.append([])
-            pos = m.end()
-            continue
-        path, at = [], 0
-        while at < len(expr):
-            part = _JP_PART.match(expr, at)
-            if part is None:
-                raise ResourceError(f"jsonPath {template!r}: {expr[at:]!r} is not followed locally")
-            path.append(int(part.group(2)) if part.group(2) else part.group(1) or part.group(3))
-            at = part.end()
-        pieces.append(path)
-        pos = m.end()
-    pieces.append(template[pos:])
-    return pieces
-
-
-def _jp_text(value) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, int | float):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"))
-
-
-def json_path(obj: dict, template: str) -> str:
-    """`kubectl get -o jsonpath=TEMPLATE` on one object; ResourceError when a field is missing."""
-    out = []
-    for piece in _parse_json_path(template):
-        if isinstance(piece, str):
-            out.append(piece)
-            continue
-        value = obj
-        for key in piece:
-            ok = (isinstance(key, int) and isinstance(value, list) and key < len(value)) or (
-                isinstance(key, str) and isinstance(value, dict) and key in value
-            )
-            if not ok:
-                raise ResourceError(f"jsonPath {template!r}: {key} is not found")
-            value = value[key]
-        out.append(_jp_text(value))
-    return "".join(out)
-
-
-def jq_filter(obj: dict, text: str) -> str:
-    """Argo's jqFilter output (workflow/executor/resource.go jqFilter): each result a line,
-    strings bare, others as Go's json.Marshal writes them (compact, keys sorted)."""
-    try:
-        import jq  # the `jq` wheel (workflows extra)
-    except ImportError:
-        raise ResourceError("jqFilter needs the `jq` package (pip install jq)") from None
-    try:
-        results = jq.compile(text).input_value(obj).all()
-    except ValueError as exc:
-        raise ResourceError(f"jqFilter {text!r}: {str(exc).splitlines()[0]}") from None
-    lines = [
-        r if isinstance(r, str) else json.dumps(r, sort_keys=True, separators=(",", ":"))
-        for r in results
-    ]
-    return "\n".join(lines).strip()
-
-
-# -- conditions ------------------------------------------------------------------------------
-def conditions_met(obj: dict, success: str, failure: str) -> bool | None:
-    """matchConditions (workflow/executor/resource.go): ResourceError when a failure
-    requirement matches; True when every success requirement matches (also when there are
-    none); None to keep waiting. Fields are read as gjson reads them (objects.field_value)."""
-
-    def lookup(key: str) -> tuple[bool, str]:
-        has, value = ob.field_value(obj, key)
-        return has, ob._as_text(value)
-
-    for req in ob.parse_selector(failure) if failure else []:
-        if req.matches(lookup):
-            raise ResourceError(f"failure condition '{req}' evaluated true")
-    reqs = ob.parse_selector(success) if success else []
-    return True if all(r.matches(lookup) for r in reqs) else None
 
 
 # -- the executor ----------------------------------------------------------------------------
@@ -456,6 +363,13 @@ def run_template(
         field, why = problems[0]
         run.store.update(node, phase=ERROR, message=f"{field}: {why}")
         return
+    try:  # the pod's activeDeadlineSeconds / timeout bound the wait for the conditions
+        deadline = cx.template_deadline(body)
+    except ValueError as exc:
+        run.store.update(node, phase=ERROR, message=str(exc))
+        return
+    if deadline is not None:
+        scope = scope.child(deadline, cx.TEMPLATE_DEADLINE)
     _own_pod(run, node)
     run.store.update(node, phase=RUNNING)
     try:
