@@ -442,3 +442,49 @@ spec:
     log = tmp_path / "log.txt"
     assert run(doc, tmp_path, "st", arguments={"log": str(log)}).phase == "Succeeded"
     assert lines(log) == ["Running"]
+
+
+def test_omitted_and_skipped_dag_tasks_fire_their_named_hooks_and_no_exit_handler(tmp_path):
+    """dag.go executeDAGTask evaluates a fulfilled task node's hooks (Omitted, Skipped too);
+    runOnExitNode needs a completed one. steps.go gives a skipped step's none."""
+    doc = manifest(
+        f"""
+spec:
+  entrypoint: main
+  arguments: {{parameters: [{{name: log}}]}}
+  templates:
+    - name: main
+      dag:
+        tasks:
+        - {{name: A, template: echo}}
+        - name: B
+          depends: A.Failed
+          template: echo
+          onExit: log
+          hooks:
+            why: {{expression: tasks.B.status == "Omitted", template: log, arguments: {{parameters: [{{name: msg, value: B}}]}}}}
+        - name: C
+          when: "1 == 2"
+          template: echo
+          hooks:
+            why: {{expression: tasks.C.status == "Skipped", template: log, arguments: {{parameters: [{{name: msg, value: C}}]}}}}
+            exit: {{template: log}}
+    - name: steps
+      steps:
+      - - name: S
+          when: "1 == 2"
+          template: echo
+          hooks:
+            why: {{expression: steps.S.status == "Skipped", template: log}}
+{ECHO}"""
+    )
+    log = tmp_path / "log.txt"
+    result = run(doc, tmp_path, "om", arguments={"log": str(log)})
+    assert result.phase == "Succeeded"
+    assert sorted(lines(log)) == ["B", "C"]
+    assert result.node("B")["phase"] == "Omitted" and result.node("C")["phase"] == "Skipped"
+    assert result.node("B.hooks.why")["phase"] == "Succeeded"
+    assert result.node("C.hooks.why")["phase"] == "Succeeded"
+    doc["spec"]["entrypoint"] = "steps"
+    result = run(doc, tmp_path, "sk", arguments={"log": str(tmp_path / "s.txt")})
+    assert result.phase == "Succeeded" and lines(tmp_path / "s.txt") == []

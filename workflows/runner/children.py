@@ -108,10 +108,16 @@ def start_unit(
             parents=parents, phase=ERROR, message=str(exc),
         )  # fmt: skip
     if not go:
-        return run.store.create(
+        skipped = run.store.create(
             unit.name, unit.display, "Skipped", template_name=template, boundary_id=boundary_id,
             parents=parents, phase=SKIPPED, message=f"when '{when}' evaluated false",
         )  # fmt: skip
+        if unit.later and _in_dag(run, boundary_id):  # dag.go: a skipped task's named hooks
+            named = hooks.split_for_group(unit.later)[0]  # (steps.go skips a step's)
+            hooks.watch_step(
+                run, skipped, named, unit.values, _ref(run, unit, boundary_id), boundary_id, scope
+            )
+        return skipped
     args = {
         p["name"]: to_str(p.get("value", ""))
         for p in (unit.spec.get("arguments") or {}).get("parameters") or []
@@ -132,14 +138,22 @@ def start_unit(
     return node
 
 
-def _watch_hooks(run: cx.Run, unit: Unit, node: Node, boundary_id: str, scope: cx.Scope) -> None:
-    """Hand a started step/task with hooks to hooks.py. Its status and outputs are in scope as
-    `steps.<expanded step name>` (steps.go) or `tasks.<task name>` (dag.go: the task's own)."""
+def _in_dag(run: cx.Run, boundary_id: str) -> bool:
     boundary = run.store.nodes.get(boundary_id)
-    if boundary is not None and boundary.type == "DAG":
-        ref = f"tasks.{unit.spec['name']}"
-    else:
-        ref = f"steps.{unit.display}"
+    return boundary is not None and boundary.type == "DAG"
+
+
+def _ref(run: cx.Run, unit: Unit, boundary_id: str) -> str:
+    """Where a step's status and outputs are in its hooks' scope: `steps.<expanded step name>`
+    (steps.go) or `tasks.<task name>` (dag.go: the task's own name, items too)."""
+    if _in_dag(run, boundary_id):
+        return f"tasks.{unit.spec['name']}"
+    return f"steps.{unit.display}"
+
+
+def _watch_hooks(run: cx.Run, unit: Unit, node: Node, boundary_id: str, scope: cx.Scope) -> None:
+    """Hand a started step/task with hooks to hooks.py."""
+    ref = _ref(run, unit, boundary_id)
     hooks.watch_step(run, node, unit.later, unit.values, ref, boundary_id, scope)
 
 

@@ -119,6 +119,13 @@ class _Dag:
             boundary_id=self.node.id, parents=parents, phase=OMITTED,
             message="omitted: depends condition not met",
         )  # fmt: skip
+        named, _ = hooks.split_for_group(self.tasks[name])  # dag.go: an omitted task's hooks
+        if named:
+            values = {**self.run.global_vars(), **self.local_vars(self.ancestors(name))}
+            hooks.watch_step(
+                self.run, self.state[name], named, values, f"tasks.{name}", self.node.id,
+                self.inner,
+            )  # fmt: skip
         return True
 
     def schedule(self, name: str) -> None:
