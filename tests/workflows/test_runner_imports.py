@@ -1,6 +1,7 @@
 """`workflows/runner/` is a standalone Argo interpreter: its modules import each other without a
 cycle (module-level and function-level imports alike), and nothing outside the runner but the
-standard library, PyYAML and the two libraries of its expressions (python-jsonpath, regex): no
+standard library, PyYAML, the two libraries of its expressions (python-jsonpath, regex) and of
+its object store (jsonpatch, jq): no
 builders, no hera, no torch, no checkpoint core.
 
 Read from the source with `ast`, so an import hidden inside a function counts too.
@@ -17,8 +18,9 @@ import pytest
 
 PKG = "ckptflow.workflows.runner"
 RUNNER = Path(__file__).resolve().parents[2] / "workflows" / "runner"
-# yaml: manifests; jsonpath, regex: Argo's jsonpath() and `matches` in expressions (expr_funcs.py)
-ALLOWED_THIRD_PARTY = {"yaml", "jsonpath", "regex"}
+# yaml: manifests; jsonpath, regex: Argo's jsonpath() and `matches` in expressions (expr_funcs.py);
+# jsonpatch: RFC 6902 patches in the object store (objects.py); jq: jqFilter (resource_fields.py)
+ALLOWED_THIRD_PARTY = {"yaml", "jsonpath", "regex", "jsonpatch", "jq"}
 
 
 def _modules() -> dict[str, ast.Module]:
