@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptflow.workflows.runner import pod_containers, scheduler, volumes
+from ckptflow.workflows.runner import pod_containers, refs, scheduler, volumes
 from ckptflow.workflows.runner.context import DEADLINE
 from ckptflow.workflows.runner.nodes import ERROR, FAILED
 from ckptflow.workflows.runner.pods import (
@@ -147,7 +147,11 @@ def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
                 )
             )
             continue
-        if "hostPath" in vol:
+        if any(k in vol for k in volumes.PROJECTED):  # its object's keys as files (refs.py)
+            local = Path(run.workdir) / "projected" / name
+            refs.project_volume(vol, run.objects, local)  # ValueError: the object is gone
+            read_only = True
+        elif "hostPath" in vol:
             local = Path(vol["hostPath"]["path"])
         else:
             local = Path(run.workdir) / "volumes" / vol["persistentVolumeClaim"]["claimName"]
