@@ -317,3 +317,23 @@ def test_cli_objects_option_and_a_damaged_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"--objects {bad}: ConfigMap name 'Bad_Name'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_secret_volume_and_env_in_an_isolated_pod(tmp_path):
+    from ckptflow.workflows.runner.pods import available
+
+    why = available()
+    if why is not None:
+        pytest.skip(f"pods unavailable: {why}")
+    store = ob.ObjectStore()
+    store.create({"kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "pw"}})
+    env = [{"name": "V", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    vols = [{"name": "sv", "secret": {"secretName": "s"}}]
+    mounts = [{"name": "sv", "mountPath": "/etc/sec"}]
+    manifest = _echo(
+        env, vols, mounts, "echo $V; cat /etc/sec/k; echo; touch /etc/sec/x || echo ro"
+    )
+    result = _run(manifest, tmp_path, store, isolate=True)
+    assert result.phase == "Succeeded", result.message
+    # read-only, as the kubelet mounts it
+    assert result.node("wf")["outputs"]["result"] == "pw\npw\nro"
