@@ -337,3 +337,24 @@ def test_secret_volume_and_env_in_an_isolated_pod(tmp_path):
     assert result.phase == "Succeeded", result.message
     # read-only, as the kubelet mounts it
     assert result.node("wf")["outputs"]["result"] == "pw\npw\nro"
+
+
+def test_nested_child_workflows_are_bounded(tmp_path, monkeypatch):
+    """Workflows creating workflows (five levels deep): the child count ends the chain."""
+    from ckptflow.workflows.runner import controllers
+
+    monkeypatch.setattr(controllers, "MAX_CHILD_WORKFLOWS", 3)
+    inner = _wf({"name": "leaf", "container": {"image": "x", "command": ["true"]}})
+    for _ in range(5):
+        inner["metadata"] = {"generateName": "level-"}
+        inner = _wf(
+            _res(
+                "make", "create", inner,
+                successCondition="status.phase == Succeeded",
+                failureCondition="status.phase in (Failed, Error)",
+            )
+        )  # fmt: skip
+    result = _run(inner, tmp_path)
+    assert result.phase == "Failed"
+    runs = list((tmp_path / "w").rglob("status.json"))
+    assert len(runs) == 1 + 3  # the top run and three children, no more

@@ -31,6 +31,9 @@ from ckptflow.workflows.runner.substitution import to_str
 __all__ = ["Controllers", "end_run", "job_problem", "register_workflow", "stop_when_set"]
 
 MAX_JOB_PODS = 100  # completions a local Job may run (each is a process)
+# child workflows one run may start in all: a workflow that creates itself again (or a loop
+# creating workflows) ends here instead of growing without bound
+MAX_CHILD_WORKFLOWS = 50
 
 
 def job_problem(job: dict) -> str | None:
@@ -63,6 +66,7 @@ class Controllers:
         self.run_child = run_child
         self.stops: dict[str, threading.Event] = {}  # uid -> stop of a running child/job
         self.lock = threading.Lock()
+        self.children = 0  # Workflows started so far (MAX_CHILD_WORKFLOWS)
         run.objects.on_delete.append(self._deleted)
 
     def on_create(self, obj: dict) -> None:
@@ -95,6 +99,13 @@ class Controllers:
     # -- Workflow --------------------------------------------------------------------------
     def _workflow(self, obj: dict, stop: threading.Event) -> None:
         name = obj["metadata"]["name"]
+        with self.lock:
+            self.children += 1
+            over = self.children > MAX_CHILD_WORKFLOWS
+        if over:
+            why = f"refused locally: a run starts at most {MAX_CHILD_WORKFLOWS} child workflows"
+            self._status(obj, {"phase": "Error", "message": why})
+            return
         self._status(obj, {"phase": "Running"})
         templates = self.run.objects.list("WorkflowTemplate")
         templates += self.run.objects.list("ClusterWorkflowTemplate", namespace="*")
