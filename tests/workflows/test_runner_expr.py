@@ -262,6 +262,13 @@ def test_expression_tags_are_rendered_and_left_while_a_name_is_missing() -> None
     assert render(out, {"item": "7"}) == "x30y 7 3"
 
 
+def test_a_spaced_equals_sign_is_a_simple_tag_still_reported() -> None:
+    """`{{ =x}}` is no expression in Argo (parseTag: the tag must start with `=`), but it is
+    still an unresolved tag, never passed through as text."""
+    assert render("{{ =x}}", {"x": "1"}) == "{{ =x}}"
+    assert unresolved("{{ =x}}") == ["{{=x}}"]
+
+
 def test_a_tag_ends_at_the_first_closing_braces_as_in_argo() -> None:
     """fasttemplate: `{# > 1}` and a map literal close with one brace, so they nest."""
     assert render("{{=toJson(filter([1, 3], {# > 1}))}}", {}) == "[3]"

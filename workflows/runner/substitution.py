@@ -140,7 +140,8 @@ def unresolved(obj: Any, *, skip: tuple[str, ...] = ()) -> list[str]:
     """Every `{{...}}` and `{{=...}}` tag still present in `obj` (keys in `skip` not searched)."""
     if isinstance(obj, str):
         tags = ["{{=" + e + "}}" for _, _, e in expression_tags(obj)]
-        return tags + ["{{" + m.group(1) + "}}" for m in TAG.finditer(obj) if m.group(1)[:1] != "="]
+        simple = [m for m in TAG.finditer(obj) if not m.group(0).startswith("{{=")]
+        return tags + ["{{" + m.group(1) + "}}" for m in simple]
     if isinstance(obj, list):
         return [t for v in obj for t in unresolved(v)]
     if isinstance(obj, dict):
