@@ -327,16 +327,17 @@ def _node(phase: str, exit_code: int | None, message: str, seconds: float) -> No
 
 def test_retry_scope_and_expression_as_argo_builds_them() -> None:
     """operator.go buildRetryStrategyLocalScope: strings; Go's float64 duration."""
-    last = _node("Failed", 2, "boom", 1.5)
+    last = _node("Failed", 2, "boom", 1.5)  # 100.0 .. 101.5: whole seconds 100 .. 101
     assert retry_scope(3, last) == {
         "retries": "2",
-        "lastRetry": {"exitCode": "2", "status": "Failed", "duration": "1.5", "message": "boom"},
+        "lastRetry": {"exitCode": "2", "status": "Failed", "duration": "1", "message": "boom"},
     }
     assert retry_continues({"expression": "asInt(lastRetry.exitCode) > 1"}, 1, last)
     assert not retry_continues({"expression": "lastRetry.status == 'Error'"}, 1, last)
     assert retry_continues({}, 1, last)
-    with pytest.raises(ExprError, match=r"int\(1.5\)"):
-        retry_continues({"expression": "asInt(lastRetry.duration) < 120"}, 1, last)
+    assert retry_continues({"expression": "asInt(lastRetry.duration) < 120"}, 1, last)
+    with pytest.raises(ExprError, match=r"int\(boom\)"):
+        retry_continues({"expression": "asInt(lastRetry.message) < 120"}, 1, last)
     with pytest.raises(ExprError, match="to bool"):
         retry_continues({"expression": "lastRetry.exitCode"}, 1, last)
     assert retry_policy({"expression": "true"}) == "Always"

@@ -41,16 +41,25 @@ def retry_policy(strategy: dict) -> str:
     return "Always" if strategy.get("expression") else "OnFailure"
 
 
+def _whole_seconds(last: Node) -> float:
+    """A node's duration as the controller reads it: its times are whole seconds (a metav1.Time
+    goes through the API as RFC 3339 without fractions, and a pod node's finishedAt is its
+    container's termination time, operator.go getLatestFinishedAt), so the difference is too."""
+    if last.started_at is None or last.finished_at is None:
+        return 0.0
+    return float(max(0, int(last.finished_at) - int(last.started_at)))
+
+
 def retry_scope(attempts: int, last: Node) -> dict[str, Any]:
     """The names a retry expression sees: `retries` and `lastRetry.*` of the last attempt
     (workflow/controller/operator.go buildRetryStrategyLocalScope; all strings, the duration
-    in seconds as Go's fmt.Sprint writes a float64)."""
+    in seconds as Go's fmt.Sprint writes a float64 of whole seconds: "3")."""
     return expand(
         {
             "retries": str(attempts - 1),
             "lastRetry.exitCode": "-1" if last.exit_code is None else str(last.exit_code),
             "lastRetry.status": last.phase,
-            "lastRetry.duration": go_string(float(last.duration or 0.0)),
+            "lastRetry.duration": go_string(_whole_seconds(last)),
             "lastRetry.message": last.message or "",
         }
     )
