@@ -358,3 +358,19 @@ def test_nested_child_workflows_are_bounded(tmp_path, monkeypatch):
     assert result.phase == "Failed"
     runs = list((tmp_path / "w").rglob("status.json"))
     assert len(runs) == 1 + 3  # the top run and three children, no more
+
+
+def test_a_store_shared_by_two_runs_keeps_no_hooks_of_the_first(tmp_path):
+    store = ob.ObjectStore()
+    _run(_wf(_res("make", "create", CM)), tmp_path / "one", store)
+    assert store.on_create == [] and store.on_delete == []
+    child = _wf({"name": "c", "container": {"image": "x", "command": ["true"]}})
+    child["metadata"] = {"name": "kid"}
+    result = _run(
+        _wf(_res("make", "create", child, successCondition="status.phase == Succeeded")),
+        tmp_path / "two",
+        store,
+    )
+    assert result.phase == "Succeeded", result.message
+    assert (tmp_path / "two" / "w" / "workflows" / "kid" / "status.json").is_file()
+    assert not (tmp_path / "one" / "w" / "workflows").exists()

@@ -68,6 +68,7 @@ class Controllers:
         self.lock = threading.Lock()
         self.children = 0  # Workflows started so far (MAX_CHILD_WORKFLOWS)
         run.objects.on_delete.append(self._deleted)
+        run.objects.on_create.append(self.on_create)
 
     def on_create(self, obj: dict) -> None:
         kind, uid = obj["kind"], obj["metadata"]["uid"]
@@ -84,6 +85,15 @@ class Controllers:
             stop = self.stops.get(obj["metadata"]["uid"])
         if stop is not None:
             stop.set()
+
+    def detach(self) -> None:
+        """Stop watching the store (the run that owns these controllers has ended)."""
+        for hooks, fn in (
+            (self.run.objects.on_create, self.on_create),
+            (self.run.objects.on_delete, self._deleted),
+        ):
+            if fn in hooks:
+                hooks.remove(fn)
 
     def stop_all(self) -> None:
         """The run ends: stop every child workflow and job still running."""
@@ -274,5 +284,6 @@ def end_run(run: cx.Run, ctl: Controllers) -> None:
     deleted, which garbage-collects every object it owns (setOwnerReference), as Kubernetes
     GC does when a workflow is deleted."""
     ctl.stop_all()
+    ctl.detach()  # a store that outlives the run (a caller's) no longer calls this run
     with contextlib.suppress(ob.ObjectError):  # never stored (a name the API server refuses)
         run.objects.delete("Workflow", run.name, run.namespace)

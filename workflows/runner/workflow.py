@@ -384,8 +384,7 @@ def run_workflow(
         threading.Thread(target=controllers.stop_when_set, args=watch, daemon=True).start()
         ending = None
     else:  # the top-level run is the cluster's workflow controller for the workflows it creates
-        ctl = controllers.Controllers(run, partial(_run_child, run))
-        objects.on_create.append(ctl.on_create)
+        ctl = controllers.Controllers(run, partial(_run_child, run))  # watches run.objects
         ending = partial(controllers.end_run, run, ctl)
     try:
         interrupted = _execute(run, scope, reporter, state, ending)
