@@ -176,3 +176,16 @@ def test_load_objects_reads_many_documents_and_names_a_damaged_file(tmp_path):
         ob.load_objects([str(broken)])
     with pytest.raises(ob.Invalid, match="cannot read"):
         ob.load_objects([str(tmp_path / "missing.yaml")])
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = f"*a{i - 1}"
+        lines.append(f"a{i}: &a{i} [{', '.join([prev] * 10)}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(
+        "kind: ConfigMap\nmetadata: {name: b}\ndata:\n" + "".join(f"  {ln}\n" for ln in lines)
+    )
+    with pytest.raises(ob.Invalid, match="more than 100000 values"):
+        ob.load_objects([str(bomb)])

@@ -46,6 +46,9 @@ __all__ = [
 MAX_OBJECT_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_OBJECTS = 10_000
+# values in one object: YAML aliases (a "billion laughs" document) can make a small text a huge
+# tree, which would be walked and serialised exponentially long
+MAX_NODES = 100_000
 MAX_FILE_BYTES = 16 << 20
 DEFAULT_NAMESPACE = "default"
 
@@ -101,9 +104,12 @@ def canonical_kind(kind: str) -> str:
 
 def _check_bounds(obj: Any, what: str) -> None:
     """Invalid when `obj` is nested too deep or too big (see MAX_DEPTH, MAX_OBJECT_BYTES)."""
-    stack = [(obj, 1)]
+    stack, seen = [(obj, 1)], 0
     while stack:
         value, depth = stack.pop()
+        seen += 1
+        if seen > MAX_NODES:
+            raise Invalid(f"{what}: more than {MAX_NODES} values")
         if depth > MAX_DEPTH:
             raise Invalid(f"{what}: nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, dict):
