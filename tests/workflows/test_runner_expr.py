@@ -169,6 +169,9 @@ def test_expand_drops_a_key_that_prefixes_another() -> None:
         ("1 +", "unexpected end"),
         ("(1", "expected '\\)'"),
         ("1 2", "unexpected 2"),
+        ("2 1", "unexpected 1"),
+        ("if true {1} else {2}", "unexpected true"),  # expr-lang's if/else: not supported
+        ("(x - y).Seconds()", "calling a method"),
         ("'unterminated", "unrecognized character"),
         ("@", "unrecognized character"),
         ("let x = 1; x", "'let' is not supported"),

@@ -45,6 +45,14 @@ _NEGATABLE = {"in", "matches", "contains", "startsWith", "endsWith"}
 _COMPARISON = ("<", ">", "<=", ">=")
 
 
+def _show(tok: tuple[str, Any]) -> str:
+    """A token as the expression wrote it, for messages (`true`, not Python's True)."""
+    kind, value = tok
+    if kind == "val" and isinstance(value, bool):
+        return "true" if value else "false"
+    return "nil" if kind == "val" and value is None else repr(value)
+
+
 def _unquote(text: str) -> str:
     body, out, i = text[1:-1], [], 0
     while i < len(body):
@@ -127,7 +135,7 @@ class _Parser:
     def parse(self) -> tuple:
         node = self.expression()
         if self.peek() is not None:
-            raise ExprError(f"unexpected {self.peek()[1]!r}")
+            raise ExprError(f"unexpected {_show(self.peek())}")
         return node
 
     def expression(self) -> tuple:
@@ -216,7 +224,7 @@ class _Parser:
         if value == "." and self.peek() and self.peek()[0] == "name":  # `.x` is `#.x`
             self.pos += 1
             return ("member", ("ptr",), ("val", self.toks[self.pos - 1][1]), False)
-        raise ExprError(f"unexpected {value!r}")
+        raise ExprError(f"unexpected {_show(tok)}")
 
     def items(self, close: str) -> list[tuple]:
         self.nest()
@@ -332,8 +340,8 @@ def _calls(node: Any):
             yield callee[1]
         elif callee[0] == "member" and callee[1][0] == "name" and callee[2][0] == "val":
             yield f"{callee[1][1]}.{callee[2][1]}"
-        else:
-            yield "(a computed function)"
+        else:  # a method (`x.Seconds()`) or a computed callee
+            yield "(a method or computed value)"
     for part in node:
         yield from _calls(part)
 
@@ -342,5 +350,7 @@ def check_tree(tree: tuple) -> None:
     """Refuse a tree that calls a function the runner lacks (ExprError, one line)."""
     for name in _calls(tree):
         known = callable(ENV_FUNCS.get(name)) or (name.startswith("sprig.") and name[6:] in SPRIG)
+        if name.startswith("("):
+            raise ExprError("calling a method or a computed value is not supported locally")
         if not known:
             raise ExprError(f"function {name}() is not supported by the local runner")
