@@ -27,7 +27,7 @@ def test_cli_runs_a_file_and_maps_phase_to_exit_code(tmp_path):
     assert subprocess.run(failing, cwd=REPO, capture_output=True, timeout=60).returncode == 1
     refused = [sys.executable, "-m", "ckptflow.cli", "run", str(FIXTURES / "refused.yaml")]
     done = subprocess.run(refused, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 3 and "resource templates" in done.stderr
+    assert done.returncode == 3 and "not in the cluster model" in done.stderr
 
 
 def test_run_builder_name_reaches_the_local_runner_hook(capsys):
