@@ -1,0 +1,354 @@
+"""Scale benchmark (issue 36): ckptflow against DCP at many ranks, and S3 requests per rank.
+
+    .venv/bin/python benchmarks/scale.py --shapes 4x200,16x200,32x50,64x20 --rounds 3
+    .venv/bin/python benchmarks/scale.py --requests 2,4,8,16          # moto, no timing
+    .venv/bin/python benchmarks/scale.py ... --write-docs             # the scale section
+
+Timing: `world` gloo ranks on this host, each with its own `tensors` small fp32 tensors
+(`--numel` elements each). Each round saves the state (changed every round, so nothing is
+deduplicated) with ckptflow and with DCP, and loads it back with each (a fresh Checkpointer,
+newest step: a restart), in an order shuffled from round to round. A phase's time is from a
+barrier before it to a barrier after it on every rank (what the job waits for). Reported:
+medians over rounds and the median of the per-round ratios ckptflow/DCP.
+
+Requests: the same save and load on moto's S3 (benchmarks/s3_requests.py), each rank with an
+access key of its own, so the server counts each rank's requests (save, then a fresh
+Checkpointer's load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+BEGIN, END = "<!-- scale-ranks: begin -->", "<!-- scale-ranks: end -->"
+SECRET = "testing-secret"
+
+
+def state_for(rank: int, tensors: int, numel: int, seed: int = 0) -> dict:
+    """This rank's own tensors (names no other rank has), random fp32."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 100_003 + rank)
+    return {f"rank{rank}.t{i}": torch.randn(numel, generator=g) for i in range(tensors)}
+
+
+def _storage(uri: str, endpoint: str | None, key: str | None):
+    from ckptflow.core.storage import Storage, StorageOptions
+
+    if endpoint is None:
+        return Storage(uri)
+    opts = StorageOptions(endpoint_url=endpoint, region="us-east-1", credentials=(key, SECRET))
+    return Storage(uri, options=opts)
+
+
+def _spawn(world: int, fn, *args) -> list:
+    """fn(rank, world, *args) on `world` gloo ranks (processes); every rank's return value."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = [q.get() for _ in procs]
+    for p in procs:
+        p.join(60)
+    errors = [g for g in got if g[0] == "error"]
+    if errors:
+        raise RuntimeError(f"rank {errors[0][1]} failed:\n{errors[0][2]}")
+    return [v for _, _, v in sorted(got, key=lambda g: g[1])]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, q) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        value = fn(rank, world, *args)
+        dist.barrier()
+        q.put(("ok", rank, value))
+    except BaseException:
+        q.put(("error", rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# -- requests on S3 ----------------------------------------------------------------------------
+def requests_worker(rank: int, world: int, endpoint: str, uri: str, tensors: int, numel: int):
+    """Save then load (a fresh Checkpointer) on S3, each phase with a key of its own."""
+    import torch.distributed as dist
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    from benchmarks.s3_requests import rank_key
+
+    state = state_for(rank, tensors, numel)
+    ck = Checkpointer(uri, storage=_storage(uri, endpoint, rank_key(rank, "save")))
+    ck.save(1, state)
+    ck.close()
+    dist.barrier()
+    target = {k: v.clone().zero_() for k, v in state.items()}
+    ck = Checkpointer(uri, storage=_storage(uri, endpoint, rank_key(rank, "load")))
+    step = ck.load(target)
+    ck.close()
+    assert step == 1 and all(target[k].equal(v) for k, v in state.items())
+    return None
+
+
+def count_requests(worlds: list[int], tensors: int = 8, numel: int = 4096) -> list[dict]:
+    """Per world size: each rank's S3 requests on save and on load, by kind."""
+    from benchmarks.s3_requests import CountingS3
+
+    server = CountingS3()
+    rows = []
+    try:
+        for world in worlds:
+            bucket = f"scale-{uuid.uuid4().hex[:10]}"
+            server.make_bucket(bucket)
+            server.counts.take()
+            _spawn(world, requests_worker, server.url, f"s3://{bucket}/ckpt", tensors, numel)
+            counts = server.counts.take()
+            rows.append({"world": world, "tensors": tensors, "counts": counts})
+    finally:
+        server.close()
+    return rows
+
+
+def summarize_requests(rows: list[dict]) -> list[dict]:
+    """Per world size: requests of rank 0 and the most and fewest of any other rank."""
+    out = []
+    for row in rows:
+        c, w = row["counts"], row["world"]
+        rec = {"world": w, "tensors": row["tensors"]}
+        for phase in ("save", "load"):
+            per = [sum(c.get((phase, r), {}).values()) for r in range(w)]
+            others = per[1:] or per
+            rec[phase] = {
+                "rank0": per[0],
+                "others_max": max(others),
+                "others_min": min(others),
+                "rank0_kinds": dict(sorted(c.get((phase, 0), {}).items())),
+                "other_kinds": dict(sorted(c.get((phase, w - 1), {}).items())),
+            }
+        out.append(rec)
+    return out
+
+
+# -- timing ------------------------------------------------------------------------------------
+def _timed(fn) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def timing_worker(rank: int, world: int, root: str, tensors: int, numel: int, rounds: int):
+    """Every round: both saves and both loads, in the round's shuffled order (same on every
+    rank: the seed is the round). Returns (on every rank) {phase: [seconds per round]}."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    state = state_for(rank, tensors, numel)
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    saver = Checkpointer(f"{root}/ckptflow")
+    dcp_dir = f"{root}/dcp"
+    saver.save(0, state)  # the first save of each pays its one-time setup outside the rounds
+    dcp.save(state, checkpoint_id=f"{dcp_dir}/0")
+    times: dict = {p: [] for p in ("ckptflow-save", "dcp-save", "ckptflow-load", "dcp-load")}
+    for rnd in range(1, rounds + 1):
+        for t in state.values():
+            t.add_(1.0)  # new bytes every round: no save deduplicates against the last
+        step = rnd
+        phases = {
+            "ckptflow-save": lambda s=step: saver.save(s, state),
+            "dcp-save": lambda s=step: dcp.save(state, checkpoint_id=f"{dcp_dir}/{s}"),
+            "ckptflow-load": lambda: _ckptflow_load(root, target),
+            "dcp-load": lambda s=step: dcp.load(target, checkpoint_id=f"{dcp_dir}/{s - 1}"),
+        }
+        order = list(phases)
+        random.Random(rnd).shuffle(order)
+        for name in order:
+            times[name].append(_timed(phases[name]))
+    saver.close()
+    ok = all(target[k].shape == v.shape for k, v in state.items())
+    dist.barrier()
+    return {"times": times, "ok": ok}
+
+
+def _ckptflow_load(root: str, target: dict) -> None:
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    ck = Checkpointer(f"{root}/ckptflow")  # a restart: a fresh Checkpointer, newest step
+    ck.load(target)
+    ck.close()
+
+
+def run_shape(world: int, tensors: int, numel: int, rounds: int, base: str) -> dict:
+    root = tempfile.mkdtemp(prefix=f"scale-{world}x{tensors}-", dir=base)
+    try:
+        got = _spawn(world, timing_worker, root, tensors, numel, rounds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    times = got[0]["times"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = {
+        op: statistics.median(
+            c / d for c, d in zip(times[f"ckptflow-{op}"], times[f"dcp-{op}"], strict=True)
+        )
+        for op in ("save", "load")
+    }
+    return {"world": world, "tensors": tensors, "numel": numel, "median_s": med, "ratio": ratio}
+
+
+# -- report ------------------------------------------------------------------------------------
+def markdown(timing: list[dict], requests: list[dict], before: list[dict], host: str) -> str:
+    lines = [BEGIN, "## Scale: many ranks (issue 36)", "", host, ""]
+    if timing:
+        lines += [
+            "Written by `benchmarks/scale.py`: gloo ranks on this host, each with its own small "
+            "fp32 tensors, ckptflow (defaults; the load a fresh `Checkpointer`'s, newest step) "
+            "and DCP side by side in one run, phase order shuffled per round; a phase runs from "
+            "a barrier to a barrier; medians of the rounds, ratio = median of per-round ratios.",
+            "",
+            "| ranks × tensors/rank | save ckptflow / DCP | load ckptflow / DCP "
+            "| save s ckptflow, DCP | load s ckptflow, DCP | before: save, load ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        prior = {(b["world"], b["tensors"]): b for b in before}
+        for r in timing:
+            m, b = r["median_s"], prior.get((r["world"], r["tensors"]))
+            was = f"{b['save']:.2f}, {b['load']:.2f}" if b else "–"
+            lines.append(
+                f"| {r['world']} × {r['tensors']} | {r['ratio']['save']:.2f} "
+                f"| {r['ratio']['load']:.2f} "
+                f"| {m['ckptflow-save']:.2f}, {m['dcp-save']:.2f} "
+                f"| {m['ckptflow-load']:.2f}, {m['dcp-load']:.2f} | {was} |"
+            )
+        lines.append("")
+    if requests:
+        lines += [
+            "### Requests per rank on S3",
+            "",
+            "Counted by moto's server (`benchmarks/s3_requests.py`: each rank signs with an "
+            "access key of its own), a save and then a fresh `Checkpointer`'s load of the "
+            f"newest step, {requests[0]['tensors']} small tensors per rank.",
+            "",
+            "| ranks | save: rank 0 | save: other ranks | load: rank 0 | load: other ranks "
+            "| load kinds (last rank) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in requests:
+            s, ld = r["save"], r["load"]
+            span = lambda p: (  # noqa: E731
+                f"{p['others_min']}"
+                if p["others_min"] == p["others_max"]
+                else f"{p['others_min']}–{p['others_max']}"
+            )
+            kinds = ", ".join(f"{k} {n}" for k, n in ld["other_kinds"].items())
+            lines.append(
+                f"| {r['world']} | {s['rank0']} | {span(s)} | {ld['rank0']} | {span(ld)} "
+                f"| {kinds} |"
+            )
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write_docs(section: str) -> None:
+    """Replace this script's section of docs/benchmarks.md (or append it)."""
+    with open(DOCS) as f:
+        text = f.read()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(DOCS, "w") as f:
+        f.write(text)
+
+
+def _host() -> str:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"Host: {os.cpu_count()} cores, load average at the end {load}."
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="", help="WORLDxTENSORS,... (e.g. 4x200,64x20)")
+    ap.add_argument("--numel", type=int, default=16384, help="fp32 elements per tensor")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", default="", help="world sizes to count S3 requests at")
+    ap.add_argument("--base", default="/var/tmp", help="where the roots are made")
+    ap.add_argument("--before", default="", help="a JSON file of earlier ratios to show")
+    ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--write-docs", action="store_true")
+    args = ap.parse_args(argv)
+    timing = []
+    for shape in filter(None, args.shapes.split(",")):
+        world, tensors = (int(x) for x in shape.split("x"))
+        r = run_shape(world, tensors, args.numel, args.rounds, args.base)
+        print(json.dumps(r), flush=True)
+        timing.append(r)
+    requests = []
+    if args.requests:
+        rows = count_requests([int(w) for w in args.requests.split(",")])
+        requests = summarize_requests(rows)
+        for r in requests:
+            print(json.dumps(r), flush=True)
+    before = []
+    if args.before:
+        with open(args.before) as f:
+            before = json.load(f)
+    section = markdown(timing, requests, before, _host())
+    print(section)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"timing": timing, "requests": requests}, f, indent=1)
+    if args.write_docs:
+        write_docs(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
