@@ -1,0 +1,573 @@
+"""Simulated 64-1,024 ranks: what rank 0 does for a save, and one rank's load planning.
+
+A script, not a test (issue 36 point 2):
+
+    .venv/bin/python benchmarks/scale_sim.py                       # 64..1024 ranks
+    .venv/bin/python benchmarks/scale_sim.py --ranks 64,128 --write-docs
+
+No 1,024 processes: each rank's inputs are built directly, as that rank would hand them over,
+and rank 0's (or one rank's) own code runs on them, the engine's real functions unchanged:
+
+- model: a 300B-parameter GPT-like layout (93 layers, hidden 16,384, 12 tensors a layer,
+  embeddings), fp32 weights with AdamW's exp_avg / exp_avg_sq and a replicated 0-dim `step`
+  per parameter, and a few non-tensor values: 3,360 sharded tensors, 1,120 replicated ones;
+- FSDP2: every tensor sharded on dim 0 over all ranks (torch.chunk's split: the last ranks
+  of a small tensor may hold nothing), so a save has tensors x ranks chunks;
+- each rank's local save plan (the WriteItems DCP's DefaultSavePlanner makes for a DTensor
+  shard), pickled as DCP's gather sends it; each rank's write results (our writer's part
+  records: parts of at most 64 MiB, parts under 1 MiB packed, fp32 stored as four planes).
+
+Timed on rank 0 (medians of --repeats; peak memory is the process's peak RSS above its RSS
+before the phase, /proc/self/clear_refs resetting the peak):
+
+- plan: unpickle the gathered local plans, DCP's create_global_plan (our SafeSavePlanner),
+  the writer's prepare_global_plan, pickle the scattered global plans;
+- manifest: unpickle the gathered write results, build the manifest, serialise it,
+  parse and validate it back (what CkptStorageWriter.finish does before it writes);
+- commit: CkptStorageWriter.finish whole minus the manifest step above: write the manifest,
+  check every object is present (on a store whose listing answers from memory: the CPU of
+  it; the LIST requests it would cost an object store are counted), claim the commit marker;
+  then pickle the Metadata DCP broadcasts back to every rank;
+- load plan (the last rank, any would do): read, parse and validate the manifest, DCP
+  Metadata from it, DCP's create_local_plan over the rank's DTensors (a fake process group
+  of the simulated world size: torch.testing._internal.distributed.fake_pg).
+
+Each world size runs in a process of its own (its peak memory is its own). Growth: the
+least-squares slope of log(time) and log(memory) over log(ranks) (1.0: linear in ranks; the
+tensors are fixed, so linear in ranks x tensors is a slope of 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+SECTION = "### Simulated ranks: rank 0's save and one rank's load planning"
+TARGET_S, TARGET_MANIFEST = 1.0, 64 << 20  # at 1,024 ranks (issue 36)
+PART_BYTES, PACK_BYTES, PACK_SIZE = 64 << 20, 1 << 20, 4 << 20  # the Checkpointer's defaults
+
+
+# -- the model ----------------------------------------------------------------------------------
+def model_layout(layers: int = 93, hidden: int = 16384, vocab: int = 50304) -> list[tuple]:
+    """(name, global shape) of a GPT-like model's parameters (~300B at the defaults)."""
+    h = hidden
+    out = [("embed.weight", (vocab, h)), ("pos_embed.weight", (8192, h))]
+    for i in range(layers):
+        p = f"layers.{i}."
+        out += [
+            (p + "ln1.weight", (h,)),
+            (p + "ln1.bias", (h,)),
+            (p + "attn.qkv.weight", (3 * h, h)),
+            (p + "attn.qkv.bias", (3 * h,)),
+            (p + "attn.proj.weight", (h, h)),
+            (p + "attn.proj.bias", (h,)),
+            (p + "ln2.weight", (h,)),
+            (p + "ln2.bias", (h,)),
+            (p + "mlp.fc1.weight", (4 * h, h)),
+            (p + "mlp.fc1.bias", (4 * h,)),
+            (p + "mlp.fc2.weight", (h, 4 * h)),
+            (p + "mlp.fc2.bias", (h,)),
+        ]
+    return out + [("ln_f.weight", (h,)), ("ln_f.bias", (h,))]
+
+
+def state_layout(layers: int) -> tuple[list[tuple], list[str], list[str]]:
+    """(sharded fqn, global shape) of the state dict, its replicated 0-dim tensors, and its
+    non-tensor values, as get_state_dict flattens them (model.*, optim.state.*, param groups)."""
+    params = model_layout(layers)
+    sharded = [(f"model.{n}", s) for n, s in params]
+    for n, s in params:
+        sharded += [(f"optim.state.{n}.exp_avg", s), (f"optim.state.{n}.exp_avg_sq", s)]
+    scalars = [f"optim.state.{n}.step" for n, _ in params]
+    values = [f"optim.param_groups.0.{k}" for k in ("lr", "betas", "eps", "weight_decay")]
+    return sharded, scalars, values + ["train.step", "train.rng"]
+
+
+def shard(rows: int, ranks: int, rank: int) -> tuple[int, int]:
+    """(offset, rows) of `rank`'s dim-0 shard, as torch.chunk splits (FSDP2's Shard(0))."""
+    per = -(-rows // ranks)
+    start = min(rank * per, rows)
+    return start, min(rows, start + per) - start
+
+
+# -- each rank's inputs -------------------------------------------------------------------------
+def local_plan(ranks: int, rank: int, layout):
+    """The SavePlan DCP's DefaultSavePlanner makes on `rank` for its shards (built directly:
+    the same WriteItems, without 3,000 DTensors per simulated rank)."""
+    import torch
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        MetadataIndex,
+        TensorProperties,
+    )
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    sharded, scalars, values = layout
+    props = TensorProperties(dtype=torch.float32)
+    items = []
+    for fqn, shape in sharded:
+        start, n = shard(shape[0], ranks, rank)
+        offsets = torch.Size([start] + [0] * (len(shape) - 1))
+        chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([n, *shape[1:]]))
+        items.append(
+            WriteItem(
+                index=MetadataIndex(fqn, offsets),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(chunk, props, torch.Size(shape)),
+            )
+        )
+    zero = torch.Size([])
+    for fqn in scalars:  # replicated on every rank: DCP's global plan keeps one copy
+        chunk = ChunkStorageMetadata(offsets=zero, sizes=zero)
+        items.append(
+            WriteItem(
+                index=MetadataIndex(fqn, zero),
+                type=WriteItemType.TENSOR,
+                tensor_data=TensorWriteData(chunk, props, zero),
+            )
+        )
+    items += [WriteItem(index=MetadataIndex(v), type=WriteItemType.BYTE_IO) for v in values]
+    planner_data = {fqn: (fqn,) for fqn, _ in sharded} | {f: (f,) for f in scalars + values}
+    return SavePlan(items, planner_data=planner_data)
+
+
+class _Keys:
+    """Distinct 32-hex object names (content-addressed names are as long, and as distinct)."""
+
+    def __init__(self, rank: int):
+        self.rank, self.n = rank, 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        return hashlib.md5(f"{self.rank}/{self.n}".encode()).hexdigest()
+
+
+def write_results(plan, rank: int) -> list:
+    """The WriteResults our writer returns for `plan` (part records as CkptStorageWriter
+    makes them: fp32 in four zstd planes, small parts packed per group)."""
+    from ckptflow.steps.checkpoint.packing import group_of
+    from ckptflow.steps.checkpoint.save_job import part_ranges
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    from ckptflow.core import manifest as mf
+
+    key = _Keys(rank)
+    packs: dict[str, list] = {}  # group -> [key, size]
+    out = []
+    for item in plan.items:
+        td = item.tensor_data
+        n = 4 * math.prod(td.chunk.sizes) if td is not None else 64
+        width = 4 if td is not None else 1
+        offset = list(item.index.offset) if td is not None else None
+        parts = []
+        for o, e in part_ranges(n, PART_BYTES, []):
+            size = e - o
+            stored = (size * 83) // 100 if width == 4 else size
+            q = stored // 4
+            planes = [["zstd", q], ["zstd", q], ["raw", q], ["raw", stored - 3 * q]]
+            rec = {
+                "raw_offset": o,
+                "raw_size": size,
+                "raw_hash": key(),
+                "width": width,
+                "planes": planes if width == 4 else [["raw", size]],
+                "base": None,
+                "reused": False,
+            }
+            if size < PACK_BYTES:
+                pack = packs.setdefault(group_of(mf.item_key(item.index.fqn, offset)), [key(), 0])
+                if pack[1] + stored > PACK_SIZE:
+                    pack[:] = [key(), 0]
+                rec.update(object=pack[0], span=[pack[1], stored])
+                pack[1] += stored
+                rec["_pack"] = pack
+            else:
+                rec.update(object=key(), stored_size=stored)
+            parts.append(rec)
+        rec = {"fqn": item.index.fqn, "offset": offset, "parts": parts}
+        if td is not None:
+            rec["sizes"] = list(td.chunk.sizes)
+        out.append(rec)
+    for rec in out:  # a pack's size is known when it is stored
+        for p in rec["parts"]:
+            pack = p.pop("_pack", None)
+            if pack is not None:
+                p["stored_size"] = pack[1]
+    results = []
+    for item, rec in zip(plan.items, out, strict=True):
+        stored = sum(mf.part_bytes(p) for p in rec["parts"])
+        results.append(WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec))
+    return results
+
+
+# -- the store ----------------------------------------------------------------------------------
+def sim_storage(uri: str, sizes: dict):
+    """A memory:// root whose objects/ listing answers from `sizes` (key -> stored size):
+    the save's objects are there without their bytes. Counts the LIST pages (1,000 keys
+    each) the listing would cost an object store."""
+    from ckptflow.core import layout
+    from ckptflow.core.storage import Entry, Storage
+
+    by_folder: dict[str, list] = {}
+    for k, size in sizes.items():
+        by_folder.setdefault(layout.object_path(k).rsplit("/", 1)[0], []).append((k, size))
+
+    class SimStorage(Storage):
+        list_pages = 0
+
+        def walk(self, rel: str = "", prefix: str = ""):
+            rel = rel.strip("/")
+            if rel.startswith(layout.OBJECTS):
+                found = by_folder.get(rel, [])
+                SimStorage.list_pages += max(1, -(-len(found) // 1000))
+                return [Entry(f"{rel}/{k}", s, time.time()) for k, s in found]
+            return super().walk(rel, prefix)
+
+    return SimStorage(uri)
+
+
+# -- phases -------------------------------------------------------------------------------------
+def _rss() -> tuple[int, int]:
+    """(current RSS, peak RSS) of this process in bytes."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                got[line.split(":")[0]] = int(line.split()[1]) << 10
+    return got["VmRSS"], got["VmHWM"]
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def measure(fn, repeats: int) -> tuple[float, int, object]:
+    """(median seconds, peak RSS above the start of the first run, last result) of fn()."""
+    times, result, peak = [], None, 0
+    for i in range(repeats):
+        result = None
+        _reset_peak()
+        before = _rss()[0]
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+        if i == 0:
+            peak = max(0, _rss()[1] - before)
+    return statistics.median(times), peak, result
+
+
+def child(ranks: int, layers: int, repeats: int) -> dict:
+    import gc
+
+    import torch
+    from ckptflow.steps.checkpoint.save_job import SaveJob
+    from ckptflow.steps.checkpoint.save_manifest import build_manifest
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
+
+    from ckptflow.core import manifest as mf
+
+    torch.set_num_threads(1)
+    lay = state_layout(layers)
+    t0 = time.perf_counter()
+    gathered = [pickle.dumps(local_plan(ranks, r, lay)) for r in range(ranks)]
+    out = {
+        "ranks": ranks,
+        "tensors": len(lay[0]) + len(lay[1]),
+        "chunks": len(lay[0]) * ranks + len(lay[1]),
+        "gather_plan_bytes": sum(map(len, gathered)),
+    }
+    uri = f"memory://scale-sim-{os.getpid()}-{ranks}"
+
+    def plan():
+        planner = SafeSavePlanner()
+        planner.set_up_planner({}, storage_meta=None, is_coordinator=True)
+        plans = [pickle.loads(b) for b in gathered]
+        plans, md = planner.create_global_plan(plans)
+        job = SaveJob(storage=None, step=1, save_id="0" * 16, root_id="", world_size=ranks)
+        plans = CkptStorageWriter(job).prepare_global_plan(plans)
+        scattered = [pickle.dumps(p) for p in plans]
+        return plans, md, sum(map(len, scattered))
+
+    out["plan_s"], out["plan_peak"], (plans, md, out["scatter_plan_bytes"]) = measure(plan, repeats)
+    gathered = None  # (freed: the results below are built without it)
+    results = [pickle.dumps(write_results(p, r)) for r, p in enumerate(plans)]
+    out["gather_results_bytes"] = sum(map(len, results))
+    out["setup_s"] = time.perf_counter() - t0
+    del plans
+    gc.collect()
+    job = SaveJob(storage=None, step=1, save_id="0" * 16, root_id="r" * 16, world_size=ranks)
+
+    builds = []
+
+    def manifest():
+        flat = [wr for blob in results for wr in pickle.loads(blob)]
+        t = time.perf_counter()
+        m = build_manifest(job, md, flat)
+        blob = mf.dumps(m)
+        mf.validate(json.loads(blob))
+        builds.append(time.perf_counter() - t)
+        return flat, m, blob
+
+    out["manifest_s"], out["manifest_peak"], (flat, m, blob) = measure(manifest, repeats)
+    build_s = statistics.median(builds)
+    out["manifest_bytes"], out["objects"] = len(blob), len(m["objects"])
+    sizes = {k: v["size"] for k, v in m["objects"].items()}
+    del m, blob
+    gc.collect()
+    stores = []
+
+    def commit():
+        st = sim_storage(f"{uri}-{len(stores)}", sizes)
+        stores.append(st)
+        job.storage = st
+        t = time.perf_counter()
+        CkptStorageWriter(job).finish(md, [flat])
+        n = len(pickle.dumps(md))  # DCP broadcasts the Metadata back to every rank
+        return time.perf_counter() - t, n, st
+
+    finish_s, out["commit_peak"], (_, out["broadcast_bytes"], st) = measure(commit, repeats)
+    # finish builds the manifest too: that step is timed above, so it is taken out here
+    out["commit_s"] = max(0.0, finish_s - build_s)
+    out["list_pages"] = type(st).list_pages // repeats
+    flat = results = None
+    gc.collect()
+    out.update(load_plan(st, ranks, lay, repeats))
+    return out
+
+
+def load_plan(st, ranks: int, lay, repeats: int) -> dict:
+    """One rank's load planning (the last rank) over a fake process group of `ranks`."""
+    import torch
+    import torch.distributed as dist
+    from ckptflow.steps.checkpoint import dcp_metadata
+    from ckptflow.steps.checkpoint.reader import SafeLoadPlanner
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ckptflow.core import rootreader
+
+    rank = ranks - 1
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
+    mesh = init_device_mesh("cpu", (ranks,))
+    sharded, scalars, values = lay
+    cell = torch.empty((), dtype=torch.float32)
+    sd: dict = {}
+    for fqn, shape in sharded:
+        local = cell.expand(shard(shape[0], ranks, rank)[1], *shape[1:])  # no memory
+        sd[fqn] = DTensor.from_local(
+            local,
+            mesh,
+            [Shard(0)],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=torch.empty(shape, device="meta").stride(),
+        )
+    sd.update({f: torch.zeros(()) for f in scalars})
+    sd.update(dict.fromkeys(values, 0))
+
+    def plan():
+        m = rootreader.read_manifest(st, 1)
+        md = dcp_metadata.metadata_from_manifest(m)
+        planner = SafeLoadPlanner()
+        planner.set_up_planner(sd, md, is_coordinator=False)
+        return planner.create_local_plan()
+
+    s, peak, lp = measure(plan, repeats)
+    dist.destroy_process_group()
+    return {"load_plan_s": s, "load_plan_peak": peak, "load_items": len(lp.items)}
+
+
+# -- the report ---------------------------------------------------------------------------------
+def slope(xs, ys) -> float | None:
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if y > 0]
+    if len(pts) < 2:
+        return None
+    mx = statistics.fmean(p[0] for p in pts)
+    my = statistics.fmean(p[1] for p in pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def run_child(ranks: int, layers: int, repeats: int) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", str(ranks)]
+    cmd += ["--layers", str(layers), "--repeats", str(repeats)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not lines:
+        return {"ranks": ranks, "error": (p.stderr.strip().splitlines() or ["killed"])[-1]}
+    return json.loads(lines[-1][7:])
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+PHASES = (
+    ("plan_s", "rank-0 plan time"),
+    ("manifest_s", "manifest time"),
+    ("commit_s", "commit time"),
+    ("rank0_s", "rank-0 total time"),
+    ("manifest_bytes", "manifest bytes"),
+    ("manifest_peak", "manifest peak memory"),
+    ("load_plan_s", "one rank's load planning time"),
+    ("load_plan_peak", "one rank's load planning peak memory"),
+)
+
+
+def _table(rows: list[dict], layers: int, note: str = "") -> list[str]:
+    params = sum(math.prod(s) for _, s in model_layout(layers))
+    tensors = next((r["tensors"] for r in rows if "tensors" in r), "?")
+    lines = [
+        f"Model: {params / 1e9:.0f}B parameters ({layers} layers), {tensors} tensors{note}:",
+        "",
+        "| ranks | chunks | rank-0 plan s | manifest s | commit s | rank-0 total s | "
+        "rank-0 peak MiB (plan/manifest/commit) | manifest MiB | objects | LIST pages | "
+        "gathered plans MiB | gathered results MiB | broadcast MiB | load plan s (1 rank) | "
+        "load plan peak MiB |",
+        "| " + " | ".join(["---"] * 15) + " |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['ranks']} | not measured: {r['error'][:160]} |" + " |" * 13)
+            continue
+        lines.append(
+            f"| {r['ranks']} | {r['chunks']:,} | {r['plan_s']:.2f} | {r['manifest_s']:.2f} | "
+            f"{r['commit_s']:.2f} | {r['rank0_s']:.2f} | {_mib(r['plan_peak'])}/"
+            f"{_mib(r['manifest_peak'])}/{_mib(r['commit_peak'])} | {_mib(r['manifest_bytes'])}"
+            f" | {r['objects']:,} | {r['list_pages']:,} | {_mib(r['gather_plan_bytes'])} | "
+            f"{_mib(r['gather_results_bytes'])} | {_mib(r['broadcast_bytes'])} | "
+            f"{r['load_plan_s']:.2f} | {_mib(r['load_plan_peak'])} |"
+        )
+    return lines + [""]
+
+
+def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: str) -> str:
+    for r in full + sweep:
+        if "error" not in r:
+            r["rank0_s"] = r["plan_s"] + r["manifest_s"] + r["commit_s"]
+    ok_full = [r for r in full if "error" not in r]
+    ok = [r for r in sweep if "error" not in r]
+    lines = [
+        SECTION,
+        "",
+        f"Produced by `.venv/bin/python benchmarks/scale_sim.py {argv}` (no process per rank:",
+        "each rank's save plan and write results are built as that rank hands them over, and",
+        "rank 0's code runs on them; one rank's load planning runs over a fake process group;",
+        "benchmarks/scale_sim.py says how). FSDP2 layout: every tensor (fp32 weights, AdamW",
+        "exp_avg and exp_avg_sq) sharded on dim 0 over all ranks. Seconds are medians on this",
+        "shared 2-core host; memory is the process's peak RSS above the phase's start. LIST",
+        "pages: the listing requests the commit's object check would cost an object store.",
+        f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+        "",
+    ]
+    lines += _table(full, layers, " (world sizes past --max-chunks are projected below)")
+    lines += _table(sweep, small, ": the same layout, smaller, at every world size (growth)")
+    lines += ["| growth over ranks, tensors fixed (log-log slope; 1.0 = linear) | value |"]
+    lines += ["| --- | --- |"]
+    slopes = {}
+    for key, what in PHASES:
+        slopes[key] = slope([r["ranks"] for r in ok], [r[key] for r in ok])
+        k = slopes[key]
+        lines.append(f"| {what} | {'' if k is None else f'{k:.2f}'} |")
+    lines += ["", "| at 1,024 ranks, full model | measured or projected | limit | result |"]
+    lines += ["| --- | --- | --- | --- |"]
+    big = [r for r in ok_full if r["ranks"] == 1024]
+    base = big[0] if big else (ok_full[-1] if ok_full else None)
+    if base is None:
+        lines.append("| 1,024 ranks | not measured | | |")
+        return "\n".join(lines) + "\n"
+    scale = 1024 / base["ranks"]
+    how = "measured" if big else f"projected from {base['ranks']} ranks at the slopes above"
+
+    def at(key: str) -> float:
+        return base[key] * scale ** (slopes[key] or 1.0)
+
+    for key, what, lim, unit in (
+        ("rank0_s", "rank-0 time (plan + manifest + commit)", TARGET_S, 1.0),
+        ("plan_s", "rank-0 plan", None, 1.0),
+        ("manifest_s", "rank-0 manifest", None, 1.0),
+        ("commit_s", "rank-0 commit", None, 1.0),
+        ("manifest_peak", "rank-0 manifest peak memory, MiB", None, 1 << 20),
+        ("manifest_bytes", "manifest, MiB", TARGET_MANIFEST >> 20, 1 << 20),
+        ("load_plan_s", "one rank's load planning, s", None, 1.0),
+        ("load_plan_peak", "one rank's load planning peak memory, MiB", None, 1 << 20),
+    ):
+        got = at(key) / unit
+        res = "" if lim is None else ("pass" if got <= lim else "**miss**")
+        lines.append(f"| {what} ({how}) | {got:.1f} | {'' if lim is None else lim} | {res} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(text: str) -> None:
+    """Put the section into docs/benchmarks.md (replacing its previous version)."""
+    with open(DOCS) as f:
+        doc = f.read()
+    if SECTION in doc:
+        head, rest = doc.split(SECTION, 1)
+        nxt = rest.find("\n#")
+        doc = head + text + (rest[nxt + 1 :] if nxt >= 0 else "")
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    with open(DOCS, "w") as f:
+        f.write(doc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="64,128,256,512,1024", help="world sizes, comma-separated")
+    ap.add_argument("--layers", type=int, default=93, help="transformer layers (93: ~300B)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sweep-layers", type=int, default=6, help="the smaller model of the sweep")
+    ap.add_argument(
+        "--max-chunks",
+        type=int,
+        default=450_000,
+        help="full-model world sizes with more chunks are projected, not run (memory)",
+    )
+    ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    sys.path.insert(0, ROOT)
+    if a.child:
+        print("RESULT " + json.dumps(child(a.child, a.layers, a.repeats)), flush=True)
+        return 0
+    full, sweep = [], []
+    per_rank = len(state_layout(a.layers)[0])
+    for n in [int(x) for x in a.ranks.split(",")]:
+        if per_rank * n <= a.max_chunks:
+            full.append(run_child(n, a.layers, a.repeats))
+            print(json.dumps(full[-1]), flush=True)
+        sweep.append(run_child(n, a.sweep_layers, a.repeats))
+        print(json.dumps(sweep[-1]), flush=True)
+    args = " ".join(x for x in (argv if argv is not None else sys.argv[1:]))
+    text = report(full, sweep, a.layers, a.sweep_layers, args)
+    print(text)
+    if a.write_docs:
+        write_docs(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
