@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import compat, coop, events, parent_root
+from ckptflow.steps.checkpoint import commit, compat, coop, events, parent_root
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
 from ckptflow.steps.checkpoint.save_job import SaveJob
@@ -230,6 +230,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.rank == 0:
             job.root_id = rootreader.ensure_root(self.storage, self._parent)
+        job.together = True  # each rank checks its own objects, then rank 0 commits
         writer = CkptStorageWriter(job)
         try:
             dcp.save(
@@ -239,6 +240,8 @@ class Checkpointer:
                 process_group=self._pg,
                 no_dist=not self._distributed,
             )
+            group = self._pg if self._distributed else None
+            commit.commit_together(job, self.rank, self.world_size, group)
         except BaseException as exc:
             writer.close(failed=True)  # a failed save is no longer live: GC may collect it
             events.saved(self.storage, self.rank, stats, exc)

@@ -56,6 +56,10 @@ class SaveJob:
     written_bytes: int = 0
     reused_bytes: int = 0
     part_records: list = field(default_factory=list)  # every part this rank referenced
+    # every rank checks its own objects and rank 0 commits after DCP's save (commit.py), not
+    # the coordinator alone in finish; `commit` is then the marker finish prepared (rank 0)
+    together: bool = False
+    commit: dict | None = None
 
 
 def raw_view(data) -> tuple[np.ndarray, int]:

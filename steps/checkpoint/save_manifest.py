@@ -1,8 +1,5 @@
-"""The manifest of a save, built from DCP's metadata and every rank's write results, and the
-check, before the commit marker is claimed, that every object it names is there.
-
-CkptStorageWriter.finish (writer.py) uses both.
-"""
+"""The manifest of a save, built from DCP's metadata and every rank's write results
+(CkptStorageWriter.finish, writer.py, writes it; commit.py checks its objects and commits)."""
 
 from __future__ import annotations
 
@@ -14,10 +11,9 @@ from ckptflow.steps.checkpoint import dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ckptflow.core import layout, listing
+from ckptflow.core import adaptive, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
-from ckptflow.core.storage import Storage
 
 if TYPE_CHECKING:  # annotation only: writer.py imports this module
     from ckptflow.steps.checkpoint.save_job import SaveJob
@@ -25,25 +21,11 @@ if TYPE_CHECKING:  # annotation only: writer.py imports this module
 VERSION = "0.1.0"
 
 
-def _check_objects_present(storage: Storage, manifest: dict) -> None:
-    """Refuse to commit over objects that are gone or of the wrong size (a GC that freed them,
-    a lost upload): the key-prefix folders of its objects listed, in the root, then in the
-    parent roots for borrowed ones (listing.missing_objects)."""
-    bad = listing.missing_objects(storage, {k: v["size"] for k, v in manifest["objects"].items()})
-    if bad:
-        raise CheckpointError(
-            f"step {manifest['step']} under {storage.uri} was not committed: "
-            f"{len(bad)} object(s) it needs are missing or damaged ({'; '.join(bad[:3])}); "
-            "save again (were they freed by a `ckptflow ckpt gc` while this save's heartbeat "
-            "lapsed, or lost by the storage?)"
-        )
-
-
 def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult]) -> dict:
     """The JSON manifest of a save from DCP's metadata and every rank's write results."""
     tensors, values = dcp_metadata.metadata_to_json(metadata)
     items, objects = {}, {}
-    raw_total = new_total = 0
+    raw_total = new_total = compressed = 0
     for wr in results:
         rec = wr.storage_data
         key = mf.item_key(rec["fqn"], rec["offset"])
@@ -53,6 +35,8 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
         for p in rec["parts"]:
             raw_total += p["raw_size"]
             new_total += 0 if p.get("reused") else mf.part_bytes(p)
+            if any(codec_ != "raw" for codec_, _ in p["planes"]):
+                compressed += p["raw_size"]
             objects[p["object"]] = {"size": p["stored_size"]}
             if p["base"] is not None:
                 objects[p["base"]["object"]] = {"size": p["base"]["stored_size"]}
@@ -78,5 +62,10 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
             "raw_bytes": raw_total,
             "stored_bytes": sum(o["size"] for o in objects.values()),
             "new_bytes": new_total,
+            # how `compress` chose (ckpt ls, ckpt stats), and what it stored compressed
+            "compression": {
+                "mode": adaptive.mode(job.compress, job.policy),
+                "compressed_bytes": compressed,
+            },
         },
     }

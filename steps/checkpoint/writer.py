@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
+from ckptflow.steps.checkpoint import commit
 from ckptflow.steps.checkpoint.durability import Durability
 from ckptflow.steps.checkpoint.packing import Packer, group_of
 from ckptflow.steps.checkpoint.safe_value import UnsafeValueError, encode_value
@@ -30,7 +31,7 @@ from ckptflow.steps.checkpoint.save_job import (
     part_ranges,
     raw_view,
 )
-from ckptflow.steps.checkpoint.save_manifest import _check_objects_present, build_manifest
+from ckptflow.steps.checkpoint.save_manifest import build_manifest
 from ckptflow.steps.checkpoint.write_behind import WriteBehind
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -41,7 +42,6 @@ from torch.futures import Future
 from ckptflow.core import adaptive, codec, deltas, intent, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
-from ckptflow.core.storage import AlreadyExists
 from ckptflow.core.uris import OBJECT_STORES
 
 log = logging.getLogger("ckptflow.checkpoint")
@@ -364,26 +364,13 @@ class CkptStorageWriter(StorageWriter):
         step_dir = layout.step_dir(job.step)
         name = layout.manifest_name(job.save_id)
         job.storage.write(f"{step_dir}/{name}", blob)
-        _check_objects_present(job.storage, manifest)
-        commit = {
-            "save_id": job.save_id,
-            "manifest": name,
-            "manifest_xxh3": codec.digest(blob),
-            "root_id": job.root_id,  # the root's id survives a lost root marker (rootreader)
-            "step": job.step,
-            "committed_at": time.time(),
-        }
-        try:
-            job.storage.write(
-                layout.commit_path(job.step), json.dumps(commit).encode(), exclusive=True
-            )
-        except AlreadyExists:
-            raise CheckpointError(
-                f"step {job.step} under {job.storage.uri} was committed by another writer while this "
-                "save ran; nothing of the other checkpoint was changed: save under a new step number"
-            ) from None
+        job.commit = commit.record(job, name, codec.digest(blob))
+        job.metadata["_manifest_xxh3"] = job.commit["manifest_xxh3"]
+        if job.together:  # every rank checks its own objects, then rank 0 commits (commit.py)
+            return
+        sizes = {k: v["size"] for k, v in manifest["objects"].items()}
+        commit.commit_alone(job, sizes, job.commit)
         self.close(failed=False)  # committed: no longer a live save (a failure: Checkpointer)
-        job.metadata["_manifest_xxh3"] = commit["manifest_xxh3"]
 
     def close(self, failed: bool) -> None:
         """Stop the intent's heartbeat: the save committed, or `failed` (then the intent is
