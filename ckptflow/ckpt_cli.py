@@ -67,6 +67,11 @@ LS_COLUMNS = """columns:
   NEW      bytes this save wrote (objects that did not exist before it)
   RATIO    LOGICAL / STORED: above 1x, compression and sharing saved space; a delta's
            can be below 1x, as its base's bytes count in its STORED
+  COMPRESSED  MODE/SHARE: the save's compression mode and the share of LOGICAL stored
+           compressed. Modes: auto:always (object storage, billed by the byte: `auto`
+           compresses every part there), auto:adaptive (local disk or memory: compressed
+           where it made the save faster), on, off (forced); `-`: saved before ckptflow
+           recorded it
   PIN      pinned: never deleted by a policy; TIER hot, or archive (moved by `archive`)
   METRICS  the step's evaluation (eval.json), when it was evaluated
 a delta stores the changed bytes' planes; weights an optimizer moved change in every low
@@ -191,9 +196,16 @@ def _metrics_text(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "-"
 
 
+def _compressed_text(r: listing.StepRow) -> str:
+    """e.g. `auto:always/100%`: why and how much of the step was stored compressed (one
+    word: a column scripts may split on)."""
+    share = r.compressed_share
+    return "-" if share is None else f"{r.compression}/{100 * share:.0f}%"
+
+
 def _table(rows: list[listing.StepRow]) -> list[str]:
-    head = ("STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "PIN", "TIER")
-    head = (*head, "METRICS")
+    head = ("STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "COMPRESSED")
+    head = (*head, "PIN", "TIER", "METRICS")
     body = []
     for r in rows:
         kind = r.kind or "-"
@@ -212,6 +224,7 @@ def _table(rows: list[listing.StepRow]) -> list[str]:
                 _H(r.stored_bytes) if done else "-",
                 _H(r.new_bytes) if done else "-",
                 f"{r.ratio:.2f}x" if r.ratio else "-",
+                _compressed_text(r),
                 "pinned" if r.pinned else "-",
                 r.tier,
                 _metrics_text(r.metrics),

@@ -90,7 +90,8 @@ def test_ls_shows_kind_sizes_state_pin_tier_and_metrics(tmp_path, capsys):
     rc, out, _ = run(capsys, "ls", root)
     lines = out.splitlines()
     assert rc == 0 and lines[0].split() == [
-        "STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "PIN", "TIER", "METRICS",
+        "STEP", "STATE", "AGE", "KIND", "LOGICAL", "STORED", "NEW", "RATIO", "COMPRESSED", "PIN",
+        "TIER", "METRICS",
     ]  # fmt: skip
     by_step = {line.split()[0]: line for line in lines[1:]}
     assert "delta<1" in by_step["2"] and "val_loss=1.25" in by_step["2"]

@@ -5,6 +5,9 @@ records and its event log (ckptflow.core.health); torch-free.
 - success rate: saves recorded ok / saves recorded (no events: committed / step folders);
 - stall and save time: median and p95 of the recorded saves;
 - stored bytes: unique referenced bytes of the hot root; new bytes by kind and by tier;
+- compression: per mode the saves recorded (`auto:always` on object storage, billed by the
+  byte; `auto:adaptive` elsewhere; `on`/`off` forced), steps and the logical bytes stored
+  compressed;
 - achieved RPO: the largest gap between the commit times of consecutive valid steps;
 - commit-to-evaluated latency: eval record time less commit time, median and max;
 - last verified step: the newest step a verify or drill read in full without fault;
@@ -36,15 +39,39 @@ def _bytes(rows: list[listing.StepRow]) -> dict:
     by_kind: dict[str, int] = {}
     by_tier: dict[str, int] = {}
     unique: dict[str, int] = {}
+    compression: dict[str, dict[str, int]] = {}  # mode -> steps, logical, compressed bytes
     for r in rows:
         if r.state == "uncommitted":
             continue
+        c = compression.setdefault(r.compression or "unrecorded", dict.fromkeys(_COMP, 0))
+        c["steps"] += 1
+        c["logical_bytes"] += r.logical_bytes
+        c["compressed_bytes"] += r.compressed_bytes
         kind = (r.kind or "unknown") + (",slim" if r.slimmed_at is not None else "")
         by_kind[kind] = by_kind.get(kind, 0) + r.new_bytes
         by_tier[r.tier] = by_tier.get(r.tier, 0) + r.new_bytes
         if r.tier == "hot":
             unique.update(r.objects)
-    return {"hot_unique": sum(unique.values()), "new_by_kind": by_kind, "new_by_tier": by_tier}
+    return {
+        "hot_unique": sum(unique.values()),
+        "new_by_kind": by_kind,
+        "new_by_tier": by_tier,
+        "compression": compression,
+    }
+
+
+_COMP = ("steps", "logical_bytes", "compressed_bytes")
+
+
+def _compression_text(by_mode: dict) -> str:
+    """e.g. `auto:always 3 steps (100% of 1.5 GiB compressed)`, one per mode."""
+    out = []
+    for m, c in sorted(by_mode.items()):
+        share = c["compressed_bytes"] / c["logical_bytes"] if c["logical_bytes"] else 0.0
+        done = "" if m == "unrecorded" else f" ({100 * share:.0f}% of "
+        done += f"{listing.human_bytes(c['logical_bytes'])} compressed)" if done else ""
+        out.append(f"{m} {c['steps']} step{'s' * (c['steps'] != 1)}{done}")
+    return ", ".join(out) or "-"
 
 
 def _eval_latency(st: Storage, rows: list[listing.StepRow]) -> list[float]:
@@ -196,6 +223,7 @@ def render(s: dict) -> str:
         ("stall median / p95", f"{sec(s['stall_s']['median'])} / {sec(s['stall_s']['p95'])}"),
         ("save time median / p95", f"{sec(s['save_s']['median'])} / {sec(s['save_s']['p95'])}"),
         ("stored (hot, unique)", h(b["hot_unique"])),
+        ("compression", _compression_text(b.get("compression", {}))),
         (
             "new bytes by kind",
             ", ".join(f"{k} {h(v)}" for k, v in sorted(b["new_by_kind"].items())) or "-",

@@ -35,6 +35,10 @@ class StepRow:
     logical_bytes: int = 0  # raw bytes of the state dict (manifest stats.raw_bytes)
     stored_bytes: int = 0  # bytes of every object the step references
     new_bytes: int = 0  # bytes this save wrote (the rest was shared)
+    # how the save compressed (manifest.COMPRESSION_MODES; None: a manifest from before the
+    # mode was recorded) and the logical bytes it stored compressed
+    compression: str | None = None
+    compressed_bytes: int = 0
     pinned: bool = False  # a PIN file exists: never deleted by a policy
     pin_reason: str | None = None  # why it was pinned
     tier: str = "hot"  # "hot", or "archive" when an ARCHIVED marker names its archive root
@@ -53,6 +57,13 @@ class StepRow:
     def ratio(self) -> float | None:
         """Logical / stored bytes (how much compression, deltas and sharing saved)."""
         return self.logical_bytes / self.stored_bytes if self.stored_bytes else None
+
+    @property
+    def compressed_share(self) -> float | None:
+        """The share of the logical bytes stored compressed (None: not recorded)."""
+        if self.compression is None:
+            return None
+        return self.compressed_bytes / self.logical_bytes if self.logical_bytes else 0.0
 
     @property
     def valid(self) -> bool:
@@ -76,6 +87,7 @@ class StepRow:
         d.pop("objects")
         d.pop("files")
         d["ratio"] = self.ratio
+        d["compressed_share"] = self.compressed_share
         return d
 
 
@@ -141,6 +153,9 @@ def read_row(
         row.kind = "deduplicated"
     row.logical_bytes, row.stored_bytes = stats["raw_bytes"], stats["stored_bytes"]
     row.new_bytes = stats["new_bytes"]
+    comp = stats.get("compression")
+    if comp is not None:  # (validated with the manifest)
+        row.compression, row.compressed_bytes = comp["mode"], comp["compressed_bytes"]
     row.objects = {k: v["size"] for k, v in m["objects"].items()}
     slimmed = m.get("slimmed")
     row.manifest_id = slimmed["slim_id"] if slimmed else row.save_id

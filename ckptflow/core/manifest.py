@@ -20,6 +20,9 @@ MAX_CHUNKS = 1 << 20
 MAX_VALUE = 256 * 1024 * 1024  # as safe_value.MAX_BLOB: the largest non-tensor value
 MAX_DEPTH = 128  # JSON nesting: the format needs 7 levels, the rest is room for user metadata
 MAX_TIME = 1e11  # epoch seconds (year 5138): a later creation time is corrupt or hostile
+# How a save chose to compress (stats.compression.mode, adaptive.mode): forced on or off, or
+# `auto` compressing always (object storage, billed by the byte) or where it is faster.
+COMPRESSION_MODES = ("on", "off", "auto:always", "auto:adaptive")
 MAX_PACK = 64 << 20  # the largest object packed parts may share (a reader holds it whole)
 
 # Bytes per element of each dtype a manifest may name, without torch (bfloat16 and the float8
@@ -229,6 +232,12 @@ def _stats(v) -> None:
         _fail("stats", "expected an object")
     for key in ("raw_bytes", "stored_bytes", "new_bytes"):
         _int(v.get(key), f"stats.{key}")
+    comp = v.get("compression")  # absent in manifests written before issue 36
+    if comp is None:
+        return
+    if not isinstance(comp, dict) or comp.get("mode") not in COMPRESSION_MODES:
+        _fail("stats.compression", f"expected a mode of {', '.join(COMPRESSION_MODES)}")
+    _int(comp.get("compressed_bytes"), "stats.compression.compressed_bytes")
 
 
 def _slimmed(v) -> None:
