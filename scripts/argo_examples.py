@@ -50,6 +50,7 @@ EXPECTED_FAILURE: dict[str, str] = {
     "pod-gc-strategy-with-label-selector": "the fail step exits 1 (to show pod GC)",
     "exit-handler-slack": "environment: the exit handler posts to hooks.slack.com, no network here",
     "variables-showcase": "environment: its daemon runs `nc`, which this machine has not",
+    "conditionals": "environment: its steps run `cowsay` (argosay's image), not installed here",
     "fun-with-gifs": "environment: downloads from the public bucket s3://ax-public, no network here",
     "dag-enhanced-depends": "random exits on the branches",
     "custom-metrics": "the flakey step fails with a 66% probability",

@@ -123,7 +123,7 @@ class Run:
     store: NodeStore
     registry: ProcessRegistry
     workdir: str
-    cwd: str
+    cwd: str | None  # the caller's run_workflow(cwd=); None: each node's own directory
     pod_slots: threading.BoundedSemaphore | None
     dispatch: Dispatch
     private_tmp: bool = True

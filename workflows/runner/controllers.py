@@ -240,8 +240,8 @@ class Controllers:
         log = Path(self.run.workdir) / "logs" / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.run.cwd,
-                start_new_session=True,
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=self.run.cwd or self.run.workdir, start_new_session=True,
             )  # fmt: skip
         return proc, name
 

@@ -123,9 +123,14 @@ def _hidden(path: str) -> bool:
     return any(path == p or path.startswith(p + "/") for p in POD_OWN)
 
 
-def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
+def _below(path: str, top: str | None) -> bool:
+    return top is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
+
+
+def pod_volumes(run, body: dict, extra: list[str], own_dir: str | None = None) -> list[Volume]:
     """The pod's mounts: the template's volumeMounts at their mountPath (emptyDir as its own
-    storage, a claim's or hostPath's directory shared), plus `extra` runner directories at
+    storage, a claim's or hostPath's directory shared), `own_dir` (the node's directory, the
+    `/` the task writes in) read-write at its own path, plus `extra` runner directories at
     their own path (read-only: a script, or a cwd the pod's /tmp would cover)."""
     known = volumes.declared(run.spec, body)
     out = []
@@ -160,8 +165,10 @@ def pod_volumes(run, body: dict, extra: list[str]) -> list[Volume]:
         local.mkdir(parents=True, exist_ok=True)
         out.append(Volume(str(m["mountPath"]), host_path=str(local), read_only=read_only))
     taken = {v.target for v in out}
+    if own_dir is not None and own_dir not in taken:
+        out.append(Volume(own_dir, host_path=own_dir, read_only=False, name="node"))
     for path in extra:
-        if path not in taken:
+        if path not in taken and not _below(path, own_dir):
             out.append(Volume(path, host_path=path, read_only=True, name="runner"))
     return out
 
@@ -172,12 +179,17 @@ def _limits(container: dict) -> tuple[str | None, str | None]:
     return (None if memory is None else to_str(memory)), (None if cpu is None else to_str(cpu))
 
 
-def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, script: str | None):
+def start(
+    run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, script: str | None,
+    own_dir: str | None = None,
+):  # fmt: skip
     """Start one attempt of `node` as a pod with address `ip`; register it with the run's
-    process registry (so Ctrl-C and deadlines stop it). PodError/ValueError if it cannot."""
+    process registry (so Ctrl-C and deadlines stop it). PodError/ValueError if it cannot.
+    `own_dir`: the node's directory (its script, its artifact paths, the `/` it works in:
+    leaf.working_dir), shared read-write where the pod's own /tmp would cover it."""
     container = body.get("container") or body.get("script")
     extra = [os.path.dirname(script)] if script else []
-    if _hidden(cwd):
+    if _hidden(cwd) and not _below(cwd, own_dir):
         extra.append(cwd)
     memory, cpu = _limits(container)
     pod = run.isolation.node.start_pod(
@@ -186,7 +198,7 @@ def start(run, node, body: dict, argv, env, cwd: str, log_path: str, ip: str, sc
         env,
         cwd,
         hostname=pod_hostname(node.id),
-        volumes=pod_volumes(run, body, extra),
+        volumes=pod_volumes(run, body, extra, own_dir if own_dir and _hidden(own_dir) else None),
         memory_limit=memory,
         cpu_limit=cpu,
         log_path=log_path,

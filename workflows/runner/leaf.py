@@ -70,6 +70,28 @@ def map_tmp(tmpl: dict, root: Path) -> dict:
     return volumes.rewrite_paths(tmpl, {p: str(root) + p for p in paths}, keep=("readinessProbe",))
 
 
+def working_dir(run: cx.Run, node: Node, container: dict) -> str:
+    """Where the task runs: Argo's container starts in its `workingDir`, else its image's,
+    `/` by default (the kubelet/CRI; a missing workingDir is created). Locally the node's own
+    directory stands in for `/`, as it does for the node's artifact paths (artifact_paths.py),
+    so `open("result.txt", "w")` is the output artifact `/result.txt` and nothing is written in
+    the host's `/` or the user's folder. A workingDir that is a directory of this machine (not
+    `/`) is used where it is, like an image's own; any other is made in the node's directory.
+    `run_workflow(cwd=...)` replaces the default (the local pipeline's runs directory)."""
+    root = pod_dir(run, node)
+    wanted = to_str(container.get("workingDir") or "")
+    if not wanted:
+        return run.cwd if run.cwd is not None else str(root)
+    # relative: from `/` (a container's cwd is absolute); normpath keeps `..` at the root
+    clean = "/" + os.path.normpath("/" + wanted).lstrip("/")
+    if clean != "/" and os.path.isdir(clean):
+        return clean
+    # already the node's (artifact_paths.map_paths maps a workingDir holding an output)
+    mapped = clean if clean.startswith(f"{root}/") else str(root) + clean.rstrip("/")
+    os.makedirs(mapped, exist_ok=True)  # as the runtime makes a missing workingDir
+    return mapped
+
+
 def _env(run: cx.Run, node: Node, body: dict, container: dict, ip: str) -> dict[str, str]:
     """The runner's environment, the template's env and the downward API (`ip`: the pod's).
     A pod gets a variable the manifest hands out by secretKeyRef/configMapKeyRef only when its
@@ -240,16 +262,17 @@ def _spawn(run: cx.Run, node: Node, body: dict, container: dict):
     argv = _argv(container, script_path)
     iso = run.isolation
     ip = iso.node.new_ip() if iso is not None else cx.LOCAL_IP  # a new IP for every attempt
-    cwd = to_str(container.get("workingDir") or run.cwd)
+    cwd = working_dir(run, node, container)
     log_path = str(Path(run.workdir) / "logs" / f"{_safe(node.name)}.log")
     node.log_file = log_path
     try:
         env = _env(run, node, body, container, ip)
-        where = os.path.join(run.cwd, cwd)
         if iso is None:
-            proc = run.registry.spawn(argv, env, where, log_path)
+            proc = run.registry.spawn(argv, env, cwd, log_path)
         else:
-            proc = isolation.start(run, node, body, argv, env, where, log_path, ip, script_path)
+            proc = isolation.start(
+                run, node, body, argv, env, cwd, log_path, ip, script_path, own_dir=str(root)
+            )
     except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: PodError, stopping
         run.store.update(node, phase=ERROR, message=f"failed to start {argv[0]!r}: {exc}")
         return None

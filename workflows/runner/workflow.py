@@ -139,7 +139,7 @@ def _new_run(manifest: dict, spec: dict, params: dict[str, str], store: NodeStor
         store=store,
         registry=ProcessRegistry(kw["kill_grace"]),
         workdir=kw["workdir"],
-        cwd=str(Path(kw["cwd"] or os.getcwd()).resolve()),
+        cwd=str(Path(kw["cwd"]).resolve()) if kw["cwd"] else None,
         pod_slots=threading.BoundedSemaphore(int(parallelism)) if parallelism else None,
         dispatch=dispatch(),
         private_tmp=kw["private_tmp"],
@@ -315,7 +315,8 @@ def run_workflow(
 
     arguments: workflow parameters (like `argo submit -p`), overriding spec.arguments.
     workdir: where logs (`logs/`), pod-private directories (`pods/`) and the status file go.
-    cwd: the working directory of processes without workingDir (default: the current one).
+    cwd: the working directory of processes without workingDir (default: the node's own
+    directory, which stands in for the container's `/`: leaf.working_dir).
     env: the environment the template `env` is added to (default: this process's); variables of
     `secretKeyRef`/`configMapKeyRef` entries must be set in it.
     isolate: run every container/script task as a pod (`isolation.py`, docs/pods.md); raises
