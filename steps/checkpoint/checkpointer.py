@@ -348,6 +348,7 @@ class Checkpointer:
                 self.threads,
                 coop.nccl_group(self.world_size),
                 local=self.cooperative is True,
+                items=list(m["items"].values()),
             )
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None

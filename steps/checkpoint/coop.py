@@ -152,12 +152,23 @@ class Exchange:
     (coop_local.py) instead of broadcast over the group; False broadcasts everything."""
 
     def __init__(
-        self, group, rank: int, world: int, threads: int = 4, device_group=None, local=True
+        self,
+        group,
+        rank: int,
+        world: int,
+        threads: int = 4,
+        device_group=None,
+        local=True,
+        items: list[dict] | None = None,
     ):
         self.group, self.rank, self.world, self.threads = group, rank, world, threads
         self.device_group = device_group  # the training's NCCL group, for GPU destinations
         self.local = local
         self.bytes_local = 0  # of the last load: bytes copied from same-host peers' memory
+        # Every stored chunk of the step (the manifest's items, in its order: the same on
+        # every rank): with it, ranks first count who needs what in one all-reduce and
+        # announce only the chunks another rank needs too (None: every chunk announced).
+        self.index = None if items is None else {_key(rec): i for i, rec in enumerate(items)}
 
     def __call__(self, records: dict, items: dict, read_part, direct, scatter, stats) -> None:
         """Fill every needed chunk: read the parts this rank owns, exchange the shared ones.
@@ -167,6 +178,17 @@ class Exchange:
         `scatter(rec, raw, items)` copies a whole chunk's bytes into its destinations."""
         dests = _Dests(records, items, direct, scatter, stats, self.device_group is not None)
         by_key = {_key(rec): rec for rec in records.values()}
+        shared_keys, any_shared = self._shared(by_key)
+        # Chunks only their own rank needs are read by it, never announced.
+        alone = sorted(
+            (k, i) for k in by_key if k not in shared_keys for i in range(len(by_key[k]["parts"]))
+        )
+        run = _Run(self, dests, by_key, read_part, stats)
+        if not any_shared:  # no chunk needed by two ranks: no plan to agree on, no gathers
+            error = run.go(alone, [], _Plan(self.world, [{}] * self.world), set(by_key), None)
+            self.bytes_local = 0
+            self._agree_or_raise(error)
+            return
         mine = {
             k: (
                 [p["raw_size"] for p in rec["parts"]],
@@ -175,6 +197,7 @@ class Exchange:
                 [p["object"] if p.get("span") is not None else None for p in rec["parts"]],
             )
             for k, rec in by_key.items()
+            if k in shared_keys
         }
         info, token = coop_local.probe_info() if self.local else (None, None)
         announced: list = [None] * self.world
@@ -187,10 +210,24 @@ class Exchange:
         bcast = _interleave(sorted(u for u in shared if u not in is_local), plan.owners)
         own = [u for u in bcast if plan.owners[u] == self.rank]
         own += sorted(u for u in plan.owners if plan.count[u] == 1 and plan.owners[u] == self.rank)
-        run = _Run(self, dests, by_key, read_part, stats)
+        own += alone
         error = run.go(own, bcast, plan, set(by_key), None if local is None else local[1])
         self.bytes_local = run.bytes_local
         self._agree_or_raise(error)
+
+    def _shared(self, by_key: dict) -> tuple[set, bool]:
+        """(this rank's chunks that another rank needs too, whether any rank shares a chunk):
+        one all-reduce of a count per stored chunk (what every rank needs, announced to every
+        rank as objects, grew with ranks x tensors on every rank: issue 36)."""
+        if self.index is None:
+            return set(by_key), True
+        counts = torch.zeros(len(self.index), dtype=torch.int32)
+        pos = {k: self.index[k] for k in by_key}
+        if pos:
+            counts[list(pos.values())] = 1
+        dist.all_reduce(counts, group=self.group)
+        shared = {k for k, p in pos.items() if counts[p] > 1}
+        return shared, bool((counts > 1).any())
 
     def _local(self, plan: _Plan, shared: list, announced: list, by_key: dict):
         """(the parts copied by memory, LocalPhase's arguments but the run and pool) — every
@@ -218,6 +255,10 @@ class Exchange:
     def _agree_or_raise(self, error: Exception | None) -> None:
         if isinstance(error, coop_local.PeerFailed):
             error = None  # the failing rank reports its own error: raise that one below
+        failed = torch.tensor([error is not None], dtype=torch.int32)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        if not failed.item():  # (the messages are gathered only when some rank failed)
+            return
         errors: list = [None] * self.world
         dist.all_gather_object(errors, None if error is None else str(error), group=self.group)
         if error is not None:

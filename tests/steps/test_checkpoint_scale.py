@@ -34,3 +34,42 @@ def test_rank_0s_requests_on_save_do_not_grow_with_the_ranks(counted):
     two, eight = counted[2]["save"], counted[8]["save"]
     assert eight["rank0"] <= two["rank0"], (two, eight)
     assert eight["others_max"] <= two["others_max"], (two, eight)
+
+
+def _own_tensors_worker(rank: int, world: int, root: str, out: str) -> None:
+    """Save this rank's own tensors, then load them back counting the object gathers (each
+    an all-to-all exchange of what every rank holds) the load makes."""
+    import torch
+    import torch.distributed as dist
+    from ckptflow.steps.checkpoint import Checkpointer, coop
+
+    state = scale.state_for(rank, 6, 256)
+    Checkpointer(root).save(1, {**state, f"rank{rank}.note": f"rank {rank}"})
+    gathers = []
+    real = coop.dist.all_gather_object
+    coop.dist.all_gather_object = lambda *a, **kw: (gathers.append(1), real(*a, **kw))[1]
+    try:
+        target = {k: torch.zeros_like(v) for k, v in state.items()}
+        target[f"rank{rank}.note"] = ""
+        assert Checkpointer(root).load(target) == 1
+    finally:
+        coop.dist.all_gather_object = real
+    assert all(target[k].equal(v) for k, v in state.items())
+    assert target[f"rank{rank}.note"] == f"rank {rank}"
+    counts = [None] * world
+    dist.all_gather_object(counts, len(gathers))
+    if rank == 0:
+        torch.save(counts, out)
+
+
+def test_a_load_where_no_chunk_is_shared_gathers_nothing(tmp_path):
+    """Each rank loads its own tensors: the cooperative load counts needers in one all-reduce
+    and, finding no chunk two ranks need, announces nothing (it used to gather every rank's
+    needs on every rank: ranks x tensors objects each)."""
+    import torch
+
+    from tests.steps import distworkers as dw
+
+    out = str(tmp_path / "gathers.pt")
+    dw.spawn(3, _own_tensors_worker, str(tmp_path / "ckpt"), out)
+    assert torch.load(out) == [0, 0, 0]
