@@ -31,8 +31,10 @@ resumes from the newest valid checkpoint (the training step does that on its own
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -52,6 +54,8 @@ log = logging.getLogger("ckptflow.rdzv")
 FOLDER = "rendezvous"
 NONCE_KEY = "ckptflow/rdzv-nonce"
 RDZV_TIMEOUT_EXIT = 6  # no live generation within --join-timeout-s (Argo retries the pod)
+HOST_LOST_EXIT = 7  # the generation's store stopped answering (rank 0's pod lost)
+WATCH_PERIOD_S = 5.0  # how often a rank probes its generation's store
 MAX_RECORD = 1024  # bytes of one generation file
 PROBE_S = 5.0  # how long one probe of a published store may take (a silent host: all of it)
 POLL_S = 1.0  # pause between reads of the rendezvous folder
@@ -151,13 +155,70 @@ def find_store(storage: Storage, timeout_s: float, clock=time.monotonic) -> Gene
         time.sleep(POLL_S)
 
 
-def run_torchrun(argv: list[str], endpoint: str) -> int:
-    """torchrun with `endpoint` as its rendezvous, SIGTERM/SIGINT passed on; its exit code."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--rdzv-endpoint={endpoint}", *argv]
-    child = subprocess.Popen(cmd)
+def run_torchrun(
+    argv: list[str],
+    gen: Generation,
+    *,
+    watch_host_s: float = 0.0,
+    probe=live,
+    period_s: float = WATCH_PERIOD_S,
+) -> int:
+    """torchrun with `gen` as its rendezvous, SIGTERM/SIGINT passed on; its exit code.
+
+    With `watch_host_s` (a rank that does not host the store), the store is probed every
+    `period_s`: one that has not answered for `watch_host_s` is a lost rendezvous host, and
+    torchrun is killed (HOST_LOST_EXIT, one line). Without this, a survivor's agent waits on
+    its connection to a silently lost host until TCP gives up (about 15 min of retransmissions):
+    its workers' collectives time out, but the agent's next store call never returns."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--rdzv-endpoint={gen.host}:{gen.port}"]
+    # in this process group, so a runner or kubelet that stops the pod stops torchrun too
+    child = subprocess.Popen([*cmd, *argv])
     for sig in (signal.SIGTERM, signal.SIGINT):  # a preemption: the ranks save and leave
         signal.signal(sig, lambda s, _f: child.send_signal(s))
-    return child.wait()
+    return supervise(child, gen, watch_host_s=watch_host_s, probe=probe, period_s=period_s)
+
+
+def supervise(child, gen: Generation, *, watch_host_s: float, probe, period_s: float) -> int:
+    """Wait for torchrun (`child`), watching `gen`'s store as `run_torchrun` says."""
+    if not watch_host_s:
+        return child.wait()
+    answered = time.monotonic()
+    while True:
+        try:
+            return child.wait(timeout=period_s)
+        except subprocess.TimeoutExpired:
+            pass
+        if probe(gen):
+            answered = time.monotonic()
+        elif time.monotonic() - answered >= watch_host_s:
+            log.error(
+                "generation %d: the rendezvous host %s:%d has not answered for %.0f s (its pod "
+                "lost): stopping torchrun, exiting %d so every rank comes back",
+                gen.number, gen.host, gen.port, time.monotonic() - answered, HOST_LOST_EXIT,
+            )  # fmt: skip
+            kill_tree(child.pid)
+            child.wait()
+            return HOST_LOST_EXIT
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process under it (the agent and its workers), deepest first."""
+    for p in [*_descendants(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def _descendants(pid: int, depth: int = 0) -> list[int]:
+    """The processes under `pid` (Linux /proc children lists), deepest first; bounded."""
+    found: list[int] = []
+    if depth > 8:
+        return found
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                for child in map(int, fh.read().split()):
+                    found += [*_descendants(child, depth + 1), child]
+    return found
 
 
 def split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -181,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         host = cfg.host or env.pod_ip() or socket.gethostbyname(socket.gethostname())
         store, gen = host_store(storage, host, cfg.port)
         try:
-            return run_torchrun(torchrun, f"{gen.host}:{gen.port}")
+            return run_torchrun(torchrun, gen)
         finally:
             del store  # the store ends with this generation's torchrun
     gen = find_store(storage, cfg.join_timeout_s)
-    return run_torchrun(torchrun, f"{gen.host}:{gen.port}")
+    return run_torchrun(torchrun, gen, watch_host_s=cfg.host_lost_s)
 
 
 if __name__ == "__main__":

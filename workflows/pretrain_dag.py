@@ -70,7 +70,14 @@ def torchrun_args(c: PretrainConfig) -> list[str]:
 def rendezvous_args(c: PretrainConfig) -> list[str]:
     """The rank pod's command up to torchrun's arguments: `ckptflow.steps.rdzv`, which hosts
     (index 0) or finds the rendezvous of this generation, then runs torchrun there."""
-    rdzv = RdzvArgs(run_root="", port=c.rdzv_port, join_timeout_s=float(c.rdzv_join_timeout_s))
+    rdzv = RdzvArgs(
+        run_root="",
+        port=c.rdzv_port,
+        join_timeout_s=float(c.rdzv_join_timeout_s),
+        # a survivor of a lost rendezvous host leaves within the same bound as a survivor of
+        # a lost peer (issue 34): the planner's detection holds for both
+        host_lost_s=float(c.train.pg_timeout_s),
+    )
     argv = to_argv(rdzv, run_root=param("run_root"), node_rank=param("node_rank"))
     return ["python", "-m", "ckptflow.steps.rdzv", *argv, "--"]
 

@@ -248,6 +248,12 @@ class RdzvArgs:
     join_timeout_s: float = arg(
         300.0, "how long a rank looks for a live generation before it fails", at_least=1.0
     )
+    host_lost_s: float = arg(
+        120.0,
+        "a rank whose rendezvous host has not answered this long stops torchrun and fails "
+        "(0: never; the builder passes the process-group timeout)",
+        at_least=0.0,
+    )
     output_dir: str = arg("", "accepted like every step's; the rendezvous writes no outputs")
 
 

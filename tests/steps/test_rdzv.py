@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from ckptflow.steps import rdzv
@@ -105,3 +108,36 @@ def test_a_probe_of_a_dead_host_is_bounded():
     start = time.monotonic()
     assert not rdzv.live(gen)
     assert time.monotonic() - start < rdzv.PROBE_S + 5
+
+
+def test_a_rank_whose_host_stops_answering_kills_torchrun_and_its_workers(caplog):
+    # a stand-in torchrun with one worker under it, both alive until killed
+    code = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        "print(w.pid, flush=True); time.sleep(120)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    worker = int(child.stdout.readline())
+    answers = iter([True, True])  # answers twice, then its pod is lost
+    gen = rdzv.Generation(3, "10.0.0.9", 29400, "n")
+    start = time.monotonic()
+    code = rdzv.supervise(
+        child, gen, watch_host_s=1.0, probe=lambda g: next(answers, False), period_s=0.2
+    )
+    took = time.monotonic() - start
+    assert code == rdzv.HOST_LOST_EXIT and 1.0 <= took < 10, took
+    assert child.poll() is not None
+    time.sleep(0.5)
+    state = Path(f"/proc/{worker}/stat")
+    assert not state.exists() or state.read_text().split()[2] == "Z"  # the worker went too
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "generation 3" in line and "10.0.0.9:29400" in line and "has not answered" in line
+
+
+def test_a_rank_whose_host_answers_waits_for_torchrun():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(4)"]
+    )
+    gen = rdzv.Generation(1, "h", 1, "n")
+    assert rdzv.supervise(child, gen, watch_host_s=0.5, probe=lambda g: True, period_s=0.1) == 4

@@ -60,3 +60,11 @@ def test_a_toleration_below_the_node_grace_period_is_one_line_at_render(seconds,
     assert out.out == ""
     (line,) = out.err.strip().splitlines()
     assert "node_monitor_grace_s=50" in line and "at least the grace period" in line
+
+
+def test_a_lost_rendezvous_host_is_noticed_within_the_process_group_timeout():
+    doc = render("pretrain", "pretrain.pg_timeout_s=45")[0]
+    rank = templates(doc)["pretrain-rank"]["container"]
+    ours = rank["command"][: rank["command"].index("--")]
+    assert float(ours[ours.index("--host-lost-s") + 1]) == 45  # the same bound as a lost peer
+    assert rank["args"][rank["args"].index("--pg-timeout-s") + 1] == "45"
