@@ -10,7 +10,6 @@ template, so a run never silently differs from the cluster.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from ckptflow.workflows.runner import depends as dep
@@ -18,12 +17,13 @@ from ckptflow.workflows.runner import hooks, podgc
 from ckptflow.workflows.runner.artifacts import artifact_problems
 from ckptflow.workflows.runner.document import SpecError, _known_parameters
 from ckptflow.workflows.runner.expr_check import problems as expression_problems
-from ckptflow.workflows.runner.machine import command_problems, os_problems
+from ckptflow.workflows.runner.machine import os_problems
 from ckptflow.workflows.runner.memo import problems as memo_problems
 from ckptflow.workflows.runner.objects import ObjectStore
 from ckptflow.workflows.runner.pod_containers import problems as pod_container_problems
-from ckptflow.workflows.runner.refs import env_value, missing_volume_objects
+from ckptflow.workflows.runner.refs import missing_volume_objects
 from ckptflow.workflows.runner.resource import resource_problems
+from ckptflow.workflows.runner.spec_leaf import check_container, check_retry, missing_refs
 from ckptflow.workflows.runner.substitution import TAG, parse_duration, render, to_str
 from ckptflow.workflows.runner.suspend import suspend_problems
 from ckptflow.workflows.runner.sync import sync_problems
@@ -60,21 +60,10 @@ _TEMPLATE_IGNORED = {
     "annotations",
 }  # fmt: skip
 _POD_CONTAINERS = ("sidecars", "initContainers")  # run in a pod (--isolate): pod_containers.py
-_CONTAINER_OK = {"command", "args", "env", "workingDir", "readinessProbe", "ports", "volumeMounts"}
-_CONTAINER_IGNORED = {
-    "image", "imagePullPolicy", "resources", "securityContext", "name", "livenessProbe",
-    "startupProbe", "terminationMessagePath", "terminationMessagePolicy",
-}  # fmt: skip
 _STEP_OK = {"name", "template", "arguments", "when", "withItems", "withParam", "withSequence"}
 _STEP_OK |= {"continueOn", "templateRef", "description"}
 _STEP_OK |= {"hooks", "onExit"}  # lifecycle hooks and exit handlers (hooks.py)
 _TASK_OK = _STEP_OK | {"dependencies", "depends"}
-_PROBE_OK = {"tcpSocket", "httpGet", "exec", "initialDelaySeconds", "periodSeconds"}
-_PROBE_OK |= {"timeoutSeconds", "failureThreshold", "successThreshold"}
-_RETRY_OK = {"limit", "retryPolicy", "backoff", "affinity", "expression"}  # expr.py
-_POLICIES = ("Always", "OnFailure", "OnError", "OnTransientError")
-_FIELD_REFS = ("status.podIP", "metadata.name", "metadata.namespace", "spec.nodeName")
-_FIELD_KEY = re.compile(r"""^metadata\.(labels|annotations)\[(['"]).+\2\]$""")
 
 _WHY = {
     "suspend": "a suspend template without a duration waits for a human or an API call",
@@ -159,59 +148,10 @@ class _Checker:
                         )
 
     def retry(self, where: str, rs: Any) -> None:
-        if not isinstance(rs, dict):
-            self.err(where, "retryStrategy", "expected a mapping")
-            return
-        self.fields(f"{where} retryStrategy", rs, _RETRY_OK, set())
-        limit = rs.get("limit")
-        if limit is not None and not to_str(limit).isdigit() and "{{" not in to_str(limit):
-            self.err(where, "retryStrategy.limit", f"{limit!r} is not a whole number")
-        policy = rs.get("retryPolicy")
-        if policy is not None and policy not in _POLICIES:
-            self.err(where, "retryStrategy.retryPolicy", f"{policy!r} is not one of {_POLICIES}")
-        backoff = rs.get("backoff") or {}
-        for key in backoff:
-            if key not in ("duration", "factor", "maxDuration", "cap"):
-                self.err(where, f"retryStrategy.backoff.{key}", "not supported")
+        check_retry(self, where, rs)  # spec_leaf.py
 
     def container(self, where: str, c: Any, *, script: bool) -> None:
-        if not isinstance(c, dict):
-            self.err(where, "container", "expected a mapping")
-            return
-        self.fields(where, c, _CONTAINER_OK | ({"source"} if script else set()), _CONTAINER_IGNORED)
-        if not c.get("command"):
-            self.err(
-                where,
-                "command",
-                "missing: the image's entrypoint cannot run locally; give command (and args)",
-            )
-        self.machine(where, command_problems(c, self.env))
-        for e in c.get("env") or []:
-            name = e.get("name")
-            vf = e.get("valueFrom")
-            if vf is None:
-                continue
-            if "fieldRef" in vf:
-                path = (vf["fieldRef"] or {}).get("fieldPath")
-                if path not in _FIELD_REFS and not _FIELD_KEY.match(str(path)):
-                    self.err(
-                        where,
-                        f"env.{name}.valueFrom.fieldRef",
-                        f"only {_FIELD_REFS} and metadata.labels/annotations['KEY'] work",
-                    )
-            elif "secretKeyRef" in vf or "configMapKeyRef" in vf:
-                stored = self.objects is not None and env_value(self.objects, vf) is not None
-                if name not in self.env and not stored:
-                    kind = "secretKeyRef" if "secretKeyRef" in vf else "configMapKeyRef"
-                    ref = str((vf[kind] or {}).get("name"))
-                    self.refs.setdefault((kind, ref), {}).setdefault(name, set()).add(where)
-            else:
-                self.err(where, f"env.{name}.valueFrom", "not supported locally")
-        probe = c.get("readinessProbe")
-        if probe is not None:
-            self.fields(f"{where} readinessProbe", probe, _PROBE_OK)
-            if not any(k in probe for k in ("tcpSocket", "httpGet", "exec")):
-                self.err(where, "readinessProbe", "needs tcpSocket, httpGet or exec")
+        check_container(self, where, c, script=script)  # spec_leaf.py
 
     def machine(self, where: str, problems: list[tuple[str, str]]) -> None:
         for field, why in problems:  # machine.py: what this machine lacks
@@ -419,19 +359,9 @@ class _Checker:
         return self.errors
 
     def missing_refs(self) -> None:
-        """One line per Secret or ConfigMap the runner cannot read, naming the variables to
-        export and how many templates use it (the cluster manifest, run locally, said the same
-        thing once per template and variable: 14 lines for one Secret)."""
-        for (kind, ref), used in sorted(self.refs.items()):
-            names = sorted(used)
-            places = len(set().union(*used.values()))
-            self.err(
-                f"{kind[:-6][0].upper()}{kind[1:-6]} {ref!r}",
-                ", ".join(f"env.{n}.valueFrom.{kind}" for n in names)
-                + f" in {places} template{'s' if places > 1 else ''}",
-                f"the {kind[:-6]} is not in the cluster model: give it with --objects FILE, or "
-                f"export {' '.join(names)} in the environment of the runner (passed through)",
-            )
+        """One line per Secret or ConfigMap the runner cannot read (spec_leaf.py)."""
+        for where, field, why in missing_refs(self.refs):
+            self.err(where, field, why)
 
 
 def validate(
