@@ -72,7 +72,8 @@ def map_tmp(tmpl: dict, root: Path) -> dict:
 
 def working_dir(run: cx.Run, node: Node, container: dict) -> str:
     """Where the task runs: Argo's container starts in its `workingDir`, else its image's,
-    `/` by default (the kubelet/CRI; a missing workingDir is created). Locally the node's own
+    `/` by default; a missing one is made (runc libcontainer/rootfs_linux.go prepareRootfs:
+    MkdirAll of the process cwd, inside the container's root). Locally the node's own
     directory stands in for `/`, as it does for the node's artifact paths (artifact_paths.py),
     so `open("result.txt", "w")` is the output artifact `/result.txt` and nothing is written in
     the host's `/` or the user's folder. A workingDir that is a directory of this machine (not
