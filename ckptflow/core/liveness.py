@@ -79,8 +79,9 @@ class Tracker:
             )
             if ev is not None:
                 log.warning(
-                    "recovered: %.1f s from the last progress (step %d) to step %d, resumed "
-                    "from step %d", ev.duration_s, before.step, step, self.start_step,
+                    "recovered: %.1f s from the last progress (step %d) to the first step "
+                    "after the restart (%d, from checkpoint %d)",
+                    ev.duration_s, before.step, step, self.start_step,
                 )  # fmt: skip
         if now - self.written_at >= PROGRESS_EVERY_S:
             self.written_at = now

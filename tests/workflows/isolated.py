@@ -41,10 +41,12 @@ def run_isolated(
     side_for=None,
     gate=None,
     cluster=None,
+    fail_nodes=None,
 ) -> Outcome:
     """Render `target` with `overrides`, let `edit(manifest)` change it, start `side_for(node)`
     (a thread that kills pods or cuts the network) and run it; `gate` sits in front of S3;
-    `cluster` (a loaded profile) is the nodes the pods are bound to (default: this machine)."""
+    `cluster` (a loaded profile) is the nodes the pods are bound to (default: this machine);
+    `fail_nodes` (nodelifecycle.FailNode) lose nodes of it silently, as `--fail-node` does."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **S3_KEYS}
     side = None
     with contextlib.ExitStack() as stack:
@@ -71,7 +73,7 @@ def run_isolated(
         start = time.monotonic()
         result = run_workflow(
             manifest, workdir=str(tmp_path / name / "argo"), name=name, env=env,
-            stream=io.StringIO(), pod_node=node, cluster=cluster,
+            stream=io.StringIO(), pod_node=node, cluster=cluster, fail_nodes=fail_nodes,
         )  # fmt: skip
         took = time.monotonic() - start
         assert side is None or getattr(side, "error", None) is None, side.error
