@@ -180,8 +180,12 @@ def _delta_kind(p: dict, where: str, version: int) -> None:
         _fail(f"{where}.delta", "a sub delta needs whole elements 1, 2, 4 or 8 bytes wide")
 
 
-def validate(m) -> dict:
-    """Check a parsed manifest's structure, types and ranges; return it or raise ManifestError."""
+def validate(m, only: set[str] | None = None) -> dict:
+    """Check a parsed manifest's structure, types and ranges; return it or raise ManifestError.
+
+    `only`: the FQNs a load reads: their tensors, values and items are checked (everything
+    such a reader uses), the entries of other tensors are not (a rank of a sharded job reads
+    its own few: checking every rank's entries cost each rank O(ranks x tensors), issue 36)."""
     if not isinstance(m, dict):
         _fail("<root>", "expected a JSON object")
     if m.get("format") != layout.MANIFEST_FORMAT:
@@ -214,7 +218,7 @@ def validate(m) -> dict:
         if not layout.KEY_RE.match(key) or not isinstance(rec, dict):
             _fail("objects", f"bad entry {key!r:.80}")
         _int(rec.get("size"), f"objects.{key}.size")
-    _validate_entries(m)
+    _validate_entries(m, only)
     _planner_data(m.get("planner_data"))
     _stats(m.get("stats"))
     _slimmed(m.get("slimmed"))
@@ -262,11 +266,13 @@ def _slimmed(v) -> None:
     _int(v.get("dropped_bytes"), "slimmed.dropped_bytes")
 
 
-def _validate_entries(m: dict) -> None:
+def _validate_entries(m: dict, only: set[str] | None = None) -> None:
     tensors, values, items = m.get("tensors"), m.get("values"), m.get("items")
     if not isinstance(tensors, dict) or not isinstance(values, list) or not isinstance(items, dict):
         _fail("tensors/values/items", "missing or of the wrong type")
     for fqn, t in tensors.items():
+        if only is not None and fqn not in only:
+            continue
         _str(fqn, "tensors")
         # (a list or dict as dtype is unhashable: test the type before the table lookup)
         if not isinstance(t, dict) or not isinstance(t.get("dtype"), str):
@@ -276,6 +282,8 @@ def _validate_entries(m: dict) -> None:
         _chunks(t, f"tensors.{fqn:.80}", items, fqn, m["format_version"])
     for fqn in values:
         _str(fqn, "values")
+        if only is not None and fqn not in only:
+            continue
         if fqn in tensors:
             _fail(f"values.{fqn:.80}", "also a tensor")
         if item_key(fqn, None, m["format_version"]) not in items:
@@ -284,6 +292,8 @@ def _validate_entries(m: dict) -> None:
         if not isinstance(it, dict) or not isinstance(it.get("parts"), list) or not it["parts"]:
             _fail(f"items.{key:.80}", "expected an object with parts")
         fqn = _str(it.get("fqn"), f"items.{key:.80}.fqn")
+        if only is not None and fqn not in only:
+            continue
         parts = it["parts"]
         where = f"items.{key:.80}.parts"
         raw = sum(_part(p, where, m["objects"], m["format_version"]) for p in parts)
@@ -348,15 +358,15 @@ def _planner_data(v) -> None:
                 _fail(f"planner_data.{key:.80}", "expected string or integer keys")
 
 
-def parse(blob: bytes) -> dict:
-    """Parse and validate manifest bytes."""
+def parse(blob: bytes, only: set[str] | None = None) -> dict:
+    """Parse and validate manifest bytes (`only`: see validate)."""
     if len(blob) > MAX_MANIFEST:
         raise ManifestError("manifest too large")
     try:
         doc = jsonfile.loads(blob, what="manifest", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH)
     except jsonfile.BadJsonFile as exc:
         raise ManifestError(f"manifest is not usable JSON ({exc.reason})") from None
-    return validate(doc)
+    return validate(doc, only)
 
 
 def referenced_objects(m: dict) -> set[str]:

@@ -296,8 +296,11 @@ def read_commit(storage: Storage, step: int) -> dict:
     return parse_commit(storage.read(rel, limit=jsonfile.MAX_BYTES + 1), storage.url(rel))
 
 
-def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> dict:
-    """The validated manifest of a committed step (CorruptCheckpoint names the bad file)."""
+def read_manifest(
+    storage: Storage, step: int, root_id: str | None = None, only: set[str] | None = None
+) -> dict:
+    """The validated manifest of a committed step (CorruptCheckpoint names the bad file);
+    `only`: the FQNs a load reads, the only entries checked (manifest.validate)."""
     try:
         commit = read_commit(storage, step)
     except FileNotFoundError:
@@ -320,7 +323,7 @@ def read_manifest(storage: Storage, step: int, root_id: str | None = None) -> di
             f"{url}: manifest checksum does not match the {namer} marker", [url]
         )
     try:
-        m = mf.parse(blob)
+        m = mf.parse(blob, only)
     except mf.ManifestError as exc:
         raise CorruptCheckpoint(f"{url}: {exc}", [url]) from exc
     if slim and (m.get("slimmed") or {}).get("slim_id") != save_id:

@@ -23,10 +23,11 @@ from ckptflow.steps.checkpoint.save_job import SaveJob
 from ckptflow.steps.checkpoint.single import quiet_single_process
 from ckptflow.steps.checkpoint.staging import Stager, default_copy_threads
 from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptflow import env
-from ckptflow.core import adaptive, candidates, locator, rootreader, slim
+from ckptflow.core import adaptive, candidates, layout, locator, rootreader, slim
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import (
     CheckpointError,
@@ -333,7 +334,11 @@ class Checkpointer:
         return s
 
     def _load_step(self, state_dict: dict, step: int, cast: bool) -> CkptStorageReader:
-        m = self.manifest(step)
+        # Only the entries this rank loads are validated and planned with: every rank's, on
+        # every rank, grew with ranks x tensors (issue 36).
+        only = set(flatten_state_dict(state_dict)[0])
+        located = locator.locate(self.storage, step)  # an archived step reads its archive root
+        m = self._agreed_manifest(located, step, only)
         try:
             compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         except StateDictMismatch as exc:
@@ -353,13 +358,13 @@ class Checkpointer:
             if (self.cooperative and self._distributed and self.world_size > 1)
             else None
         )
-        located = locator.locate(self.storage, step)  # an archived step reads its archive root
         reader = CkptStorageReader(
             located,
             m,
             threads=self.threads,
             exchange=exchange,
             fallbacks=locator.parent_stores(self.storage),
+            only=only,
         )
         try:
             dcp.load(
@@ -375,8 +380,12 @@ class Checkpointer:
         except CheckpointException as exc:
             raise _unwrap(exc) from exc
         # Objects of an archived step are not in this root: never deduplicate against them.
+        # (the items this rank loaded: the ones validated)
         self._prior = {
-            p["raw_hash"]: p for it in m["items"].values() for p in it["parts"] if p["base"] is None
+            p["raw_hash"]: p
+            for it in reader.storage_data.values()
+            for p in it["parts"]
+            if p["base"] is None
         }
         # Only the latest valid step is never collected: deduplicating against an older one
         # could reference objects that a concurrent GC is deleting.
@@ -388,6 +397,25 @@ class Checkpointer:
             self._prior = {}
         self._prior = {**self._inherited, **self._prior}
         return reader
+
+    def _agreed_manifest(self, located: Storage, step: int, only: set) -> dict:
+        """The step's manifest, checked for the entries `only` (this rank's); ranks agree on
+        whether it is sound (each checked other entries): were one rank to fall back to an
+        older step alone, the ranks would load different steps, or wait on each other."""
+        try:
+            m, error = rootreader.read_manifest(located, step, only=only), None
+        except (CorruptCheckpoint, NotCommitted) as exc:
+            m, error = None, exc
+        together = self._distributed and self.world_size > 1  # (the all-reduce runs first)
+        if together and coop.any_rank(error is not None, self._pg) and error is None:
+            url = located.url(layout.step_dir(step))
+            raise CorruptCheckpoint(
+                f"{url}: another rank found this step's manifest unsound (its log says why)",
+                [url],
+            )
+        if error is not None:
+            raise error
+        return m
 
     # -- parent roots (fine-tuning) ------------------------------------------------------------
     def inherit(self, parent: Checkpointer, step: int) -> None:

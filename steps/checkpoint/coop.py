@@ -134,6 +134,14 @@ class _Dests:
             self._held -= 1
 
 
+def any_rank(flag: bool, group) -> bool:
+    """Whether `flag` is set on any rank of `group` (one small all-reduce; every rank gets the
+    same answer, so all take the same branch)."""
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
 def nccl_group(world_size: int):
     """The training's NCCL group when it spans the same ranks as ours: a cooperative load
     exchanges GPU tensors over it (untested without GPUs); None on CPU-only runs."""
@@ -165,10 +173,11 @@ class Exchange:
         self.device_group = device_group  # the training's NCCL group, for GPU destinations
         self.local = local
         self.bytes_local = 0  # of the last load: bytes copied from same-host peers' memory
-        # Every stored chunk of the step (the manifest's items, in its order: the same on
-        # every rank): with it, ranks first count who needs what in one all-reduce and
+        # Every stored chunk of the step (the manifest's item records, in its order: the same
+        # on every rank): with it, ranks first count who needs what in one all-reduce and
         # announce only the chunks another rank needs too (None: every chunk announced).
-        self.index = None if items is None else {_key(rec): i for i, rec in enumerate(items)}
+        # Records are told apart by identity: a load validates only the items it reads.
+        self.index = None if items is None else {id(rec): i for i, rec in enumerate(items)}
 
     def __call__(self, records: dict, items: dict, read_part, direct, scatter, stats) -> None:
         """Fill every needed chunk: read the parts this rank owns, exchange the shared ones.
@@ -222,7 +231,7 @@ class Exchange:
         if self.index is None:
             return set(by_key), True
         counts = torch.zeros(len(self.index), dtype=torch.int32)
-        pos = {k: self.index[k] for k in by_key}
+        pos = {k: self.index[id(rec)] for k, rec in by_key.items()}
         if pos:
             counts[list(pos.values())] = 1
         dist.all_reduce(counts, group=self.group)
@@ -255,9 +264,7 @@ class Exchange:
     def _agree_or_raise(self, error: Exception | None) -> None:
         if isinstance(error, coop_local.PeerFailed):
             error = None  # the failing rank reports its own error: raise that one below
-        failed = torch.tensor([error is not None], dtype=torch.int32)
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        if not failed.item():  # (the messages are gathered only when some rank failed)
+        if not any_rank(error is not None, self.group):  # messages gathered only on failure
             return
         errors: list = [None] * self.world
         dist.all_gather_object(errors, None if error is None else str(error), group=self.group)

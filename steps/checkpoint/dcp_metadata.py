@@ -62,10 +62,14 @@ def metadata_to_json(md: Metadata) -> tuple[dict, list]:
     return tensors, sorted(values)
 
 
-def metadata_from_manifest(m: dict) -> Metadata:
-    """Rebuild DCP Metadata (with our item records as storage_data) from a validated manifest."""
+def metadata_from_manifest(m: dict, only: set[str] | None = None) -> Metadata:
+    """Rebuild DCP Metadata (with our item records as storage_data) from a validated manifest;
+    `only`: of those FQNs alone (what a load of them plans with; the manifest was validated
+    for them)."""
     sdm: dict = {}
     for fqn, t in m["tensors"].items():
+        if only is not None and fqn not in only:
+            continue
         chunks = [
             ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"]))
             for c in t["chunks"]
@@ -75,7 +79,12 @@ def metadata_from_manifest(m: dict) -> Metadata:
             properties=props, size=torch.Size(t["size"]), chunks=chunks
         )
     for fqn in m["values"]:
-        sdm[fqn] = BytesStorageMetadata()
-    storage = {MetadataIndex(it["fqn"], it.get("offset")): it for it in m["items"].values()}
+        if only is None or fqn in only:
+            sdm[fqn] = BytesStorageMetadata()
+    storage = {
+        MetadataIndex(it["fqn"], it.get("offset")): it
+        for it in m["items"].values()
+        if only is None or it["fqn"] in only
+    }
     planner = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
     return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)

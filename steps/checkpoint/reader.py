@@ -186,11 +186,18 @@ class CkptStorageReader(StorageReader):
     """Reads one committed step whose manifest the caller has already validated."""
 
     def __init__(
-        self, storage: Storage, manifest: dict, threads: int = 4, exchange=None, fallbacks=()
+        self,
+        storage: Storage,
+        manifest: dict,
+        threads: int = 4,
+        exchange=None,
+        fallbacks=(),
+        only: set[str] | None = None,
     ):
         super().__init__()
         self.storage = storage
         self.manifest = manifest
+        self.only = only  # the FQNs loaded: the manifest was validated for those (None: all)
         self.threads = threads
         self.stats = ReadStats()
         self.fetcher = ObjectFetcher(storage, self.stats, fallbacks)
@@ -205,7 +212,7 @@ class CkptStorageReader(StorageReader):
         return True
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
-        return dcp_metadata.metadata_from_manifest(self.manifest)
+        return dcp_metadata.metadata_from_manifest(self.manifest, self.only)
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args, **kwargs

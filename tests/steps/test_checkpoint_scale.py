@@ -73,3 +73,71 @@ def test_a_load_where_no_chunk_is_shared_gathers_nothing(tmp_path):
     out = str(tmp_path / "gathers.pt")
     dw.spawn(3, _own_tensors_worker, str(tmp_path / "ckpt"), out)
     assert torch.load(out) == [0, 0, 0]
+
+
+def test_a_load_checks_the_entries_it_reads_and_only_those(tmp_path):
+    """A rank's load validates the manifest entries of the tensors it loads (its own few, not
+    every rank's); damage there is refused naming the manifest."""
+    import torch
+    from ckptflow.steps.checkpoint import Checkpointer, CorruptCheckpoint
+
+    from ckptflow.core import rootreader
+    from ckptflow.core.storage import Storage
+    from tests.steps import ckpt_helpers as h
+
+    root = str(tmp_path / "ckpt")
+    state = {"a.w": torch.randn(8), "b.w": torch.randn(8)}
+    Checkpointer(root).save(1, state)
+
+    def damage_b(m):
+        m["items"]["b.w@0"]["parts"][0]["raw_size"] = -1
+
+    h.rewrite_manifest(Storage(root), 1, damage_b)
+    only_a = {"a.w": torch.zeros(8)}
+    assert Checkpointer(root).load(only_a, step=1) == 1 and only_a["a.w"].equal(state["a.w"])
+    with pytest.raises(CorruptCheckpoint, match="raw_size"):
+        Checkpointer(root).load({"b.w": torch.zeros(8)}, step=1)
+    with pytest.raises(CorruptCheckpoint, match="raw_size"):
+        rootreader.read_manifest(Storage(root), 1)  # every other reader checks it whole
+
+
+def _damaged_peer_worker(rank: int, world: int, root: str, out: str) -> None:
+    """Two saves; the newest one's manifest damaged in rank 1's entries only. Every rank must
+    fall back to step 1 together (rank 0 alone would load step 2 and wait on rank 1)."""
+    import torch
+    import torch.distributed as dist
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    from ckptflow.core.storage import Storage
+    from tests.steps import ckpt_helpers as h
+
+    state = scale.state_for(rank, 2, 64)
+    ck = Checkpointer(root)
+    ck.save(1, state)
+    ck.save(2, {k: v + 1 for k, v in state.items()})
+    ck.close()
+    dist.barrier()
+    if rank == 0:
+
+        def damage(m):
+            m["items"]["rank1.t0@0"]["parts"][0]["raw_size"] = -1
+
+        h.rewrite_manifest(Storage(root), 2, damage)
+    dist.barrier()
+    target = {k: torch.zeros_like(v) for k, v in state.items()}
+    step = Checkpointer(root).load(target)
+    assert all(target[k].equal(v) for k, v in state.items())
+    steps = [None] * world
+    dist.all_gather_object(steps, step)
+    if rank == 0:
+        torch.save(steps, out)
+
+
+def test_ranks_fall_back_together_from_a_manifest_only_one_finds_damaged(tmp_path):
+    import torch
+
+    from tests.steps import distworkers as dw
+
+    out = str(tmp_path / "steps.pt")
+    dw.spawn(2, _damaged_peer_worker, str(tmp_path / "ckpt"), out)
+    assert torch.load(out) == [1, 1]
