@@ -107,7 +107,7 @@ def test_a_probe_of_a_dead_host_is_bounded():
     gen = rdzv.Generation(1, "127.0.0.1", free_port(), "n")
     start = time.monotonic()
     assert not rdzv.live(gen)
-    assert time.monotonic() - start < rdzv.PROBE_S + 5
+    assert time.monotonic() - start < rdzv.PROBE_S + 25  # a busy CI box; TCP alone: ~15 min
 
 
 def test_a_rank_whose_host_stops_answering_kills_torchrun_and_its_workers(caplog):
