@@ -92,3 +92,15 @@ def test_the_depth_pre_scan_is_exact_and_loads_agrees_with_json(doc, indent, asc
     blob = json.dumps(doc, indent=indent, ensure_ascii=ascii_only).encode()
     assert jsonfile.nesting_depth(blob) == _depth(doc)
     assert jsonfile.loads(blob, what="f") == json.loads(blob)
+
+
+def test_long_digit_runs_in_strings_and_100_digit_integers_still_parse():
+    """Integers are checked one by one only where a long digit run exists at all (the fast
+    path parses without a per-integer call): a run inside a string is no integer."""
+    assert jsonfile.loads(b'{"s": "' + b"9" * 500 + b'", "n": 5}', what="f") == {
+        "s": "9" * 500,
+        "n": 5,
+    }
+    assert jsonfile.loads(b"[" + b"8" * 100 + b"]", what="f") == [int("8" * 100)]
+    with pytest.raises(jsonfile.BadJsonFile, match="101 digits"):
+        jsonfile.loads(b'{"s": "' + b"9" * 500 + b'", "n": ' + b"1" * 101 + b"}", what="f")
