@@ -93,3 +93,47 @@ def test_a_pod_writes_relative_to_its_own_root(tmp_path, monkeypatch):
     assert result.phase == "Succeeded", result.status["status"]["nodes"]
     assert result.node("wd[1].r")["outputs"]["result"] == "it was heads"
     assert os.listdir(here) == []  # before: the pod wrote into the host's folder
+
+
+def _sh(name: str, script: str, **extra) -> dict:
+    return {"name": name, "container": {"command": ["sh", "-c"], "args": [script], **extra}}
+
+
+@pytest.fixture
+def probe_dir():
+    """A sandbox directory of the host (under /var/tmp) that pods write into by its path."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="ckptflow-rootfs-probe-", dir="/var/tmp")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"pods unavailable: {WHY}")
+def test_a_pods_writes_to_its_root_stay_in_the_pod(tmp_path, monkeypatch, probe_dir):
+    """A container's root filesystem is its own writable layer (podinit.overlay_root): a file
+    written at a host path stays in the pod, and is still its output parameter."""
+    out = f"{probe_dir}/out.txt"
+    tmpl = _sh("w", f"echo written > {out} && cat {out}")
+    tmpl["outputs"] = {"parameters": [{"name": "p", "valueFrom": {"path": out}}]}
+    doc = {"kind": "Workflow", "metadata": {"name": "wd"},
+           "spec": {"entrypoint": "w", "templates": [tmpl]}}  # fmt: skip
+    result, _ = _run(tmp_path, monkeypatch, doc, isolate=True)
+    assert result.phase == "Succeeded", result.status["status"]["nodes"]
+    node = result.node("wd")
+    assert node["outputs"]["parameters"][0]["value"] == "written\n"
+    assert os.listdir(probe_dir) == []  # before: the pod (root) wrote into the host's folder
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"pods unavailable: {WHY}")
+def test_read_only_root_filesystem_keeps_volumes_writable(tmp_path, monkeypatch, probe_dir):
+    """securityContext.readOnlyRootFilesystem: `/` refuses writes, the pod's /tmp does not."""
+    script = f"echo x > /tmp/ok && ! touch {probe_dir}/no 2>/dev/null && echo ro"
+    tmpl = _sh("w", script, securityContext={"readOnlyRootFilesystem": True})
+    doc = {"kind": "Workflow", "metadata": {"name": "wd"},
+           "spec": {"entrypoint": "w", "templates": [tmpl]}}  # fmt: skip
+    result, _ = _run(tmp_path, monkeypatch, doc, isolate=True)
+    assert result.phase == "Succeeded", result.status["status"]["nodes"]
+    assert result.node("wd")["outputs"]["result"] == "ro"
+    assert os.listdir(probe_dir) == []

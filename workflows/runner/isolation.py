@@ -127,10 +127,12 @@ def _below(path: str, top: str | None) -> bool:
     return top is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
 
 
-def pod_volumes(run, body: dict, extra: list[str], own_dir: str | None = None) -> list[Volume]:
+def pod_volumes(run, body: dict, extra: list[str], shared: list[str] = ()) -> list[Volume]:
     """The pod's mounts: the template's volumeMounts at their mountPath (emptyDir as its own
-    storage, a claim's or hostPath's directory shared), `own_dir` (the node's directory, the
-    `/` the task writes in) read-write at its own path, plus `extra` runner directories at
+    storage, a claim's or hostPath's directory shared), the `shared` runner directories
+    read-write at their own path (the node's directory, where its artifacts and the `/` it
+    works in lie, leaf.working_dir; the caller's `cwd`): the pod's own root is an overlay whose
+    writes never reach the host (podinit.overlay_root); plus `extra` runner directories at
     their own path (read-only: a script, or a cwd the pod's /tmp would cover)."""
     known = volumes.declared(run.spec, body)
     out = []
@@ -165,10 +167,12 @@ def pod_volumes(run, body: dict, extra: list[str], own_dir: str | None = None) -
         local.mkdir(parents=True, exist_ok=True)
         out.append(Volume(str(m["mountPath"]), host_path=str(local), read_only=read_only))
     taken = {v.target for v in out}
-    if own_dir is not None and own_dir not in taken:
-        out.append(Volume(own_dir, host_path=own_dir, read_only=False, name="node"))
+    for path in shared:
+        if path not in taken:
+            out.append(Volume(path, host_path=path, read_only=False, name="node"))
+            taken.add(path)
     for path in extra:
-        if path not in taken and not _below(path, own_dir):
+        if path not in taken and not any(_below(path, s) for s in shared):
             out.append(Volume(path, host_path=path, read_only=True, name="runner"))
     return out
 
@@ -186,11 +190,15 @@ def start(
     """Start one attempt of `node` as a pod with address `ip`; register it with the run's
     process registry (so Ctrl-C and deadlines stop it). PodError/ValueError if it cannot.
     `own_dir`: the node's directory (its script, its artifact paths, the `/` it works in:
-    leaf.working_dir), shared read-write where the pod's own /tmp would cover it."""
+    leaf.working_dir), shared read-write: the pod's own `/` keeps what it writes elsewhere."""
     container = body.get("container") or body.get("script")
+    shared = [own_dir] if own_dir else []
+    if run.cwd not in (None, "/") and not _below(run.cwd, own_dir):
+        shared.append(run.cwd)  # run_workflow(cwd=): what tasks write there is the caller's
     extra = [os.path.dirname(script)] if script else []
-    if _hidden(cwd) and not _below(cwd, own_dir):
-        extra.append(cwd)
+    if _hidden(cwd) and not any(_below(cwd, d) for d in shared):
+        extra.append(cwd)  # a workingDir of this machine under /tmp: seen, read-only
+    security = container.get("securityContext") or {}
     memory, cpu = _limits(container)
     pod = run.isolation.node.start_pod(
         node.id,
@@ -198,12 +206,13 @@ def start(
         env,
         cwd,
         hostname=pod_hostname(node.id),
-        volumes=pod_volumes(run, body, extra, own_dir if own_dir and _hidden(own_dir) else None),
+        volumes=pod_volumes(run, body, extra, shared),
         memory_limit=memory,
         cpu_limit=cpu,
         log_path=log_path,
         ip=ip,
         containers=pod_containers.container_specs(body, env, cwd, run.registry.grace),
+        read_only_root=security.get("readOnlyRootFilesystem") is True,
     )
     try:
         run.registry.add(pod)

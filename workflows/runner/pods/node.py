@@ -160,6 +160,7 @@ class Node:
         log_path: str,
         ip: str | None = None,
         containers: dict | None = None,
+        read_only_root: bool = False,
     ) -> Pod:
         """Start `argv` as a pod with a new IP; PodError (one line) if it cannot start.
 
@@ -168,6 +169,8 @@ class Node:
         cpu_limit: CPUs or a quantity (`500m`), as a CFS quota. log_path: stdout and stderr.
         ip: an address from new_ip() (default: a new one). containers: the pod's init
         containers and sidecars for podinit (`init`, `sidecars`, `grace`; pod_containers.py).
+        read_only_root: the container's `securityContext.readOnlyRootFilesystem` (its `/`
+        read-only, its volumes, /tmp and /dev/shm not).
         """
         hostname = check_hostname(hostname or name)
         memory = None if memory_limit is None else parse_quantity(memory_limit, "memory limit")
@@ -192,9 +195,8 @@ class Node:
             try:
                 mounts = list(volumes)
                 mounts += runtime_volumes({v.target for v in mounts})
-                self._build(
-                    pod, suffix, list(argv), dict(env), cwd, mounts, memory, cpu, containers
-                )
+                extra = {**(containers or {}), "read_only_root": read_only_root}
+                self._build(pod, suffix, list(argv), dict(env), cwd, mounts, memory, cpu, extra)
             except BaseException as exc:
                 pod.release()
                 if isinstance(exc, (OSError, net.NetError)):
@@ -223,6 +225,7 @@ class Node:
             raise
         spec = {
             "root": os.path.join(pod.dir, "root"),
+            "upper": pod.upper,
             "hide": [self.state_root],
             "mounts": mounts,
             "hostname": pod.hostname,

@@ -68,6 +68,7 @@ class Pod:
         self.veth: str | None = None
         self.host_mounts: list[str] = []  # on the node, detached in release()
         self.paths: dict[str, str] = {}  # mountPath in the pod -> its storage on the node
+        self.upper: str | None = None  # the tmpfs holding what the task writes in its `/`
         self.on_release = None
         self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -127,7 +128,21 @@ class Pod:
                 if real != top and not real.startswith(top.rstrip("/") + "/"):
                     raise PodError(f"pod {self.name}: {pod_path} links out of its volume")
                 return found
-        return None
+        return self._in_root(pod_path)
+
+    def _in_root(self, pod_path: str) -> str | None:
+        """Where a file the task wrote in its own `/` (the overlay's upper layer) lies on the
+        node, or None (not written there: the host's file, which the pod sees below)."""
+        if self.upper is None:
+            return None
+        top = os.path.join(self.upper, "upper")
+        found = top + pod_path
+        if not os.path.lexists(found):
+            return None
+        real = os.path.realpath(found)
+        if real != top and not real.startswith(top + "/"):
+            raise PodError(f"pod {self.name}: {pod_path} links out of its root")
+        return found
 
     def enter_argv(self, argv: list[str]) -> list[str]:
         """`argv` run inside the pod's namespaces (e.g. an exec readiness probe)."""
@@ -175,8 +190,14 @@ class Pod:
 
     # --- starting -------------------------------------------------------------------------
     def prepare(self, volumes: list[Volume]) -> list[dict]:
-        """Create the pod's storage on the node; return the mounts for podinit (in order)."""
+        """Create the pod's storage on the node; return the mounts for podinit (in order).
+        The writable layer of its `/` is a tmpfs (`upper`, podinit.overlay_root), gone with
+        the pod as a container's writable layer is."""
         os.makedirs(os.path.join(self.dir, "root"))
+        self.upper = os.path.join(self.dir, "rootfs")
+        os.makedirs(self.upper, mode=0o700)
+        podinit.tmpfs(self.upper, mode="0700")
+        self.host_mounts.append(self.upper)
         targets = {v.target for v in volumes}
         if len(targets) < len(volumes):
             raise PodError(f"pod {self.name}: two volumes share a mountPath")

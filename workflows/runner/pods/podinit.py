@@ -8,9 +8,11 @@ then joins us to the cgroups and wires the network), read the JSON spec from GO_
 build the pod's filesystem, set the hostname, and exec the task. STATUS_FD is close-on-exec, so
 the node reads EOF when the exec succeeded, or one line saying why the pod could not start.
 
-The filesystem: a fresh tmpfs becomes the pod's `/` (pivot_root); each top-level entry of the
-host's `/` is bind-mounted into it (recursively, so /proc, /dev, /sys and every other mount come
-along), except `/tmp`. Then the pod's own mounts go on top, in the pod's view (so symlinks
+The filesystem: the pod's `/` (pivot_root) is a writable overlay of the host's root filesystem
+whose upper layer lies in the pod's own storage, with the host's other mounts (/proc, /dev,
+/sys, ...) bound at their place except `/tmp` (`overlay_root`); a write to `/` stays in the pod.
+Without an upper directory it is a fresh tmpfs with each top-level entry of the host's `/`
+bind-mounted into it (recursively), except `/tmp`. Then the pod's own mounts go on top, in the pod's view (so symlinks
 resolve as the task will see them): its `/tmp`, `/dev/shm`, volumes, `/etc/hosts`,
 `/etc/resolv.conf`. A mount point that does not exist is created without touching the host:
 directly in the root tmpfs, or, below a host directory, by "shadowing" that directory with a
@@ -99,8 +101,57 @@ def _copy_entry(src: str, dst: str) -> None:
         bind(src, dst)
 
 
-def build_root(root: str, skip: set[str]) -> None:
-    """Fill the tmpfs at `root` with binds of the host's top-level entries (except `skip`)."""
+def _unescape(field: str) -> str:
+    """A path of /proc/self/mountinfo (space, tab, newline and backslash are octal escapes)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
+def top_mounts() -> list[str]:
+    """The mount points directly on the root filesystem (/proc, /dev, /sys, a volume at
+    /work...): those that no other mount point except `/` contains, from /proc/self/mountinfo."""
+    with open("/proc/self/mountinfo") as f:
+        points = {_unescape(line.split()[4]) for line in f if len(line.split()) > 4}
+    points.discard("/")
+    return sorted(
+        p for p in points if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in points)
+    )
+
+
+def overlay_root(root: str, upper: str, skip: set[str]) -> None:
+    """The pod's writable root, as a container runtime's writable layer: an overlay of the
+    host's root filesystem (read-only below) with its upper directory in the pod's own storage
+    (`upper`, a tmpfs the node discards with the pod), so whatever the task writes in `/`
+    (`/result.txt`, `/etc/x`) stays in the pod and the host's files never change. The host's
+    other mounts (/proc, /dev, /sys, ...) are bound at their place, except those under `skip`."""
+    os.makedirs(upper + "/upper", exist_ok=True)
+    os.makedirs(upper + "/work", exist_ok=True)
+    options = f"lowerdir=/,upperdir={upper}/upper,workdir={upper}/work"
+    mounts = top_mounts()  # before the overlay: it is a mount below / too
+    mount("overlay", root, "overlay", MS_NOSUID, options)
+    for point in mounts:
+        if point.strip("/").split("/")[0] in skip or point.startswith(upper):
+            continue
+        target = root + point
+        if not os.path.lexists(target):
+            continue  # a mount point the overlay cannot show (gone meanwhile)
+        with contextlib.suppress(FileNotFoundError):
+            bind(point, target)
+
+
+def build_root(root: str, skip: set[str], upper: str | None = None) -> None:
+    """The pod's root at `root`: with `upper`, a writable overlay of the host's root
+    (overlay_root); otherwise a tmpfs with binds of the host's top-level entries (except
+    `skip`)."""
+    if upper:
+        try:
+            overlay_root(root, upper, skip)
+        except OSError as exc:  # no overlayfs here: the tmpfs root below (writes to host binds)
+            print(f"pod root: no overlay ({exc}); a tmpfs root instead", file=sys.stderr)
+        else:
+            os.mkdir(root + _OLD)
+            return
     tmpfs(root, mode="0755")
     for name in sorted(os.listdir("/")):
         path = os.path.join("/", name)
@@ -191,13 +242,15 @@ def apply_mounts(mounts: list[dict], hide: list[str]) -> None:
 def enter(spec: dict) -> None:
     """Build the pod's filesystem and identity from the node's spec, then chdir."""
     root = spec["root"]
-    build_root(root, skip={"tmp"})
+    build_root(root, skip={"tmp"}, upper=spec.get("upper"))
     os.chdir(root)
     pivot_root(".", "." + _OLD)
     os.chdir("/")
     apply_mounts(spec["mounts"], spec.get("hide") or [])
     detach(_OLD)
     os.rmdir(_OLD)
+    if spec.get("read_only_root"):  # securityContext.readOnlyRootFilesystem: / only, not volumes
+        mount("none", "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     socket.sethostname(spec["hostname"])
     try:
         os.chdir(spec["cwd"])
