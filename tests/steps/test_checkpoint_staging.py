@@ -148,3 +148,29 @@ def test_checkpointer_threads_follow_the_cores_the_process_may_use(monkeypatch, 
     for cores, want in ((1, 2), (4, 4), (64, 8)):
         monkeypatch.setattr(adaptive, "process_cores", lambda c=cores: c)
         assert Checkpointer(str(tmp_path / "ck")).threads == want, cores
+
+
+def test_unprepared_buffers_are_advised_onto_huge_pages_only_after_their_copy(monkeypatch):
+    """Faulted in as huge pages during the stall, each fault zeroes 2 MiB (and may compact
+    memory first): a first save without `prepare` copies into ordinary pages, then asks for
+    huge pages (collapsed in the background); prepared buffers are advised when allocated."""
+    import numpy as np
+
+    seen = []
+    advise = staging.advise_huge
+    monkeypatch.setattr(
+        staging,
+        "advise_huge",
+        lambda mm: (seen.append(bytes(np.frombuffer(mm, dtype=np.uint8)[:8])), advise(mm)),
+    )
+    state = {"big": torch.arange(1 << 20, dtype=torch.float32) + 1}
+    staged = Stager().stage(state)
+    assert seen == [state["big"].numpy().view(np.uint8)[:8].tobytes()]  # the copy came first
+    assert "hg" in _vm_flags(staged["big"].data_ptr())
+    seen.clear()
+    prepared = Stager()
+    prepared.prepare(state)
+    prepared.wait_prepared()
+    assert seen == [bytes(8)]  # advised when allocated, before any copy
+    assert torch.equal(prepared.stage(state)["big"], state["big"])
+    assert len(seen) == 1  # nothing more to advise: the prepared buffer was reused
