@@ -38,7 +38,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 SECTION = "### Defaults against DCP's defaults"
 METHODS = ("ckptflow-sync", "dcp-sync", "dcp-sync-2t", "ckptflow-async", "dcp-async")
 
@@ -200,20 +199,6 @@ def report(rows: dict, s3: list, mib: float, repeats: int, argv: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str) -> None:
-    """Put the section into docs/benchmarks.md (replacing its previous version)."""
-    with open(DOCS) as f:
-        doc = f.read()
-    if SECTION in doc:
-        head, rest = doc.split(SECTION, 1)
-        nxt = rest.find("\n#")
-        doc = head + text + (rest[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    with open(DOCS, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=float, default=512.0, help="fp32 state size")
@@ -248,7 +233,9 @@ def main(argv=None) -> int:
     text = report(rows, s3, a.mib, a.repeats, args)
     print(text)
     if a.write_docs:
-        write_docs(text)
+        from benchmarks import docs_section
+
+        docs_section.write_section("defaults", text)
     return 0
 
 

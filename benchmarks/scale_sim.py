@@ -40,7 +40,6 @@ tensors are fixed, so linear in ranks x tensors is a slope of 1).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -52,194 +51,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+sys.path.insert(0, ROOT)
+
+from benchmarks.scale_sim_inputs import (  # noqa: E402
+    local_plan,
+    model_layout,
+    shard,
+    sim_storage,
+    state_layout,
+    write_results,
+)
+
 SECTION = "### Simulated ranks: rank 0's save and one rank's load planning"
 TARGET_S, TARGET_MANIFEST = 1.0, 64 << 20  # at 1,024 ranks (issue 36)
-PART_BYTES, PACK_BYTES, PACK_SIZE = 64 << 20, 1 << 20, 4 << 20  # the Checkpointer's defaults
-
-
-# -- the model ----------------------------------------------------------------------------------
-def model_layout(layers: int = 93, hidden: int = 16384, vocab: int = 50304) -> list[tuple]:
-    """(name, global shape) of a GPT-like model's parameters (~300B at the defaults)."""
-    h = hidden
-    out = [("embed.weight", (vocab, h)), ("pos_embed.weight", (8192, h))]
-    for i in range(layers):
-        p = f"layers.{i}."
-        out += [
-            (p + "ln1.weight", (h,)),
-            (p + "ln1.bias", (h,)),
-            (p + "attn.qkv.weight", (3 * h, h)),
-            (p + "attn.qkv.bias", (3 * h,)),
-            (p + "attn.proj.weight", (h, h)),
-            (p + "attn.proj.bias", (h,)),
-            (p + "ln2.weight", (h,)),
-            (p + "ln2.bias", (h,)),
-            (p + "mlp.fc1.weight", (4 * h, h)),
-            (p + "mlp.fc1.bias", (4 * h,)),
-            (p + "mlp.fc2.weight", (h, 4 * h)),
-            (p + "mlp.fc2.bias", (h,)),
-        ]
-    return out + [("ln_f.weight", (h,)), ("ln_f.bias", (h,))]
-
-
-def state_layout(layers: int) -> tuple[list[tuple], list[str], list[str]]:
-    """(sharded fqn, global shape) of the state dict, its replicated 0-dim tensors, and its
-    non-tensor values, as get_state_dict flattens them (model.*, optim.state.*, param groups)."""
-    params = model_layout(layers)
-    sharded = [(f"model.{n}", s) for n, s in params]
-    for n, s in params:
-        sharded += [(f"optim.state.{n}.exp_avg", s), (f"optim.state.{n}.exp_avg_sq", s)]
-    scalars = [f"optim.state.{n}.step" for n, _ in params]
-    values = [f"optim.param_groups.0.{k}" for k in ("lr", "betas", "eps", "weight_decay")]
-    return sharded, scalars, values + ["train.step", "train.rng"]
-
-
-def shard(rows: int, ranks: int, rank: int) -> tuple[int, int]:
-    """(offset, rows) of `rank`'s dim-0 shard, as torch.chunk splits (FSDP2's Shard(0))."""
-    per = -(-rows // ranks)
-    start = min(rank * per, rows)
-    return start, min(rows, start + per) - start
-
-
-# -- each rank's inputs -------------------------------------------------------------------------
-def local_plan(ranks: int, rank: int, layout):
-    """The SavePlan DCP's DefaultSavePlanner makes on `rank` for its shards (built directly:
-    the same WriteItems, without 3,000 DTensors per simulated rank)."""
-    import torch
-    from torch.distributed.checkpoint.metadata import (
-        ChunkStorageMetadata,
-        MetadataIndex,
-        TensorProperties,
-    )
-    from torch.distributed.checkpoint.planner import (
-        SavePlan,
-        TensorWriteData,
-        WriteItem,
-        WriteItemType,
-    )
-
-    sharded, scalars, values = layout
-    props = TensorProperties(dtype=torch.float32)
-    items = []
-    for fqn, shape in sharded:
-        start, n = shard(shape[0], ranks, rank)
-        offsets = torch.Size([start] + [0] * (len(shape) - 1))
-        chunk = ChunkStorageMetadata(offsets=offsets, sizes=torch.Size([n, *shape[1:]]))
-        items.append(
-            WriteItem(
-                index=MetadataIndex(fqn, offsets),
-                type=WriteItemType.SHARD,
-                tensor_data=TensorWriteData(chunk, props, torch.Size(shape)),
-            )
-        )
-    zero = torch.Size([])
-    for fqn in scalars:  # replicated on every rank: DCP's global plan keeps one copy
-        chunk = ChunkStorageMetadata(offsets=zero, sizes=zero)
-        items.append(
-            WriteItem(
-                index=MetadataIndex(fqn, zero),
-                type=WriteItemType.TENSOR,
-                tensor_data=TensorWriteData(chunk, props, zero),
-            )
-        )
-    items += [WriteItem(index=MetadataIndex(v), type=WriteItemType.BYTE_IO) for v in values]
-    planner_data = {fqn: (fqn,) for fqn, _ in sharded} | {f: (f,) for f in scalars + values}
-    return SavePlan(items, planner_data=planner_data)
-
-
-class _Keys:
-    """Distinct 32-hex object names (content-addressed names are as long, and as distinct)."""
-
-    def __init__(self, rank: int):
-        self.rank, self.n = rank, 0
-
-    def __call__(self) -> str:
-        self.n += 1
-        return hashlib.md5(f"{self.rank}/{self.n}".encode()).hexdigest()
-
-
-def write_results(plan, rank: int) -> list:
-    """The WriteResults our writer returns for `plan` (part records as CkptStorageWriter
-    makes them: fp32 in four zstd planes, small parts packed per group)."""
-    from ckptflow.steps.checkpoint.packing import group_of
-    from ckptflow.steps.checkpoint.save_job import part_ranges
-    from torch.distributed.checkpoint.storage import WriteResult
-
-    from ckptflow.core import manifest as mf
-
-    key = _Keys(rank)
-    packs: dict[str, list] = {}  # group -> [key, size]
-    out = []
-    for item in plan.items:
-        td = item.tensor_data
-        n = 4 * math.prod(td.chunk.sizes) if td is not None else 64
-        width = 4 if td is not None else 1
-        offset = list(item.index.offset) if td is not None else None
-        parts = []
-        for o, e in part_ranges(n, PART_BYTES, []):
-            size = e - o
-            stored = (size * 83) // 100 if width == 4 else size
-            q = stored // 4
-            planes = [["zstd", q], ["zstd", q], ["raw", q], ["raw", stored - 3 * q]]
-            rec = {
-                "raw_offset": o,
-                "raw_size": size,
-                "raw_hash": key(),
-                "width": width,
-                "planes": planes if width == 4 else [["raw", size]],
-                "base": None,
-                "reused": False,
-            }
-            if size < PACK_BYTES:
-                pack = packs.setdefault(group_of(mf.item_key(item.index.fqn, offset)), [key(), 0])
-                if pack[1] + stored > PACK_SIZE:
-                    pack[:] = [key(), 0]
-                rec.update(object=pack[0], span=[pack[1], stored])
-                pack[1] += stored
-                rec["_pack"] = pack
-            else:
-                rec.update(object=key(), stored_size=stored)
-            parts.append(rec)
-        rec = {"fqn": item.index.fqn, "offset": offset, "parts": parts}
-        if td is not None:
-            rec["sizes"] = list(td.chunk.sizes)
-        out.append(rec)
-    for rec in out:  # a pack's size is known when it is stored
-        for p in rec["parts"]:
-            pack = p.pop("_pack", None)
-            if pack is not None:
-                p["stored_size"] = pack[1]
-    results = []
-    for item, rec in zip(plan.items, out, strict=True):
-        stored = sum(mf.part_bytes(p) for p in rec["parts"])
-        results.append(WriteResult(index=item.index, size_in_bytes=stored, storage_data=rec))
-    return results
-
-
-# -- the store ----------------------------------------------------------------------------------
-def sim_storage(uri: str, sizes: dict):
-    """A memory:// root whose objects/ listing answers from `sizes` (key -> stored size):
-    the save's objects are there without their bytes. Counts the LIST pages (1,000 keys
-    each) the listing would cost an object store."""
-    from ckptflow.core import layout
-    from ckptflow.core.storage import Entry, Storage
-
-    by_folder: dict[str, list] = {}
-    for k, size in sizes.items():
-        by_folder.setdefault(layout.object_path(k).rsplit("/", 1)[0], []).append((k, size))
-
-    class SimStorage(Storage):
-        list_pages = 0
-
-        def walk(self, rel: str = "", prefix: str = ""):
-            rel = rel.strip("/")
-            if rel.startswith(layout.OBJECTS):
-                found = by_folder.get(rel, [])
-                SimStorage.list_pages += max(1, -(-len(found) // 1000))
-                return [Entry(f"{rel}/{k}", s, time.time()) for k, s in found]
-            return super().walk(rel, prefix)
-
-    return SimStorage(uri)
 
 
 # -- phases -------------------------------------------------------------------------------------
@@ -533,20 +357,6 @@ def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: s
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str) -> None:
-    """Put the section into docs/benchmarks.md (replacing its previous version)."""
-    with open(DOCS) as f:
-        doc = f.read()
-    if SECTION in doc:
-        head, rest = doc.split(SECTION, 1)
-        nxt = rest.find("\n#")
-        doc = head + text + (rest[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    with open(DOCS, "w") as f:
-        f.write(doc)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="64,128,256,512,1024", help="world sizes, comma-separated")
@@ -560,6 +370,7 @@ def main(argv=None) -> int:
         help="full-model world sizes with more chunks are projected, not run (memory)",
     )
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--rows", help="report the JSON lines of an earlier run's output instead")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
@@ -568,17 +379,26 @@ def main(argv=None) -> int:
         return 0
     full, sweep = [], []
     per_rank = len(state_layout(a.layers)[0])
-    for n in [int(x) for x in a.ranks.split(",")]:
+    full_tensors = per_rank + len(state_layout(a.layers)[1])
+    if a.rows:  # the JSON lines an earlier run printed: its report again, nothing rerun
+        with open(a.rows) as f:
+            rows = [json.loads(ln) for ln in f if ln.startswith("{")]
+        full = [r for r in rows if r.get("tensors") == full_tensors]
+        sweep = [r for r in rows if r.get("tensors") != full_tensors]
+    for n in [] if a.rows else [int(x) for x in a.ranks.split(",")]:
         if per_rank * n <= a.max_chunks:
             full.append(run_child(n, a.layers, a.repeats))
             print(json.dumps(full[-1]), flush=True)
         sweep.append(run_child(n, a.sweep_layers, a.repeats))
         print(json.dumps(sweep[-1]), flush=True)
-    args = " ".join(x for x in (argv if argv is not None else sys.argv[1:]))
+    args = " ".join(x for x in (argv if argv is not None else sys.argv[1:]) if x != a.rows)
+    args = args.replace("--rows ", "")
     text = report(full, sweep, a.layers, a.sweep_layers, args)
     print(text)
     if a.write_docs:
-        write_docs(text)
+        from benchmarks import docs_section
+
+        docs_section.write_section("scale-sim", text)
     return 0
 
 
