@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import commit, compat, coop, events, parent_root
+from ckptflow.steps.checkpoint import commit, compat, coop, events, groups, parent_root
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
 from ckptflow.steps.checkpoint.save_job import SaveJob
@@ -88,8 +88,9 @@ class Checkpointer:
         quiet_single_process()  # DCP's "torch.distributed is disabled" on every call
         self.rank = dist.get_rank() if self._distributed else 0
         self.world_size = dist.get_world_size() if self._distributed else 1
-        # A gloo group of our own: background saves never share a communicator with training.
-        self._pg = process_group or (dist.new_group(backend="gloo") if self._distributed else None)
+        # A gloo group of our own for background saves (they never share a communicator with
+        # training), made at the first (collective) call that needs one: _group.
+        self._pg = process_group
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-save")
         self._stager = Stager(copy_threads=min(self.threads, default_copy_threads()))
         self._inflight: SaveHandle | None = None
@@ -154,14 +155,14 @@ class Checkpointer:
         job = self._new_job(step, metadata or {})
         stats = SaveStats(step=step, kind=job.kind, wait_s=wait_s)
         if block:
-            self._run(job, state_dict, stats)
+            self._run(job, state_dict, stats, self._group(background=False))
             stats.stall_s = time.perf_counter() - t0
             self.last_save = stats
             events.saved(self.storage, self.rank, stats)
             return SaveHandle(stats)
         staged = self._stager.stage(state_dict)
         stats.stall_s = time.perf_counter() - t0
-        future = self._executor.submit(self._run, job, staged, stats)
+        future = self._executor.submit(self._run, job, staged, stats, self._group(True))
         self._inflight = SaveHandle(stats, future)
         self.last_save = stats
         return self._inflight
@@ -227,7 +228,20 @@ class Checkpointer:
         st = Storage(self._parent["uri"])
         return [locator.locate(st, self._parent["step"]), *locator.parent_stores(st)]
 
-    def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats) -> None:
+    def _group(self, background: bool):
+        """The group our collectives run over: the one given, else the default group when
+        this call blocks and that group is gloo (no group to make: a fresh Checkpointer's
+        load made one, O(ranks) connections per rank), else our own gloo group, made now
+        (every rank makes its calls in the same order; `background`: an async save's)."""
+        if not self._distributed:
+            return None
+        if self._pg is None:
+            if not background and dist.get_backend() == "gloo":
+                return dist.group.WORLD
+            self._pg = groups.own_gloo_group()  # with the training's timeout
+        return self._pg
+
+    def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats, group) -> None:
         t0 = time.perf_counter()
         if self.rank == 0:
             job.root_id = rootreader.ensure_root(self.storage, self._parent)
@@ -238,10 +252,9 @@ class Checkpointer:
                 state_dict,
                 storage_writer=writer,
                 planner=SafeSavePlanner(),
-                process_group=self._pg,
+                process_group=group,
                 no_dist=not self._distributed,
             )
-            group = self._pg if self._distributed else None
             commit.commit_together(job, self.rank, self.world_size, group)
         except BaseException as exc:
             writer.close(failed=True)  # a failed save is no longer live: GC may collect it
@@ -337,8 +350,9 @@ class Checkpointer:
         # Only the entries this rank loads are validated and planned with: every rank's, on
         # every rank, grew with ranks x tensors (issue 36).
         only = set(flatten_state_dict(state_dict)[0])
+        group = self._group(background=False)
         located = locator.locate(self.storage, step)  # an archived step reads its archive root
-        m = self._agreed_manifest(located, step, only)
+        m = self._agreed_manifest(located, step, only, group)
         try:
             compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         except StateDictMismatch as exc:
@@ -347,7 +361,7 @@ class Checkpointer:
             raise
         exchange = (
             coop.Exchange(
-                self._pg,
+                group,
                 self.rank,
                 self.world_size,
                 self.threads,
@@ -371,7 +385,7 @@ class Checkpointer:
                 state_dict,
                 storage_reader=reader,
                 planner=SafeLoadPlanner(),
-                process_group=self._pg,
+                process_group=group,
                 # A cooperative load plans per rank (a load's global plan is the local ones)
                 # and agrees on failures in its own exchange: DCP's plan gather and scatter
                 # over the group would only add two collectives and the coordinator's wait.
@@ -398,7 +412,7 @@ class Checkpointer:
         self._prior = {**self._inherited, **self._prior}
         return reader
 
-    def _agreed_manifest(self, located: Storage, step: int, only: set) -> dict:
+    def _agreed_manifest(self, located: Storage, step: int, only: set, group) -> dict:
         """The step's manifest, checked for the entries `only` (this rank's); ranks agree on
         whether it is sound (each checked other entries): were one rank to fall back to an
         older step alone, the ranks would load different steps, or wait on each other."""
@@ -407,7 +421,7 @@ class Checkpointer:
         except (CorruptCheckpoint, NotCommitted) as exc:
             m, error = None, exc
         together = self._distributed and self.world_size > 1  # (the all-reduce runs first)
-        if together and coop.any_rank(error is not None, self._pg) and error is None:
+        if together and coop.any_rank(error is not None, group) and error is None:
             url = located.url(layout.step_dir(step))
             raise CorruptCheckpoint(
                 f"{url}: another rank found this step's manifest unsound (its log says why)",

@@ -170,7 +170,7 @@ def _load_foreign(ck, src: Source, state_dict: dict, flat, mappings, match: dict
             tensors,
             storage_reader=ForeignReader(src, {k: match[k] for k in tensors}),
             planner=DefaultLoadPlanner(),
-            process_group=ck._pg,
+            process_group=ck._group(background=False),
             no_dist=not ck._distributed,
         )
     for k, n in match.items():
@@ -181,7 +181,7 @@ def _load_foreign(ck, src: Source, state_dict: dict, flat, mappings, match: dict
 def load_from(ck, state_dict: dict, source: str, *, step: int | None = None, cast=False):
     """Fill `state_dict` in place from `source` (collective when `ck` is distributed); the
     InitReport. `ck` is the Checkpointer whose process group and options are used."""
-    src = open_source(source, step, process_group=ck._pg)
+    src = open_source(source, step, process_group=ck._group(background=False))
     flat, mappings = flatten_state_dict(state_dict)
     match = _match(flat, src)
     report = InitReport(src.uri, src.kind, src.step or 0)
