@@ -33,7 +33,7 @@ from ckptflow.workflows.runner import (
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
 from ckptflow.workflows.runner.cluster import ClusterError, load_profile
 from ckptflow.workflows.runner.document import workflow_name_problem
-from ckptflow.workflows.runner.nodelifecycle import freezer_problem, parse_fail_node
+from ckptflow.workflows.runner.nodelifecycle import fail_nodes_of
 from ckptflow.workflows.runner.objects import ObjectError, load_objects
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
@@ -148,22 +148,10 @@ def cluster_profile(args: argparse.Namespace):
 
 def fail_nodes(args: argparse.Namespace, cluster) -> list:
     """The `--fail-node NODE@SECONDS` of a run (nodelifecycle.py); they need `--cluster`."""
-    if not args.fail_node:
-        return []
-    if cluster is None:
-        raise UsageError("--fail-node fails a node of a cluster profile: add --cluster PROFILE")
     try:
-        failures = [parse_fail_node(text, cluster) for text in args.fail_node]
+        return fail_nodes_of(args.fail_node, cluster)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    names = [f.node for f in failures]
-    twice = next((n for n in names if names.count(n) > 1), None)
-    if twice is not None:
-        raise UsageError(f"--fail-node: node {twice!r} is given twice (a node fails once)")
-    problem = freezer_problem()
-    if problem:
-        raise IsolationError(problem)
-    return failures
 
 
 def artifact_repository(target: str | None):

@@ -14,6 +14,8 @@ YAML `ckptflow submit` would send. Embedded defaults, each overridable with `--s
   services only over the pods' bridge and only through the manifest's env: the in-process S3
   (implied) and a real `mlflow server` (store: `./runs/<workflow>/mlflow/`) listen on the node
   address, and the S3 keys go by Secret reference to the steps that ask for them.
+- `--isolate --cluster PROFILE.yaml [--fail-node NODE@SECONDS ...]`: the pods are scheduled on
+  the profile's nodes, and a node may fail silently, as with `ckptflow run FILE` (docs/local-runner.md).
 
 It ends with what was produced (checkpoints, metrics, the champion) and the command that
 opens the MLflow UI on it.
@@ -44,7 +46,9 @@ from ckptflow.workflows.runner import (
     run_workflow,
 )
 from ckptflow.workflows.runner.artifact_repo import S3Repository
+from ckptflow.workflows.runner.cluster import Cluster, ClusterError, load_profile
 from ckptflow.workflows.runner.isolation import new_node
+from ckptflow.workflows.runner.nodelifecycle import FailNode, fail_nodes_of
 
 from ckptflow.contract import cli_args
 
@@ -176,6 +180,15 @@ def _parser() -> argparse.ArgumentParser:
         "--from-template", action="store_true",
         help="render the WorkflowTemplate and run a Workflow that references it",
     )  # fmt: skip
+    ap.add_argument(
+        "--cluster", metavar="PROFILE.yaml",
+        help="with --isolate: the nodes pods are scheduled on (as `ckptflow run FILE`)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--fail-node", action="append", default=[], metavar="NODE@SECONDS",
+        help="with --cluster: NODE fails silently SECONDS after its first pod started "
+        "(its pods frozen, then NotReady, evicted, retried; repeatable)",
+    )  # fmt: skip
     ap.add_argument("--runs-dir", default="runs", help="where runs and mlflow.db go")
     ap.add_argument("--name", help="workflow name (default: <name>-<random>)")
     return ap
@@ -212,6 +225,20 @@ def _write(run_dir: Path, docs: list[dict]) -> dict:
         kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
         (run_dir / f"{kind}.yaml").write_text(to_yaml([doc]))
     return resolve_template_ref(docs[-1], docs[:-1])
+
+
+def _cluster(args) -> tuple[Cluster | None, list[FailNode]]:
+    """The cluster model of `--cluster` (it schedules pods: --isolate) and its `--fail-node`
+    failures; ClusterError or ConfigError (one line) for a usage mistake."""
+    if args.cluster and not args.isolate:
+        raise ClusterError(
+            "--cluster schedules pods: add --isolate (without it tasks are processes)"
+        )
+    cluster = load_profile(args.cluster) if args.cluster else None
+    try:
+        return cluster, fail_nodes_of(args.fail_node, cluster)
+    except ValueError as exc:  # nodelifecycle's one line
+        raise ConfigError(str(exc)) from None
 
 
 def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
@@ -251,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks, evaluator and agents share the cores
     with contextlib.ExitStack() as stack:
         try:
+            cluster, failures = _cluster(args)
             node, endpoint, mlflow_uri = _services(stack, args, env)
             cfg = local_config(
                 runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
@@ -259,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg, values = check_base(args.target, cfg, values)
             docs = _documents(args, cfg, values)
             name = _name(args, docs[-1])
-        except (ConfigError, IsolationError) as exc:
+        except (ConfigError, IsolationError, ClusterError) as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)
             return 2
         workdir = runs_dir / name / "argo"
@@ -278,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_workflow(
                 manifest, workdir=str(workdir), name=name, env=env, pod_node=node,
                 artifact_repository=_artifact_repository(endpoint), cwd=str(runs_dir),
+                cluster=cluster, fail_nodes=failures,
             )  # fmt: skip
         except SpecError as exc:
             print(f"ckptflow run: {exc}", file=sys.stderr)

@@ -96,6 +96,25 @@ def parse_fail_node(text: str, cluster: Cluster) -> FailNode:
     return FailNode(node, seconds)
 
 
+def fail_nodes_of(texts: list[str], cluster: Cluster | None) -> list[FailNode]:
+    """The FailNodes of `--fail-node` options (`ckptflow run FILE` and `ckptflow run pipeline
+    --local` alike): each on a node of `cluster`, a node once, on a host that can freeze pods;
+    ValueError (one line naming the fix) otherwise."""
+    if not texts:
+        return []
+    if cluster is None:
+        raise ValueError("--fail-node fails a node of a cluster profile: add --cluster PROFILE")
+    failures = [parse_fail_node(text, cluster) for text in texts]
+    names = [f.node for f in failures]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ValueError(f"--fail-node: node {twice!r} is given twice (a node fails once)")
+    problem = freezer_problem()
+    if problem:
+        raise ValueError(problem)
+    return failures
+
+
 def freezer_problem() -> str | None:
     """Why a lost node's pods cannot be frozen here (one line), or None."""
     if not os.path.exists(os.path.join(cgroups.mount_of("freezer"), "cgroup.procs")):
