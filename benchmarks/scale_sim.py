@@ -194,8 +194,8 @@ def load_plan(st, ranks: int, lay, repeats: int) -> dict:
     """One rank's load planning (the last rank) over a fake process group of `ranks`."""
     import torch
     import torch.distributed as dist
-    from ckptflow.steps.checkpoint import dcp_metadata
-    from ckptflow.steps.checkpoint.reader import SafeLoadPlanner
+    from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -221,9 +221,10 @@ def load_plan(st, ranks: int, lay, repeats: int) -> dict:
     sd.update({f: torch.zeros(()) for f in scalars})
     sd.update(dict.fromkeys(values, 0))
 
-    def plan():
-        m = rootreader.read_manifest(st, 1)
-        md = dcp_metadata.metadata_from_manifest(m)
+    def plan():  # as Checkpointer._load_step: the rank's own entries validated and planned
+        only = set(flatten_state_dict(sd)[0])
+        m = rootreader.read_manifest(st, 1, only=only)
+        md = CkptStorageReader(st, m, only=only).read_metadata()
         planner = SafeLoadPlanner()
         planner.set_up_planner(sd, md, is_coordinator=False)
         return planner.create_local_plan()
