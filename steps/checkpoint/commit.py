@@ -2,8 +2,8 @@
 marker is claimed with an exclusive create (the one step that makes a save visible).
 
 A Checkpointer commits with every rank: after DCP's save (the manifest written by rank 0),
-each rank checks the objects its own parts reference (their key-prefix folders listed:
-listing.missing_objects), the ranks agree over the save's group, and only then rank 0 claims
+each rank checks the objects its own parts reference (a stat or HEAD each; borrowed ones
+in the parent roots), the ranks agree over the save's group, and only then rank 0 claims
 the marker and tells the others whether it won. Rank 0 used to check every object of the step
 itself: one listing per key-prefix folder of every rank's objects, up to the whole objects
 tree (256 folders) per save, growing with ranks x tensors while every other rank waited
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,7 @@ from ckptflow.steps.checkpoint.save_job import SaveJob
 
 from ckptflow.core import layout, listing
 from ckptflow.core.errors import CheckpointError
-from ckptflow.core.storage import AlreadyExists
+from ckptflow.core.storage import AlreadyExists, Storage
 
 _MISSING_HINT = (
     "save again (were they freed by a `ckptflow ckpt gc` while this save's heartbeat "
@@ -53,9 +54,43 @@ def own_objects(job: SaveJob) -> dict[str, int]:
     return out
 
 
-def missing(job: SaveJob, sizes: dict[str, int], who: str = "") -> str | None:
-    """One line naming what is missing or damaged among `sizes`, or None when all is there."""
-    bad = listing.missing_objects(job.storage, sizes)
+def _own_sizes(storage: Storage, keys: list[str]) -> dict[str, int | None]:
+    """The stored size of each object (None: not in the root), one look each (a stat, a HEAD):
+    O(its own objects), where listing their key-prefix folders read every rank's objects
+    in them, of every step the root keeps."""
+
+    def one(key: str) -> tuple[str, int | None]:
+        try:
+            return key, storage.size(layout.object_path(key))
+        except FileNotFoundError:
+            return key, None
+
+    if storage.protocol == "file" or len(keys) <= 1:
+        return dict(map(one, keys))
+    with ThreadPoolExecutor(min(listing.LIST_THREADS, len(keys)), "ckpt-check") as pool:
+        return dict(pool.map(one, keys))
+
+
+def _missing_own(storage: Storage, sizes: dict[str, int]) -> list[str]:
+    """listing.missing_objects for one rank's few objects: a look at each."""
+    have = _own_sizes(storage, sorted(sizes))
+    have |= listing.borrowed_sizes(storage, [k for k, n in have.items() if n is None])
+    bad = []
+    for key, size in sorted(sizes.items()):
+        url = storage.url(layout.object_path(key))
+        if have[key] is None:
+            bad.append(f"{url} (missing)")
+        elif have[key] != size:
+            bad.append(f"{url} (size {have[key]}, expected {size})")
+    return bad
+
+
+def missing(job: SaveJob, sizes: dict[str, int], who: str = "", *, own=True) -> str | None:
+    """One line naming what is missing or damaged among `sizes` (in the root or, borrowed,
+    in a parent root), or None when all is there. `own`: a rank's own objects, looked at one
+    by one; else every object of a step, by listing their key-prefix folders."""
+    st = job.storage
+    bad = _missing_own(st, sizes) if own else listing.missing_objects(st, sizes)
     if not bad:
         return None
     return (
@@ -78,7 +113,7 @@ def claim(job: SaveJob, commit: dict) -> None:
 
 def commit_alone(job: SaveJob, objects: dict[str, int], commit: dict) -> None:
     """One process checks every object of the manifest and claims the marker."""
-    problem = missing(job, objects)
+    problem = missing(job, objects, own=False)
     if problem:
         raise CheckpointError(problem)
     claim(job, commit)
