@@ -272,7 +272,7 @@ def markdown(timing: list[dict], requests: list[dict], before: list[dict], host:
             "",
             "Counted by moto's server (`benchmarks/s3_requests.py`: each rank signs with an "
             "access key of its own), a save and then a fresh `Checkpointer`'s load of the "
-            f"newest step, {requests[0]['tensors']} small tensors per rank.",
+            f"newest step, {requests[0]['tensors']} tensors per rank (an object each).",
             "",
             "| ranks | save: rank 0 | save: other ranks | load: rank 0 | load: other ranks "
             "| load kinds (last rank) |",
@@ -319,6 +319,13 @@ def main(argv=None) -> int:
     ap.add_argument("--numel", type=int, default=16384, help="fp32 elements per tensor")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", default="", help="world sizes to count S3 requests at")
+    ap.add_argument("--req-tensors", type=int, default=8, help="tensors per rank (requests)")
+    ap.add_argument(
+        "--req-numel",
+        type=int,
+        default=300_000,
+        help="fp32 elements each (over the 1 MiB pack threshold: an object each)",
+    )
     ap.add_argument("--base", default="/var/tmp", help="where the roots are made")
     ap.add_argument("--before", default="", help="a JSON file of earlier ratios to show")
     ap.add_argument("--json", default="", help="write the results here")
@@ -332,7 +339,8 @@ def main(argv=None) -> int:
         timing.append(r)
     requests = []
     if args.requests:
-        rows = count_requests([int(w) for w in args.requests.split(",")])
+        worlds = [int(w) for w in args.requests.split(",")]
+        rows = count_requests(worlds, args.req_tensors, args.req_numel)
         requests = summarize_requests(rows)
         for r in requests:
             print(json.dumps(r), flush=True)
