@@ -24,10 +24,11 @@ before the phase, /proc/self/clear_refs resetting the peak):
   the writer's prepare_global_plan, pickle the scattered global plans;
 - manifest: unpickle the gathered write results, build the manifest, serialise it,
   parse and validate it back (what CkptStorageWriter.finish does before it writes);
-- commit: CkptStorageWriter.finish whole minus the manifest step above: write the manifest,
-  check every object is present (on a store whose listing answers from memory: the CPU of
-  it; the LIST requests it would cost an object store are counted), claim the commit marker;
-  then pickle the Metadata DCP broadcasts back to every rank;
+- commit: CkptStorageWriter.finish whole minus the manifest step above (it writes the
+  manifest), pickle the Metadata DCP broadcasts back to every rank, then rank 0's part of
+  commit.commit_together: its own objects checked present (on a store that answers from
+  memory: the CPU of it; the requests it would cost an object store are counted), the
+  commit marker claimed;
 - load plan (the last rank, any would do): read, parse and validate the manifest, DCP
   Metadata from it, DCP's create_local_plan over the rank's DTensors (a fake process group
   of the simulated world size: torch.testing._internal.distributed.fake_pg).
@@ -183,7 +184,7 @@ def child(ranks: int, layers: int, repeats: int) -> dict:
     finish_s, out["commit_peak"], (_, out["broadcast_bytes"], st) = measure(commit, repeats)
     # finish builds the manifest too: that step is timed above, so it is taken out here
     out["commit_s"] = max(0.0, finish_s - build_s)
-    out["list_pages"] = type(st).list_pages // repeats
+    out["check_requests"] = type(st).requests // repeats
     flat = results = None
     gc.collect()
     out.update(load_plan(st, ranks, lay, repeats))
@@ -278,7 +279,7 @@ def _table(rows: list[dict], layers: int, note: str = "") -> list[str]:
         f"Model: {params / 1e9:.0f}B parameters ({layers} layers), {tensors} tensors{note}:",
         "",
         "| ranks | chunks | rank-0 plan s | manifest s | commit s | rank-0 total s | "
-        "rank-0 peak MiB (plan/manifest/commit) | manifest MiB | objects | LIST pages | "
+        "rank-0 peak MiB (plan/manifest/commit) | manifest MiB | objects | rank-0 check requests | "
         "gathered plans MiB | gathered results MiB | broadcast MiB | load plan s (1 rank) | "
         "load plan peak MiB |",
         "| " + " | ".join(["---"] * 15) + " |",
@@ -291,7 +292,7 @@ def _table(rows: list[dict], layers: int, note: str = "") -> list[str]:
             f"| {r['ranks']} | {r['chunks']:,} | {r['plan_s']:.2f} | {r['manifest_s']:.2f} | "
             f"{r['commit_s']:.2f} | {r['rank0_s']:.2f} | {_mib(r['plan_peak'])}/"
             f"{_mib(r['manifest_peak'])}/{_mib(r['commit_peak'])} | {_mib(r['manifest_bytes'])}"
-            f" | {r['objects']:,} | {r['list_pages']:,} | {_mib(r['gather_plan_bytes'])} | "
+            f" | {r['objects']:,} | {r['check_requests']:,} | {_mib(r['gather_plan_bytes'])} | "
             f"{_mib(r['gather_results_bytes'])} | {_mib(r['broadcast_bytes'])} | "
             f"{r['load_plan_s']:.2f} | {_mib(r['load_plan_peak'])} |"
         )
@@ -314,9 +315,9 @@ def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: s
         "exp_avg and exp_avg_sq) sharded on dim 0 over all ranks. Seconds are medians on this",
         "shared 2-core host, in CPU seconds of the simulating process (each phase runs on",
         "one thread: on an idle host its wall time; the host's other jobs are left out);",
-        "memory is the process's peak RSS above the phase's start. LIST pages: the listing",
-        "requests rank 0's check of its own objects before the commit would cost an object",
-        "store (every rank's check lists the same key-prefix folders, 1,000 keys a page).",
+        "memory is the process's peak RSS above the phase's start. Check requests: what rank",
+        "0's check of its own objects before the commit would cost an object store (HEADs,",
+        "LIST pages of 1,000 keys; every rank checks its own alike).",
         f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
     ]

@@ -171,9 +171,9 @@ def write_results(plan, rank: int) -> list:
 
 # -- the store ----------------------------------------------------------------------------------
 def sim_storage(uri: str, sizes: dict):
-    """A memory:// root whose objects/ listing answers from `sizes` (key -> stored size):
-    the save's objects are there without their bytes. Counts the LIST pages (1,000 keys
-    each) the listing would cost an object store."""
+    """A memory:// root whose objects answer from `sizes` (key -> stored size), listed or
+    looked at one by one: the save's objects are there without their bytes. Counts the
+    requests an object store would have served: LIST pages (1,000 keys each) and HEADs."""
     from ckptflow.core import layout
     from ckptflow.core.storage import Entry, Storage
 
@@ -182,14 +182,23 @@ def sim_storage(uri: str, sizes: dict):
         by_folder.setdefault(layout.object_path(k).rsplit("/", 1)[0], []).append((k, size))
 
     class SimStorage(Storage):
-        list_pages = 0
+        requests = 0
 
         def walk(self, rel: str = "", prefix: str = ""):
             rel = rel.strip("/")
             if rel.startswith(layout.OBJECTS):
                 found = by_folder.get(rel, [])
-                SimStorage.list_pages += max(1, -(-len(found) // 1000))
+                SimStorage.requests += max(1, -(-len(found) // 1000))
                 return [Entry(f"{rel}/{k}", s, time.time()) for k, s in found]
             return super().walk(rel, prefix)
+
+        def size(self, rel: str) -> int:
+            if rel.startswith(layout.OBJECTS + "/"):
+                SimStorage.requests += 1
+                key = rel.rsplit("/", 1)[-1]
+                if key not in sizes:
+                    raise FileNotFoundError(rel)
+                return sizes[key]
+            return super().size(rel)
 
     return SimStorage(uri)
