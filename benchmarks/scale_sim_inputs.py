@@ -144,9 +144,10 @@ def write_results(plan, rank: int) -> list:
                 "reused": False,
             }
             if size < PACK_BYTES:
-                pack = packs.setdefault(group_of(mf.item_key(item.index.fqn, offset)), [key(), 0])
-                if pack[1] + stored > PACK_SIZE:
-                    pack[:] = [key(), 0]
+                group = group_of(mf.item_key(item.index.fqn, offset))
+                pack = packs.setdefault(group, [key(), 0])
+                if pack[1] + stored > PACK_SIZE:  # stored: a new pack (the old one keeps its size)
+                    pack = packs[group] = [key(), 0]
                 rec.update(object=pack[0], span=[pack[1], stored])
                 pack[1] += stored
                 rec["_pack"] = pack
