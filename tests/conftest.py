@@ -72,6 +72,7 @@ def s3_bucket(s3_env):
 # assert their deadlines (the runner itself takes concurrent nodes: a subnet each, names by pid).
 POD_MODULES = {
     "test_isolation",
+    "test_isolation_gang_node_loss",
     "test_isolation_pretrain",
     "test_isolation_spec",
     "test_node_loss",
