@@ -206,13 +206,8 @@ def check_objects(
     borrowed.update(
         borrowed_sizes(located, [k for k in row.objects if k not in listing and k not in borrowed])
     )
-    for key, size in sorted(row.objects.items()):
-        found, url = listing.get(key), located.url(layout.object_path(key))
-        have = found.size if found is not None else borrowed[key]
-        if have is None:
-            row.problems.append(f"{url} (missing)")
-        elif have != size:
-            row.problems.append(f"{url} (size {have}, expected {size})")
+    have = {k: listing[k].size if k in listing else borrowed[k] for k in row.objects}
+    row.problems.extend(size_problems(located, row.objects, have))
     if row.problems:
         row.state = "corrupt"
 
@@ -223,6 +218,16 @@ def missing_objects(storage: Storage, sizes: dict[str, int]) -> list[str]:
     size). What a save checks before it commits."""
     have = {k: e.size for k, e in present_objects(storage, sizes).items()}
     have |= borrowed_sizes(storage, [k for k in sizes if k not in have])
+    return size_problems(storage, sizes, have)
+
+
+def size_problems(
+    storage: Storage, sizes: dict[str, int], have: dict[str, int | None]
+) -> list[str]:
+    """One entry per object of `sizes` (key -> expected stored size) whose found size in
+    `have` (None: absent) is missing or another, naming its URL in `storage`, in key order:
+    the one wording of a damaged step, whether its objects were listed or looked at one by
+    one."""
     bad = []
     for key, size in sorted(sizes.items()):
         url = storage.url(layout.object_path(key))

@@ -75,14 +75,7 @@ def _missing_own(storage: Storage, sizes: dict[str, int]) -> list[str]:
     """listing.missing_objects for one rank's few objects: a look at each."""
     have = _own_sizes(storage, sorted(sizes))
     have |= listing.borrowed_sizes(storage, [k for k, n in have.items() if n is None])
-    bad = []
-    for key, size in sorted(sizes.items()):
-        url = storage.url(layout.object_path(key))
-        if have[key] is None:
-            bad.append(f"{url} (missing)")
-        elif have[key] != size:
-            bad.append(f"{url} (size {have[key]}, expected {size})")
-    return bad
+    return listing.size_problems(storage, sizes, have)
 
 
 def missing(job: SaveJob, sizes: dict[str, int], who: str = "", *, own=True) -> str | None:
