@@ -8,6 +8,7 @@ import json
 import re
 
 from ckptflow.workflows.runner import objects as ob
+from ckptflow.workflows.runner.substitution import to_str
 
 __all__ = ["ResourceError", "conditions_met", "jq_filter", "json_path", "parse_json_path"]
 
@@ -46,15 +47,12 @@ def parse_json_path(template: str) -> list[str | list]:
 
 
 def _jp_text(value) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, int | float):
-        return str(value)
-    return json.dumps(value, separators=(",", ":"))
+    """A found field's text: a scalar as a parameter value is written (`to_str`); `null`,
+    objects and lists as compact JSON in their own key order (`to_str` writes None as ""
+    and sorts keys)."""
+    if value is None or isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    return to_str(value)
 
 
 def json_path(obj: dict, template: str) -> str:
