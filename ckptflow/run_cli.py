@@ -24,6 +24,7 @@ from ckptflow.workflows.runner import (
     REFUSED_EXIT,
     IsolationError,
     SpecError,
+    cluster_options,
     load_documents,
     load_manifest,
     resolve_template_ref,
@@ -31,9 +32,8 @@ from ckptflow.workflows.runner import (
     workflow_name,
 )
 from ckptflow.workflows.runner.artifact_repo import DirRepository, S3Repository
-from ckptflow.workflows.runner.cluster import ClusterError, load_profile
+from ckptflow.workflows.runner.cluster import ClusterError
 from ckptflow.workflows.runner.document import workflow_name_problem
-from ckptflow.workflows.runner.nodelifecycle import fail_nodes_of
 from ckptflow.workflows.runner.objects import ObjectError, load_objects
 from ckptflow.workflows.runner.sync import limits_from_configmap, parse_limit
 
@@ -81,16 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every task as a pod (own network namespace and IP, hostname, /tmp, volumes, "
         "memory limit; needs root, see docs/pods.md)",
     )  # fmt: skip
-    p.add_argument(
-        "--cluster", metavar="PROFILE.yaml",
-        help="with --isolate: the nodes pods are scheduled on (name, labels, taints, "
-        "allocatable); default this machine as one node",
-    )  # fmt: skip
-    p.add_argument(
-        "--fail-node", action="append", default=[], metavar="NODE@SECONDS",
-        help="with --cluster: NODE fails silently SECONDS after its first pod started (pods "
-        "frozen, traffic dropped); NotReady, eviction and Argo's retry follow (repeatable)",
-    )  # fmt: skip
+    cluster_options.add_options(p)
     p.add_argument(
         "--artifact-repo", metavar="DIR|s3://BUCKET[/PREFIX]",
         help="the artifact repository (default WORKDIR/artifacts); s3:// is reached with the "
@@ -133,25 +124,6 @@ def semaphore_limits(args: argparse.Namespace) -> dict[str, int]:
     except ValueError as exc:
         raise SpecError(str(exc)) from exc
     return limits
-
-
-def cluster_profile(args: argparse.Namespace):
-    """The cluster of `--cluster` (None: the default one-node cluster); it needs `--isolate`."""
-    if not args.cluster:
-        return None
-    if not args.isolate:
-        raise ClusterError(
-            "--cluster schedules pods: add --isolate (without it tasks are processes)"
-        )
-    return load_profile(args.cluster)  # ClusterError: a usage error (exit 2)
-
-
-def fail_nodes(args: argparse.Namespace, cluster) -> list:
-    """The `--fail-node NODE@SECONDS` of a run (nodelifecycle.py); they need `--cluster`."""
-    try:
-        return fail_nodes_of(args.fail_node, cluster)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def artifact_repository(target: str | None):
@@ -199,7 +171,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
     if problem:
         raise UsageError(f"--name: {problem}")
     workdir = args.workdir or str(Path("runs") / "local" / name)
-    cluster = cluster_profile(args)
+    cluster = cluster_options.profile(args)  # ClusterError: a usage error (exit 2)
     try:
         objects = load_objects(args.objects)  # a damaged file: one line naming it
     except ObjectError as exc:
@@ -215,7 +187,7 @@ def run_manifest(manifest: dict, args: argparse.Namespace) -> int:
         artifact_repository=artifact_repository(args.artifact_repo),
         semaphores=semaphore_limits(args),
         cluster=cluster,
-        fail_nodes=fail_nodes(args, cluster),
+        fail_nodes=cluster_options.failures(args, cluster),
         memo_cache=args.memo_cache,
         objects=objects,
     )

@@ -42,13 +42,13 @@ from ckptflow.workflows.runner import (
     REFUSED_EXIT,
     IsolationError,
     SpecError,
+    cluster_options,
     resolve_template_ref,
     run_workflow,
 )
 from ckptflow.workflows.runner.artifact_repo import S3Repository
-from ckptflow.workflows.runner.cluster import Cluster, ClusterError, load_profile
+from ckptflow.workflows.runner.cluster import ClusterError
 from ckptflow.workflows.runner.isolation import new_node
-from ckptflow.workflows.runner.nodelifecycle import FailNode, fail_nodes_of
 
 from ckptflow.contract import cli_args
 
@@ -180,15 +180,7 @@ def _parser() -> argparse.ArgumentParser:
         "--from-template", action="store_true",
         help="render the WorkflowTemplate and run a Workflow that references it",
     )  # fmt: skip
-    ap.add_argument(
-        "--cluster", metavar="PROFILE.yaml",
-        help="with --isolate: the nodes pods are scheduled on (as `ckptflow run FILE`)",
-    )  # fmt: skip
-    ap.add_argument(
-        "--fail-node", action="append", default=[], metavar="NODE@SECONDS",
-        help="with --cluster: NODE fails silently SECONDS after its first pod started "
-        "(its pods frozen, then NotReady, evicted, retried; repeatable)",
-    )  # fmt: skip
+    cluster_options.add_options(ap)  # as `ckptflow run FILE` takes them
     ap.add_argument("--runs-dir", default="runs", help="where runs and mlflow.db go")
     ap.add_argument("--name", help="workflow name (default: <name>-<random>)")
     return ap
@@ -225,20 +217,6 @@ def _write(run_dir: Path, docs: list[dict]) -> dict:
         kind = "template" if doc["kind"] == "WorkflowTemplate" else "workflow"
         (run_dir / f"{kind}.yaml").write_text(to_yaml([doc]))
     return resolve_template_ref(docs[-1], docs[:-1])
-
-
-def _cluster(args) -> tuple[Cluster | None, list[FailNode]]:
-    """The cluster model of `--cluster` (it schedules pods: --isolate) and its `--fail-node`
-    failures; ClusterError or ConfigError (one line) for a usage mistake."""
-    if args.cluster and not args.isolate:
-        raise ClusterError(
-            "--cluster schedules pods: add --isolate (without it tasks are processes)"
-        )
-    cluster = load_profile(args.cluster) if args.cluster else None
-    try:
-        return cluster, fail_nodes_of(args.fail_node, cluster)
-    except ValueError as exc:  # nodelifecycle's one line
-        raise ConfigError(str(exc)) from None
 
 
 def _services(stack: contextlib.ExitStack, args, env: dict[str, str]):
@@ -278,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks, evaluator and agents share the cores
     with contextlib.ExitStack() as stack:
         try:
-            cluster, failures = _cluster(args)
+            cluster = cluster_options.profile(args)  # ClusterError: one line
+            failures = cluster_options.failures(args, cluster)
             node, endpoint, mlflow_uri = _services(stack, args, env)
             cfg = local_config(
                 runs_dir, s3_endpoint=endpoint, overrides=args.overrides, mlflow_uri=mlflow_uri
