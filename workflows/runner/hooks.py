@@ -238,17 +238,21 @@ def _fire(run: cx.Run, w: _Watch) -> None:
                 return
             if go:
                 w.fired[name] = _start_hook(
-                    run, w, hook_node_name(w.node.name, name),
-                    f"{w.node.display_name}.hooks.{name}", hook, values, w.scope,
+                    run, hook, values, hook_node_name(w.node.name, name),
+                    f"{w.node.display_name}.hooks.{name}", w.node, w.boundary_id, w.scope,
                 )  # fmt: skip
     w.seen = len(history)
 
 
-def _start_hook(run, w: _Watch, name: str, display: str, hook: dict, values, scope) -> Node:
+def _start_hook(
+    run: cx.Run, hook: dict, values, name: str, display: str, parent: Node, boundary_id, scope
+) -> Node:
+    """Start a hook's (or exit handler's) template as node `name` below `parent`, its arguments
+    resolved in `values`: the one way a step's, a task's and the workflow's hooks start."""
     params, artifacts = resolve_arguments(hook.get("arguments"), values)
     return run.dispatch.start(
         run, name=name, display=display, template=hook["template"], args=params,
-        artifacts=artifacts, boundary_id=w.boundary_id, parents=[w.node], scope=scope,
+        artifacts=artifacts, boundary_id=boundary_id, parents=[parent], scope=scope,
     )  # fmt: skip
 
 
@@ -289,8 +293,8 @@ def _run_exit(run: cx.Run, w: _Watch) -> None:
         w.error = f"hooks.{EXIT}: {exc}"
         return
     handler = _start_hook(
-        run, w, on_exit_node_name(w.node.name), f"{w.node.display_name}.onExit", w.exit,
-        values, ExitScope(w.scope),
+        run, w.exit, values, on_exit_node_name(w.node.name), f"{w.node.display_name}.onExit",
+        w.node, w.boundary_id, ExitScope(w.scope),
     )  # fmt: skip
     _wait(run, lambda: handler.fulfilled)
 
@@ -332,12 +336,8 @@ class WorkflowHooks:
                     self.fired[name] = self._start(name, hook, values)
 
     def _start(self, name: str, hook: dict, values: dict[str, str]) -> Node:
-        params, artifacts = resolve_arguments(hook.get("arguments"), values)
-        full = hook_node_name(self.run.name, name)
-        return self.run.dispatch.start(
-            self.run, name=full, display=full, template=hook["template"], args=params,
-            artifacts=artifacts, boundary_id=None, parents=[self.root], scope=self.scope,
-        )  # fmt: skip
+        full = hook_node_name(self.run.name, name)  # no boundary: the workflow's own
+        return _start_hook(self.run, hook, values, full, full, self.root, None, self.scope)
 
     def watch(self) -> None:
         """Poll until the root node is done (a thread of the run)."""
