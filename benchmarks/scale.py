@@ -34,7 +34,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 BEGIN, END = "<!-- scale-ranks: begin -->", "<!-- scale-ranks: end -->"
 SECRET = "testing-secret"
 
@@ -297,15 +296,10 @@ def markdown(timing: list[dict], requests: list[dict], before: list[dict], host:
 
 def write_docs(section: str) -> None:
     """Replace this script's section of docs/benchmarks.md (or append it)."""
-    with open(DOCS) as f:
-        text = f.read()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(DOCS, "w") as f:
-        f.write(text)
+    from benchmarks import docs_section
+
+    body = section.split(BEGIN, 1)[1].rsplit(END, 1)[0].strip("\n")
+    docs_section.write_section("scale-ranks", body)
 
 
 def _host() -> str:
