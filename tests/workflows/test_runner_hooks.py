@@ -22,6 +22,12 @@ def run(doc: dict, tmp_path: Path, name: str, **kwargs):
     )
 
 
+def run_logged(doc: dict, tmp_path: Path, name: str):
+    """Run `doc` with its `log` parameter naming a file the hooks append to: (result, file)."""
+    log = tmp_path / "log.txt"
+    return run(doc, tmp_path, name, arguments={"log": str(log)}), log
+
+
 def by_name(result) -> dict[str, dict]:
     return {n["name"]: n for n in result.nodes.values()}
 
@@ -65,8 +71,7 @@ spec:
   templates:
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "wfexit", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "wfexit")
     handler = result.node("wfexit.onExit")
     assert handler["phase"] == "Succeeded" and handler["templateName"] == "log"
     assert result.phase == ("Succeeded" if main == "echo" else "Failed")
@@ -84,8 +89,7 @@ spec:
   templates:
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "wfargs", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "wfargs")
     assert result.phase == "Succeeded" and lines(log) == ["from-workflow"]
 
 
@@ -144,8 +148,7 @@ spec:
         source: 'sleep 1; echo succeeded >> "{{{{workflow.parameters.log}}}}"'
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "wfhooks", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "wfhooks")
     assert result.phase == "Succeeded"
     # the running hook once, though the workflow stayed Running through two steps; the
     # succeeded hook finished before the exit handler started; the failed one never ran
@@ -214,8 +217,7 @@ spec:
 
 
 def test_step_hooks_fire_once_each_then_the_exit_handler_then_the_next_group(tmp_path):
-    log = tmp_path / "log.txt"
-    result = run(manifest(STEPS), tmp_path, "sh", arguments={"log": str(log)})
+    result, log = run_logged(manifest(STEPS), tmp_path, "sh")
     assert result.phase == "Succeeded"
     # step-2's onExit (no arguments) gets the workflow's: its `msg` input falls to the default
     assert lines(log) == ["running", "done forty-two", "exit forty-two", "hook"]
@@ -242,8 +244,7 @@ def test_a_step_exit_handler_runs_after_its_step_failed_and_the_group_waits(tmp_
     step["template"] = "fail"
     exit_args = step["hooks"]["exit"]["arguments"]["parameters"]
     exit_args[0]["value"] = "exit {{steps.step-1.status}}"
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "sf", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "sf")
     assert result.phase == "Failed"
     nodes = by_name(result)
     assert nodes["sf[0].step-1"]["phase"] == "Failed"
@@ -280,8 +281,7 @@ spec:
       script: {{image: alpine, command: [sh], source: 'sleep 30'}}
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "dl", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "dl")
     assert result.phase == "Failed"
     assert result.node("dl[0].slow")["phase"] == "Failed"
     assert result.node("dl[0].slow.onExit")["phase"] == "Succeeded" and lines(log) == ["hook"]
@@ -314,8 +314,7 @@ spec:
         source: 'sleep 0.5; echo "{{{{inputs.parameters.msg}}}}" >> "{{{{workflow.parameters.log}}}}"'
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "dg", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "dg")
     assert result.phase == "Succeeded"
     assert lines(log) == ["hook", "A Succeeded", "B"]
     assert result.node("A.onExit")["name"] == "dg.A.onExit"
@@ -348,8 +347,7 @@ spec:
             exit: {{template: log, arguments: {{parameters: [{{name: msg, value: "{{{{item}}}}"}}]}}}}
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "lp", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "lp")
     assert result.phase == "Succeeded" and sorted(lines(log)) == ["a", "b"]
     assert result.node("lp[0].each(0:a).onExit")["displayName"] == "each(0:a).onExit"
 
@@ -414,8 +412,7 @@ spec:
             exit: {{template: log, arguments: {{parameters: [{{name: msg, value: "{{{{item}}}}"}}]}}}}
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "lg", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "lg")
     assert result.phase == "Succeeded"
     got = lines(log)
     assert sorted(got[:2]) == ["a", "b"] and got[2:] == ["group"]
@@ -439,8 +436,8 @@ spec:
       - - {{name: s, template: log, arguments: {{parameters: [{{name: msg, value: "{{{{workflow.status}}}}"}}]}}}}
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    assert run(doc, tmp_path, "st", arguments={"log": str(log)}).phase == "Succeeded"
+    result, log = run_logged(doc, tmp_path, "st")
+    assert result.phase == "Succeeded"
     assert lines(log) == ["Running"]
 
 
@@ -478,8 +475,7 @@ spec:
             why: {{expression: steps.S.status == "Skipped", template: log}}
 {ECHO}"""
     )
-    log = tmp_path / "log.txt"
-    result = run(doc, tmp_path, "om", arguments={"log": str(log)})
+    result, log = run_logged(doc, tmp_path, "om")
     assert result.phase == "Succeeded"
     assert sorted(lines(log)) == ["B", "C"]
     assert result.node("B")["phase"] == "Omitted" and result.node("C")["phase"] == "Skipped"
