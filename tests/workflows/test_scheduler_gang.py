@@ -93,6 +93,16 @@ class Binder:
             time.sleep(0.01)
         return [self.nodes.get(k) for k in keys]
 
+    def held_gang(self, count: int) -> str:
+        """Bind `count` kueue ranks of one gang and check that a while later none is bound;
+        the last rank's latest pending line."""
+        for i in range(count):
+            self.bind(f"rank-{i}", kueue_rank(count))
+        self.wait_pending(f"rank-{count - 1}")
+        time.sleep(0.2)  # time for a wrong bind to show
+        assert self.nodes == {}
+        return self.pending[f"rank-{count - 1}"][-1]
+
     def finish(self) -> None:
         self.stop.set()
         for t in self.threads:
@@ -175,13 +185,8 @@ def test_a_partial_fit_binds_nothing_until_the_whole_gang_fits():
     assert sched.bind("other", other, lambda: False, print) == "gpu-0"
     b = Binder(sched)
     try:
-        for i in range(3):
-            b.bind(f"rank-{i}", kueue_rank(3))
-        b.wait_pending("rank-2")
-        time.sleep(0.2)
-        assert b.nodes == {}
+        message = b.held_gang(3)
         assert sched.used("gpu-1") == {} and sched.used("gpu-2") == {}  # nothing held
-        message = b.pending["rank-2"][-1]
         assert message == (
             "Unschedulable: kueue pod group default/wf: 3 pods must be bound together, 2 fit "
             "now; missing capacity for 1 pod(s) of cpu 1, nvidia.com/gpu 1: 0/3 nodes are "
@@ -197,12 +202,7 @@ def test_a_gang_that_never_fits_stays_pending_with_its_missing_capacity():
     """Four one-GPU ranks on two GPUs: never; the line names the gang and what is missing."""
     b = Binder(Scheduler(cluster(node("cpu-0"), node("gpu-0", gpus=1), node("gpu-1", gpus=1))))
     try:
-        for i in range(4):
-            b.bind(f"rank-{i}", kueue_rank(4))
-        b.wait_pending("rank-3")
-        time.sleep(0.2)
-        assert b.nodes == {}
-        assert b.pending["rank-3"][-1] == (
+        assert b.held_gang(4) == (
             "Unschedulable: kueue pod group default/wf: 4 pods must be bound together, 2 fit "
             "now; it never fits: the empty cluster holds 2; missing capacity for 2 pod(s) of "
             "cpu 1, nvidia.com/gpu 1: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
