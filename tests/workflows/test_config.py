@@ -225,6 +225,10 @@ BAD_SETTINGS = [
     ("platform.gpu_extended_resources=bad domain!/ib=1", "extended resource"),
     ("platform.priority_class_name=High Priority", "a Kubernetes name"),
     ("platform.scheduler_name=Volcano!", "a Kubernetes name"),
+    ("platform.gang_scheduler=slurm", "not one of none, kueue, volcano, coscheduling"),
+    ("platform.gang_scheduler=Kueue", "not one of none, kueue, volcano, coscheduling"),
+    ("platform.gang_queue=Team_A", "a Kubernetes name"),
+    ("platform.gang_scheduler_name=My Scheduler", "a Kubernetes name"),
 ]
 
 

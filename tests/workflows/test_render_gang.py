@@ -139,23 +139,7 @@ def test_queue_and_scheduler_names_are_settings():
     assert "queue: research" in templates(doc)["rank-podgroup"]["resource"]["manifest"]
 
 
-BAD = [
-    ("platform.gang_scheduler=slurm", "not one of none, kueue, volcano, coscheduling"),
-    ("platform.gang_scheduler=Kueue", "not one of none, kueue, volcano, coscheduling"),
-    ("platform.gang_queue=Team_A", "a Kubernetes name"),
-    ("platform.gang_scheduler_name=My Scheduler", "a Kubernetes name"),
-]
-
-
-@pytest.mark.parametrize(("assignment", "allowed"), BAD, ids=[b[0] for b in BAD])
-def test_a_bad_gang_setting_is_one_line_naming_it(assignment, allowed):
-    key, _, raw = assignment.partition("=")
-    with pytest.raises(ConfigError) as info:
-        apply_overrides(PipelineConfig(), [assignment])
-    assert "\n" not in str(info.value)
-    assert str(info.value).startswith(f"--set {key}={raw}: ") and allowed in str(info.value)
-
-
+# A bad value of one gang setting: tests/workflows/test_config.py BAD_SETTINGS.
 CLASHES = [
     (("platform.gang_queue=q",), "--set platform.gang_queue=q: platform.gang_scheduler=none"),
     (
