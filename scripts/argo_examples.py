@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXAMPLES = ROOT.parent / "shared" / "argo" / "examples"
+OBJECTS = ROOT / "tests" / "workflows" / "fixtures" / "argo-objects"
 
 # Examples that end Failed/Error in Argo too (besides those labelled
 # `workflows.argoproj.io/no-test: "expected-failure"`): by design, at random, or because they
@@ -76,18 +77,11 @@ RUNNER_OPTIONS = {
     "synchronization-db-tmpl-level": ["--semaphore", "template=3"],
     "synchronization-db-wf-level": ["--semaphore", "workflow=3"],
     # the objects their comments ask to create first (ConfigMap, Secret, WorkflowTemplate),
-    # vendored in tests/workflows/fixtures/argo-objects/, put in the object store (--objects)
+    # vendored in tests/workflows/fixtures/argo-objects/ (needs.json: example -> file, which
+    # tests/workflows/test_runner_examples_resources.py reads too), put in the object store
     **{
-        name: ["--objects", str(ROOT / "tests/workflows/fixtures/argo-objects" / f)]
-        for name, f in {
-            "arguments-parameters-from-configmap": "simple-parameters-configmap.yaml",
-            "global-parameters-from-configmap": "simple-parameters-configmap.yaml",
-            "global-parameters-from-configmap-referenced-as-local-variable": (
-                "simple-parameters-configmap.yaml"
-            ),
-            "secrets": "my-secret.yaml",
-            "workflow-of-workflows": "workflow-template-submittable.yaml",
-        }.items()
+        name: ["--objects", str(OBJECTS / f)]
+        for name, f in json.loads((OBJECTS / "needs.json").read_text()).items()
     },
 }
 

@@ -28,15 +28,8 @@ SUCCEED = [
     "resource-delete-with-flags",
     "resource-flags",
 ]
-NEEDS = {  # example -> the objects its comments ask to create first
-    "arguments-parameters-from-configmap": "simple-parameters-configmap.yaml",
-    "global-parameters-from-configmap": "simple-parameters-configmap.yaml",
-    "global-parameters-from-configmap-referenced-as-local-variable": (
-        "simple-parameters-configmap.yaml"
-    ),
-    "secrets": "my-secret.yaml",
-    "workflow-of-workflows": "workflow-template-submittable.yaml",
-}
+# example -> the objects its comments ask to create first (scripts/argo_examples.py reads it too)
+NEEDS: dict[str, str] = json.loads((OBJECTS / "needs.json").read_text())
 SLOW = ["k8s-wait-wf", "k8s-jobs", "k8s-orchestration"]
 REFUSED = {
     "k8s-resource-log-selector": "no controller writes a TFJob's status locally",
