@@ -38,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SECTION = "### Defaults against DCP's defaults"
+SECTION = "## Defaults against DCP's defaults (issue 36)"
 METHODS = ("ckptflow-sync", "dcp-sync", "dcp-sync-2t", "ckptflow-async", "dcp-async")
 
 
