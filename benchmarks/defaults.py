@@ -204,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mib", type=float, default=512.0, help="fp32 state size")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--s3", action="store_true", help="also save to an S3 API (moto)")
+    ap.add_argument("--state", help="the state file to use, made there if absent (--mib)")
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -216,8 +217,9 @@ def main(argv=None) -> int:
     rows: dict = {m: [] for m in METHODS}
     s3: list = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as work:
-        state = os.path.join(work, "state.safetensors")
-        llm_state.make_state(int(a.mib * (1 << 20)), state)
+        state = a.state or os.path.join(work, "state.safetensors")
+        if not os.path.exists(state):  # (--state: made once, reused by later runs)
+            llm_state.make_state(int(a.mib * (1 << 20)), state)
         server, bucket = bench_host.start_s3() if a.s3 else (None, None)
         try:
             for r in range(a.repeats):
@@ -230,6 +232,7 @@ def main(argv=None) -> int:
             if server is not None:
                 server.stop()
     args = " ".join(argv if argv is not None else sys.argv[1:])
+    args = args.replace(f"--state {a.state}", "").strip() if a.state else args
     text = report(rows, s3, a.mib, a.repeats, args)
     print(text)
     if a.write_docs:
