@@ -180,7 +180,9 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def timing_worker(rank: int, world: int, root: str, tensors: int, numel: int, rounds: int):
+def timing_worker(
+    rank: int, world: int, root: str, tensors: int, numel: int, rounds: int, compress="auto"
+):
     """Every round: both saves and both loads, in the round's shuffled order (same on every
     rank: the seed is the round). Returns (on every rank) {phase: [seconds per round]}."""
     import torch
@@ -190,7 +192,7 @@ def timing_worker(rank: int, world: int, root: str, tensors: int, numel: int, ro
 
     state = state_for(rank, tensors, numel)
     target = {k: torch.zeros_like(v) for k, v in state.items()}
-    saver = Checkpointer(f"{root}/ckptflow")
+    saver = Checkpointer(f"{root}/ckptflow", compress=compress)
     dcp_dir = f"{root}/dcp"
     saver.save(0, state)  # the first save of each pays its one-time setup outside the rounds
     dcp.save(state, checkpoint_id=f"{dcp_dir}/0")
@@ -223,10 +225,12 @@ def _ckptflow_load(root: str, target: dict) -> None:
     ck.close()
 
 
-def run_shape(world: int, tensors: int, numel: int, rounds: int, base: str) -> dict:
+def run_shape(
+    world: int, tensors: int, numel: int, rounds: int, base: str, compress="auto"
+) -> dict:
     root = tempfile.mkdtemp(prefix=f"scale-{world}x{tensors}-", dir=base)
     try:
-        got = _spawn(world, timing_worker, root, tensors, numel, rounds)
+        got = _spawn(world, timing_worker, root, tensors, numel, rounds, compress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     times = got[0]["times"]
@@ -237,7 +241,14 @@ def run_shape(world: int, tensors: int, numel: int, rounds: int, base: str) -> d
         )
         for op in ("save", "load")
     }
-    return {"world": world, "tensors": tensors, "numel": numel, "median_s": med, "ratio": ratio}
+    return {
+        "world": world,
+        "tensors": tensors,
+        "numel": numel,
+        "compress": compress,
+        "median_s": med,
+        "ratio": ratio,
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -246,7 +257,9 @@ def markdown(timing: list[dict], requests: list[dict], before: list[dict], host:
     if timing:
         lines += [
             "Written by `benchmarks/scale.py`: gloo ranks on this host, each with its own small "
-            "fp32 tensors, ckptflow (defaults; the load a fresh `Checkpointer`'s, newest step) "
+            f"fp32 tensors ({timing[0]['numel'] * 4 // 1024} KiB each), ckptflow (defaults but "
+            f"compress={timing[0].get('compress', 'auto')!r}; the load a fresh `Checkpointer`'s, "
+            "newest step) "
             "and DCP side by side in one run, phase order shuffled per round; a phase runs from "
             "a barrier to a barrier; medians of the rounds, ratio = median of per-round ratios.",
             "",
@@ -312,6 +325,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="WORLDxTENSORS,... (e.g. 4x200,64x20)")
     ap.add_argument("--numel", type=int, default=16384, help="fp32 elements per tensor")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--compress", default="auto", choices=["auto", "true", "false"], help="ckptflow's saves"
+    )
     ap.add_argument("--requests", default="", help="world sizes to count S3 requests at")
     ap.add_argument("--req-tensors", type=int, default=8, help="tensors per rank (requests)")
     ap.add_argument(
@@ -328,7 +344,8 @@ def main(argv=None) -> int:
     timing = []
     for shape in filter(None, args.shapes.split(",")):
         world, tensors = (int(x) for x in shape.split("x"))
-        r = run_shape(world, tensors, args.numel, args.rounds, args.base)
+        compress = {"auto": "auto", "true": True, "false": False}[args.compress]
+        r = run_shape(world, tensors, args.numel, args.rounds, args.base, compress)
         print(json.dumps(r), flush=True)
         timing.append(r)
     requests = []

@@ -28,6 +28,7 @@ def test_the_section_shows_the_ratios_and_the_before_column():
         {
             "world": 4,
             "tensors": 200,
+            "numel": 16384,
             "median_s": {"ckptflow-save": 1, "dcp-save": 2, "ckptflow-load": 1, "dcp-load": 1},
             "ratio": {"save": 0.5, "load": 1.0},
         }
