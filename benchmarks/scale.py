@@ -307,12 +307,12 @@ def markdown(timing: list[dict], requests: list[dict], before: list[dict], host:
     return "\n".join(lines)
 
 
-def write_docs(section: str) -> None:
-    """Replace this script's section of docs/benchmarks.md (or append it)."""
+def write_docs(section: str, name: str = "scale-ranks") -> None:
+    """Replace this script's section `name` of docs/benchmarks.md (or append it)."""
     from benchmarks import docs_section
 
     body = section.split(BEGIN, 1)[1].rsplit(END, 1)[0].strip("\n")
-    docs_section.write_section("scale-ranks", body)
+    docs_section.write_section(name, body)
 
 
 def _host() -> str:
@@ -364,8 +364,8 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"timing": timing, "requests": requests}, f, indent=1)
-    if args.write_docs:
-        write_docs(section)
+    if args.write_docs:  # a run of uncompressed saves has a section of its own
+        write_docs(section, "scale-ranks" if args.compress == "auto" else "scale-ranks-raw")
     return 0
 
 
