@@ -252,8 +252,14 @@ def run_shape(
 
 
 # -- report ------------------------------------------------------------------------------------
-def markdown(timing: list[dict], requests: list[dict], before: list[dict], host: str) -> str:
-    lines = [BEGIN, "## Scale: many ranks (issue 36)", "", host, ""]
+def markdown(
+    timing: list[dict],
+    requests: list[dict],
+    before: list[dict],
+    host: str,
+    title: str = "## Scale: many ranks (issue 36)",
+) -> str:
+    lines = [BEGIN, title, "", host, ""]
     if timing:
         lines += [
             "Written by `benchmarks/scale.py`: gloo ranks on this host, each with its own small "
@@ -359,7 +365,12 @@ def main(argv=None) -> int:
     if args.before:
         with open(args.before) as f:
             before = json.load(f)
-    section = markdown(timing, requests, before, _host())
+    title = (
+        "## Scale: many ranks (issue 36)"
+        if args.compress == "auto"
+        else f"### Many ranks, ckptflow's saves with compress={args.compress}"
+    )
+    section = markdown(timing, requests, before, _host(), title)
     print(section)
     if args.json:
         with open(args.json, "w") as f:
