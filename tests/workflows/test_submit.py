@@ -116,7 +116,8 @@ def test_submit_posts_the_rendered_workflow_and_waits_for_success(monkeypatch, c
     assert wf["metadata"]["namespace"] == "ml"
     assert errors(wf) == []
     rank = next(t for t in wf["spec"]["templates"] if t["name"] == "pretrain")
-    assert rank["dag"]["tasks"][1]["withSequence"] == {"count": "{{workflow.parameters.ranks}}"}
+    task = next(t for t in rank["dag"]["tasks"] if t["name"] == "rank")
+    assert task["withSequence"] == {"count": "{{workflow.parameters.ranks}}"}
     args = {p["name"]: p["value"] for p in wf["spec"]["arguments"]["parameters"]}
     assert args["ranks"] == "3"
     assert "Workflow ckptflow-abc12 submitted to ml" in out
