@@ -128,6 +128,22 @@ class PretrainArgs(LoopArgs):
     lr: float = arg(3e-3, "peak learning rate")
     weight_decay: float = arg(0.1, "AdamW weight decay on matrices")
     dropout: float = arg(0.0, "dropout probability in the model")
+    local_every: int = arg(
+        0,
+        "also save every K steps to the node-local tier (0: off); ckpt_every still decides "
+        "object storage",
+        at_least=0,
+    )
+    local_dir: str = arg("/ckpt-local", "node-local directory of the local tier (a pod volume)")
+    local_keep: int = arg(
+        2, "local steps each rank keeps (fewer when the volume cannot hold them)", at_least=1
+    )
+    local_size_mib: int = arg(
+        0, "the local volume's size in MiB (0: the free space of local_dir)", at_least=0
+    )
+    replicas: int = arg(
+        0, "copies of each rank's local shard kept by ranks on other nodes", at_least=0
+    )
 
 
 @dataclass(frozen=True)
