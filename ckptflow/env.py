@@ -168,6 +168,22 @@ def pod_identity() -> tuple[str, str]:
     return pod, os.environ.get(NODE_NAME_VARIABLE, "")
 
 
+# The node a rank pod runs on, for the local tier's replica placement (issue 35): the rank
+# template's downward API spec.nodeName as NODE_NAME (or the older CKPTFLOW_NODE_NAME).
+NODE_NAME_VARIABLES = ("NODE_NAME", NODE_NAME_VARIABLE)
+
+
+def node_name() -> str:
+    """The name of the node this process runs on: NODE_NAME (the downward API's spec.nodeName),
+    else CKPTFLOW_NODE_NAME, else the hostname (a plain local process: one node)."""
+    import socket
+
+    for var in NODE_NAME_VARIABLES:
+        if value := os.environ.get(var, "").strip():
+            return value
+    return socket.gethostname()
+
+
 # A rank pod's own IP (the downward API's status.podIP, workflows/templates.py rank_env); the
 # name is torchrun's, which publishes it as the agent's address (--local-addr).
 POD_IP_VARIABLE = "PET_LOCAL_ADDR"

@@ -52,3 +52,17 @@ def test_azure_secrets_are_scrubbed(monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "a2V5")
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "not-a-secret")
     assert sorted(env.secret_values()) == ["AccountKey=c2VjcmV0;", "a2V5"]
+
+
+def test_node_name_from_the_downward_api_else_the_hostname(monkeypatch):
+    import socket
+
+    for var in env.NODE_NAME_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    assert env.node_name() == socket.gethostname()
+    monkeypatch.setenv("CKPTFLOW_NODE_NAME", "node-b")
+    assert env.node_name() == "node-b"
+    monkeypatch.setenv("NODE_NAME", "node-a")  # spec.nodeName as the tier's template sets it
+    assert env.node_name() == "node-a"
+    monkeypatch.setenv("NODE_NAME", "  ")  # blank: not a name
+    assert env.node_name() == "node-b"
