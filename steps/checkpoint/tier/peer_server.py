@@ -196,28 +196,27 @@ class _Handler(socketserver.BaseRequestHandler):
         peer.check_space(size)
         path = peer.target(src, rel, create=True)
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{_tmp_id()}.tmp")
+        problem = None
         try:
-            blob = _receive(wire, tmp, size, kind)
-            if kind == "object" and blob != os.path.basename(path):
-                wire.send_header({"ok": False, "error": f"{rel}: bytes do not match the key"})
-                return
-            if kind == "piece":
+            digest = _receive(wire, tmp, size, kind)
+            if kind == "object" and digest != os.path.basename(path):
+                problem = f"{rel}: bytes do not match the key"
+            elif kind == "piece":
                 with peer.lock(src):
                     problem = _piece_problem(peer, src, rel, tmp)
-                    if problem:
-                        wire.send_header({"ok": False, "error": problem})
-                        return
-                    os.replace(tmp, path)
-                    tmp = None
-                    peer_retention.prune_replicas(peer.rank_dir(src, False), src, peer.keep)
+                    if not problem:
+                        os.replace(tmp, path)
+                        tmp = None
+                        peer_retention.prune_replicas(peer.rank_dir(src, False), src, peer.keep)
             else:
                 os.replace(tmp, path)
                 tmp = None
         finally:
+            # removed before the reply: a pusher that hears "refused" finds nothing left
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
-        wire.send_header({"ok": True})
+        wire.send_header({"ok": False, "error": problem} if problem else {"ok": True})
 
     def _get(self, peer: PeerServer, wire: Wire, header: dict, src: int) -> None:
         rel = header.get("path")
