@@ -74,7 +74,9 @@ def _read_into(st: Storage, rel: str, expect: int, get_buf) -> tuple:
         buf[:] = memoryview(data).cast("B")
         return expect, buf
     with translated(st.url(rel)), st.fs.open(st.path(rel), "rb") as f:
-        return localio.read_into(f, expect, get_buf)
+        n, buf = localio.read_into(f, expect, get_buf)
+    st.meter.add(n if buf is not None else 0)  # (a size mismatch read nothing)
+    return n, buf
 
 
 def verify_objects(storage: Storage, m: dict, keys: list[str] | None = None) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import threading
 import time
 from dataclasses import dataclass
 
@@ -60,6 +61,21 @@ def is_temporary(name: str) -> bool:
     return localfs.is_temporary(name)
 
 
+class ReadMeter:
+    """Bytes read from a root and the roots reached through it (`child`, `peer`: its steps'
+    archive and parent roots), counted where the bytes arrive: `Storage.read` and the object
+    reads of ckptflow.core.locator. A restore reports from it what it read from object
+    storage (issue 35), measured, not estimated from manifests."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._lock = threading.Lock()  # the reader's threads add at once
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+
 class Storage:
     """A checkpoint root (or any prefix) and the filesystem that holds it."""
 
@@ -68,11 +84,13 @@ class Storage:
         uri: str,
         fs: fsspec.AbstractFileSystem | None = None,
         options: StorageOptions | None = None,
+        meter: ReadMeter | None = None,
     ):
         self.protocol, self._base = split_uri(uri)
         self.uri = uri if "://" in uri else self._base
         self.options = options or StorageOptions()
         self.fs = fs if fs is not None else filesystem_for(uri, self.options)
+        self.meter = meter or ReadMeter()
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, rel: str = "") -> str:
@@ -101,12 +119,12 @@ class Storage:
 
     def child(self, rel: str) -> Storage:
         """A Storage rooted at `rel` below this one, sharing the filesystem."""
-        return Storage(self.url(rel), fs=self.fs, options=self.options)
+        return Storage(self.url(rel), fs=self.fs, options=self.options, meter=self.meter)
 
     def peer(self, uri: str) -> Storage:
         """A Storage for another root (an archive or a parent root), reached with this one's
         options: a root found through this one is read the way this one is."""
-        return Storage(uri, options=self.options)
+        return Storage(uri, options=self.options, meter=self.meter)
 
     def _io(self, fn, *args, **kw):
         """`fn(*args, **kw)` on the backend; on an object store, transient failures (endpoint
@@ -126,7 +144,9 @@ class Storage:
         for one byte more than it accepts, so a huge file costs no more than that."""
         try:
             with translated(self.url(rel)):
-                return self._cat(rel, limit)
+                data = self._cat(rel, limit)
+            self.meter.add(len(data))
+            return data
         except FileNotFoundError:  # absent (translated() names a missing bucket itself)
             if self.protocol == "gs":  # gcsfs says 404 alike for a missing bucket
                 self.check_reachable()
