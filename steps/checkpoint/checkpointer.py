@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -173,6 +173,19 @@ class Checkpointer:
         first `save(block=False)` stalls only for its copy, as later ones do. Call it once the
         state is complete (after the first optimizer step); saves reuse the buffers."""
         self._stager.prepare(state_dict)
+
+    def run_as_save(self, stats: SaveStats, work) -> Future:
+        """Run `work(group)` as this root's next background save (a collective call): after
+        the save in flight (waited for into `stats.wait_s`, its failure raised, as `save`
+        does), on the save thread over the background group, so no later save, load or close
+        starts before it ends. Its failure is the caller's to answer (the returned future;
+        tier/drain.py falls back to a normal save): later calls wait for it, never raise it."""
+        stats.wait_s = self._wait_inflight()
+        future = self._executor.submit(work, self._group(background=True))
+        ended: Future = Future()
+        future.add_done_callback(lambda _: ended.set_result(None))
+        self._inflight = SaveHandle(stats, ended)
+        return future
 
     def _wait_inflight(self) -> float:
         if self._inflight is None:

@@ -1,0 +1,190 @@
+"""The drain of a local step into the durable root (steps/checkpoint/tier/drain.py), one process:
+the drained step loads with the normal reader, its objects are the local bytes, objects the
+durable root has are not uploaded again, and every failure commits nothing and says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.tier.drain import KIND, DrainError, drain
+
+from ckptflow.core import intent, layout, rootreader, tier
+from ckptflow.core.storage import Storage
+from tests.steps import ckpt_helpers as h
+from tests.steps import tier_drain_helpers as th
+
+
+def _local(tmp_path, durable: str, step: int, state: dict):
+    ck = th.local_checkpointer(str(tmp_path / "local"), durable, 0)
+    return ck, th.save_piece(ck, step, state)
+
+
+def _durable(uri: str, cls=th.CountingStorage) -> Checkpointer:
+    return Checkpointer(uri, storage=cls(uri))
+
+
+def test_a_drained_step_loads_and_holds_the_local_bytes(tmp_path):
+    durable = str(tmp_path / "durable")
+    state = th.rank_state(0, 5)
+    local, piece = _local(tmp_path, durable, 5, state)
+    ck = _durable(durable)
+    stats = drain(ck, local.storage, 5).wait()
+    assert stats.kind == KIND and stats.step == 5
+    assert stats.bytes_written == piece.bytes == stats.bytes_raw and stats.bytes_reused == 0
+    assert ck.storage.sized == len(piece.objects)  # each rank's own-object check at the commit
+    target = h.zeros_like_state(state)
+    assert Checkpointer(durable).load(target, step=5) == 5
+    h.assert_same(state, target)
+    m = Checkpointer(durable).manifest(5)
+    assert set(m["objects"]) == set(piece.objects)
+    st = Storage(durable)
+    for key in m["objects"]:
+        rel = layout.object_path(key)
+        assert st.read(rel) == local.storage.read(rel)
+    assert m["root_id"] == rootreader.read_root_id(st) != rootreader.read_root_id(local.storage)
+    assert Checkpointer(durable).verify(5)["objects"] == len(piece.objects)
+    # the loop's lineage reads these (steps/lib/loop.py _log_committed)
+    assert rootreader.read_commit(st, 5)["manifest_xxh3"]
+    assert m["stats"]["new_bytes"] == piece.bytes
+
+
+def test_objects_the_durable_root_holds_are_not_uploaded_again(tmp_path):
+    durable = str(tmp_path / "durable")
+    local, _ = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    ck = _durable(durable)
+    drain(ck, local.storage, 5).wait()
+    ck.storage.written.clear()
+    state6 = th.rank_state(0, 6, changed=True)  # `b` and the step changed, the rest not
+    piece6 = th.save_piece(local, 6, state6)
+    stats = drain(ck, local.storage, 6).wait()
+    new = set(piece6.objects) - set(Checkpointer(durable).manifest(5)["objects"])
+    assert new and sorted(ck.storage.written) == sorted(new)
+    assert stats.bytes_written == sum(piece6.objects[k] for k in new)
+    assert stats.bytes_reused == piece6.bytes - stats.bytes_written > 0
+    target = h.zeros_like_state(state6)
+    Checkpointer(durable).load(target, step=6)
+    h.assert_same(state6, target)
+
+
+def test_a_damaged_object_in_the_durable_root_is_uploaded_again(tmp_path):
+    """Bytes the durable root holds under a key are referenced only once read and found to be
+    what the key says (as the writer reuses objects, reuse.py): a damaged one is rewritten."""
+    durable = str(tmp_path / "durable")
+    local, piece = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    ck = _durable(durable)
+    drain(ck, local.storage, 5).wait()
+    key = max(piece.objects, key=piece.objects.get)
+    _flip(Storage(durable), key)
+    th.save_piece(local, 6, th.rank_state(0, 6))
+    drain(ck, local.storage, 6).wait()
+    assert key in ck.storage.written
+    Checkpointer(durable).verify(6)
+
+
+def _flip(st: Storage, key: str) -> None:
+    path = st.path(layout.object_path(key))
+    with open(path, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+
+
+def _intents(st: Storage, step: int) -> list[dict]:
+    names = st.listdir(layout.step_dir(step)) if st.exists(layout.step_dir(step)) else []
+    return [
+        json.loads(st.read(f"{layout.step_dir(step)}/{n}"))
+        for n in names
+        if n.startswith("saving-")
+    ]
+
+
+def test_a_damaged_local_object_fails_the_drain_and_commits_nothing(tmp_path):
+    durable = str(tmp_path / "durable")
+    local, piece = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    key = max(piece.objects, key=piece.objects.get)
+    _flip(local.storage, key)
+    handle = drain(_durable(durable), local.storage, 5)
+    with pytest.raises(DrainError, match=f"{key}.*damaged.*save step 5, or the next one"):
+        handle.wait()
+    st = Storage(durable)
+    assert not st.exists(layout.commit_path(5))
+    assert not st.exists(layout.object_path(key))
+    assert [i.get("ended_at") is not None for i in _intents(st, 5)] == [True]
+    assert not intent.live_starts(st, 5, now=1e10)
+
+
+def test_an_unreachable_store_fails_the_drain_and_a_normal_save_follows(tmp_path):
+    durable = str(tmp_path / "durable")
+    state = th.rank_state(0, 5)
+    local, _ = _local(tmp_path, durable, 5, state)
+    ck = _durable(durable, th.DownStorage)
+    with pytest.raises(DrainError, match="upload failed.*unreachable"):
+        drain(ck, local.storage, 5).wait()
+    assert not ck.storage.exists(layout.commit_path(5))
+    # the fallback contract: the caller saves the step the normal way, once the store is back
+    fresh = Checkpointer(durable)
+    fresh.save(5, state)
+    target = h.zeros_like_state(state)
+    Checkpointer(durable).load(target, step=5)
+    h.assert_same(state, target)
+
+
+def test_a_step_the_durable_root_has_committed_is_left_alone(tmp_path):
+    durable = str(tmp_path / "durable")
+    state = th.rank_state(0, 5)
+    local, _ = _local(tmp_path, durable, 5, state)
+    Checkpointer(durable).save(5, state)
+    before = rootreader.read_commit(Storage(durable), 5)
+    ck = _durable(durable)
+    stats = drain(ck, local.storage, 5).wait()
+    assert ck.storage.written == [] and stats.bytes_written == 0
+    assert rootreader.read_commit(Storage(durable), 5) == before
+
+
+class _Failed:
+    def wait(self):
+        raise OSError("No space left on device")
+
+
+def test_a_failed_local_save_or_a_missing_piece_fails_the_drain(tmp_path):
+    durable = str(tmp_path / "durable")
+    local, _ = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    with pytest.raises(DrainError, match="local save did not complete.*No space left"):
+        drain(_durable(durable), local.storage, 5, local_save=_Failed()).wait()
+    local.storage.delete([tier.piece_path(5, 0)])
+    with pytest.raises(DrainError, match="PIECE-0.json is missing"):
+        drain(_durable(durable), local.storage, 5).wait()
+    assert not Storage(durable).exists(layout.commit_path(5))
+
+
+def test_a_later_save_waits_for_the_drain_and_is_not_failed_by_it(tmp_path):
+    """The drain is the durable Checkpointer's save in flight: its next save starts after it
+    and does not raise its failure (the drain's own handle does)."""
+    durable = str(tmp_path / "durable")
+    state = th.rank_state(0, 5)
+    local, piece = _local(tmp_path, durable, 5, state)
+    _flip(local.storage, next(iter(piece.objects)))
+    ck = _durable(durable)
+    handle = drain(ck, local.storage, 5)
+    ck.save(6, th.rank_state(0, 6), block=False).wait()  # the fallback: the next step
+    assert handle.done()
+    with pytest.raises(DrainError):
+        handle.wait()
+    assert Checkpointer(durable).committed_steps() == [6]
+    ck.close()
+
+
+@pytest.mark.s3
+def test_a_drain_into_s3_loads_from_there(tmp_path, s3_bucket):
+    durable = f"s3://{s3_bucket}/run/ckpt"
+    state = th.rank_state(0, 5)
+    local, piece = _local(tmp_path, durable, 5, state)
+    stats = drain(Checkpointer(durable), local.storage, 5).wait()
+    assert stats.bytes_written == piece.bytes
+    target = h.zeros_like_state(state)
+    assert Checkpointer(durable).load(target) == 5
+    h.assert_same(state, target)
+    assert isinstance(target["shared.lr"], torch.Tensor)
