@@ -264,3 +264,13 @@ def test_gather_shares_addresses_nodes_and_rank0s_token(tmp_path):
 
 def test_peers_api_is_small():
     assert set(peers.__all__) >= {"PeerLink", "PeerDirectory", "Replicator", "fetch"}
+
+
+def test_a_server_that_cannot_start_is_one_peer_error(tmp_path):
+    with pytest.raises(PeerError, match="cannot start the peer server on 192.0.2.1"):
+        PeerLink(str(tmp_path), RUN_KEY, 0, host="192.0.2.1")  # TEST-NET: not this host's
+    with pytest.raises(PeerError, match="not a local folder"):
+        PeerLink("memory://local", RUN_KEY, 0, host="127.0.0.1")
+    link = PeerLink(f"file://{tmp_path}", RUN_KEY, 0, host="127.0.0.1")  # a URI works too
+    link.close()
+    assert (tmp_path / RUN_KEY).is_dir()

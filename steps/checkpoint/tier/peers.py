@@ -81,20 +81,21 @@ class PeerLink:
         host: str | None = None,
         timeout_s: float = TIMEOUT_S,
     ):
-        self.local_dir, self.run_key, self.rank, self.timeout_s = (
-            local_dir,
-            run_key,
-            rank,
-            timeout_s,
-        )
-        run_dir = tier.piece_root(local_dir, run_key, rank).rsplit("/", 1)[0]
-        self.server = PeerServer(
-            run_dir,
-            rank,
-            host=host or default_host(env.pod_ip()),
-            keep=keep,
-            timeout_s=timeout_s,
-        )
+        """Start the server (bound to `host`, default the pod's IP, else loopback). PeerError
+        when it cannot start (an address this pod does not have, a local_dir that is not a
+        local folder): the caller warns once and goes on without replicas."""
+        self.local_dir, self.run_key, self.rank = local_dir, run_key, rank
+        self.timeout_s = timeout_s
+        run_dir = Storage(tier.piece_root(local_dir, run_key, rank).rsplit("/", 1)[0])
+        if run_dir.protocol != "file":
+            raise PeerError(f"local_dir {local_dir} is not a local folder: no peer server")
+        bind = host or default_host(env.pod_ip())
+        try:
+            self.server = PeerServer(
+                run_dir.path(), rank, host=bind, keep=keep, timeout_s=timeout_s
+            )
+        except OSError as exc:
+            raise PeerError(f"cannot start the peer server on {bind} ({exc})") from None
 
     @property
     def address(self) -> tuple[str, int]:
