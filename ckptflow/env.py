@@ -165,7 +165,8 @@ def pod_identity() -> tuple[str, str]:
     import socket
 
     pod = os.environ.get(POD_NAME_VARIABLE) or socket.gethostname()
-    return pod, os.environ.get(NODE_NAME_VARIABLE, "")
+    node = (os.environ.get(v, "").strip() for v in NODE_NAME_VARIABLES)
+    return pod, next((n for n in node if n), "")
 
 
 # The node a rank pod runs on, for the local tier's replica placement (issue 35): the rank

@@ -44,7 +44,7 @@ OWN_ENV = frozenset(
         "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY", "MLFLOW_TRACKING_URI",
         "ARGO_WORKFLOW_NAME", "ARGO_WORKFLOW_UID", "ARGO_WORKFLOW_NAMESPACE", wiring.ARGO_UI,
         "PET_LOCAL_ADDR", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-        wiring.POD_NAME_VARIABLE, wiring.NODE_NAME_VARIABLE,
+        wiring.POD_NAME_VARIABLE, *wiring.NODE_NAME_VARIABLES,
     }
 )  # fmt: skip
 # Set by their own settings (cpu, memory, gpu): a second entry would contradict them.

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from ckptflow.workflows import checks
 from ckptflow.workflows.checks import ConfigError
 from ckptflow.workflows.gang_scheduling import check_gang
+from ckptflow.workflows.local_tier import check_local_tier
 from ckptflow.workflows.pod_checks import check_pods
 
 from ckptflow.contract import (
@@ -122,6 +123,20 @@ class PlatformConfig:
     gang_queue: str = ""
     # the ranks' schedulerName ("" = volcano / scheduler-plugins-scheduler for coscheduling)
     gang_scheduler_name: str = ""
+    # The local checkpoint tier's volume on rank pods (issue 35), mounted at pretrain.local_dir
+    # only when pretrain.local_every > 0 (workflows/local_tier.py): emptyDir (default: per pod,
+    # gone with it; a rank restarted by torchrun in its pod keeps it, a retried pod gets a new
+    # one and fetches its piece from a peer) | hostPath (per node, outlives the pod; leaves the
+    # restricted and baseline Pod Security Standards: the namespace must allow it)
+    local_volume: str = "emptyDir"
+    # its size, a Kubernetes quantity (e.g. 8Gi): the emptyDir's sizeLimit and the ranks'
+    # --local-size-mib (local retention keeps within it); "" = no limit (the volume's free space)
+    local_volume_size: str = ""
+    # "" (the node's disk) | Memory (tmpfs: counts against rank_resources.memory, needs a size)
+    local_volume_medium: str = ""
+    # hostPath only: the node's directory (type Directory: it must exist on every GPU node,
+    # writable by run_as_user); runs keep apart by run key below it
+    local_host_path: str = "/var/lib/ckptflow/local"
     priority_class_name: str = ""  # PriorityClass of every pod (a Kubernetes name); "" = default
     scheduler_name: str = ""  # scheduler of every pod, e.g. volcano; "" = default-scheduler
     pod_gc: str = "OnPodSuccess"  # podGC strategy; "" keeps every pod
@@ -164,7 +179,8 @@ class PretrainConfig:
             run_root="", max_steps=800, batch_size=32, lr=5e-3, warmup_steps=20,
             ckpt_every=100, full_every=4, log_every=10,
         ),
-        hide=WIRED,
+        # local_size_mib: from platform.local_volume_size (one setting for the volume's size)
+        hide=(*WIRED, "local_size_mib"),
     )  # fmt: skip
     # The background `ckptflow.steps.evaluate` (it follows the run), set as pretrain.evaluator.KEY.
     evaluator: EvaluateArgs = step_args(
@@ -417,6 +433,7 @@ def validate(cfg: object) -> None:
     if isinstance(cfg, PipelineConfig):
         check_pods(cfg)  # settings that must fit together in one pod
         check_gang(cfg.platform)  # gang settings that must go together
+        check_local_tier(cfg)  # the local checkpoint tier's volume, size and replicas
 
 
 def shown_value(value: object) -> str:

@@ -10,6 +10,7 @@ processes would share a GPU; fewer leave GPUs idle).
 from __future__ import annotations
 
 from ckptflow.workflows.checks import ConfigError, pod_spec_patch
+from ckptflow.workflows.local_tier import notices as local_tier_notices
 from ckptflow.workflows.runner.cluster import MEMORY, resource_units
 
 __all__ = ["check_pods", "notices"]
@@ -67,4 +68,4 @@ def notices(cfg) -> list[str]:
             f"platform.gpu_pod_spec_patch sets {', '.join(host)}: rank and fine-tune pods leave "
             "the restricted Pod Security Standard; their namespace must enforce privileged"
         )
-    return lines
+    return lines + local_tier_notices(cfg)  # a hostPath local tier

@@ -34,6 +34,7 @@ from ckptflow.workflows import parameters
 from ckptflow.workflows.config import ConfigError, PipelineConfig, PretrainConfig
 from ckptflow.workflows.evaluate_template import evaluator
 from ckptflow.workflows.gang_scheduling import mark_ranks, podgroup_template
+from ckptflow.workflows.local_tier import local_size_mib, local_volume
 from ckptflow.workflows.metrics import save_metrics
 from ckptflow.workflows.parameters import ref
 from ckptflow.workflows.staged_workflow import Stage, staged_workflow
@@ -90,8 +91,10 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
     p, c = cfg.platform, cfg.pretrain
     if c.ranks < 1 or c.procs_per_rank < 1:
         raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
+    # the local tier's budget is its volume's size (platform.local_volume_size)
+    args = replace(c.train, local_size_mib=local_size_mib(p.local_volume_size))
     train = to_argv(
-        c.train,
+        args,
         run_root=param("run_root"),
         mlflow_parent_run_id=param("parent_run_id"),
         **KNOB_ARGS,
@@ -114,6 +117,9 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
         shm_size=c.shm_size,
         grace_s=c.grace_s,
     )
+    local = local_volume(p, c.train)  # the local checkpoint tier's volume, when it is on
+    if local is not None:
+        rank.volumes = [*(rank.volumes or []), local]
     # all ranks start together or none does (platform.gang_scheduler): their gang's markings,
     # and the run's PodGroup made before them where the scheduler needs one
     mark_ranks(rank, p, ref("ranks"))

@@ -192,9 +192,10 @@ def rank_env(grace_s: int | None) -> list:
         # round's MASTER_ADDR: the newcomer times out waiting for it (issue 15). Without
         # the shared store every round publishes its own (dynamic_rendezvous.py).
         Env(name="TORCH_DISABLE_SHARE_RDZV_TCP_STORE", value="1"),
-        # preflight and straggler reports name the pod and node of a slow rank
+        # preflight and straggler reports name the pod and node of a slow rank, and the local
+        # tier places each rank's replicas on other nodes (issue 35): NODE_NAME, the usual name
         FieldEnv(name=wiring.POD_NAME_VARIABLE, field_path="metadata.name"),
-        FieldEnv(name=wiring.NODE_NAME_VARIABLE, field_path="spec.nodeName"),
+        FieldEnv(name=wiring.NODE_NAME_VARIABLES[0], field_path="spec.nodeName"),
     ]
     if grace_s:
         # the agent's default (30 s) would SIGKILL a worker still saving after a preemption
