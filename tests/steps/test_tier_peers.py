@@ -274,3 +274,36 @@ def test_a_server_that_cannot_start_is_one_peer_error(tmp_path):
     link = PeerLink(f"file://{tmp_path}", RUN_KEY, 0, host="127.0.0.1")  # a URI works too
     link.close()
     assert (tmp_path / RUN_KEY).is_dir()
+
+
+def test_an_object_the_holder_lost_is_a_damaged_replica(two, tmp_path):
+    dirs, pieces, links, directory = two
+    push_piece(directory.entries[1], pieces[9], timeout_s=5)
+    key = min(pieces[9].objects)
+    os.remove(rank_root(dirs[1], 0) / layout.object_path(key))
+    fresh = rank_root(tmp_path / "node-c", 0)
+    with pytest.raises(DamagedReplica, match=f"{key}: listed by the PIECE, absent"):
+        fetch(directory.entries[1], 0, 9, str(fresh))
+    assert not (fresh / tier.piece_path(9, 0)).exists()
+
+
+def test_the_replicator_survives_an_unexpected_error(two, caplog):
+    dirs, pieces, links, directory = two
+    calls = []
+
+    def push(entry, piece, timeout_s):
+        calls.append(piece.step)
+        if len(calls) == 1:
+            raise ValueError("something no one expected")
+        return push_piece(entry, piece, timeout_s)
+
+    rep = Replicator(links[0], directory, 1, push=push)
+    with caplog.at_level(logging.WARNING, logger="ckptflow.tier.peers"):
+        rep.replicate(5, pieces[5])
+        assert rep.wait(10)
+        rep.replicate(7, pieces[7])  # the thread still runs: the next step is copied
+        assert rep.wait(30)
+    rep.close()
+    assert calls == [5, 7] and rep.stats[1]["step"] == 7
+    assert "something no one expected" in caplog.text
+    assert complete(rank_root(dirs[1], 0), 7)

@@ -228,3 +228,17 @@ def test_an_idle_connection_is_dropped_after_the_timeout(server):
     with connect(srv) as s:
         s.sendall(struct.pack(">I", 10) + b"{")  # a header that never completes
         assert reply(s) is None  # closed by the server after timeout_s (2 s), no hang
+
+
+def test_requests_per_connection_are_bounded(tmp_path):
+    srv = PeerServer(str(tmp_path / "run"), 1, host="127.0.0.1", timeout_s=2, max_requests=2)
+    srv.token = TOKEN
+    try:
+        with connect(srv) as s:
+            for _ in range(2):
+                s.sendall(frame({"op": "have", "token": TOKEN, "src": 0, "keys": [[KEY, 1]]}))
+                assert reply(s) == {"ok": True, "have": []}
+            s.sendall(frame({"op": "have", "token": TOKEN, "src": 0, "keys": [[KEY, 1]]}))
+            assert reply(s) is None  # the third: the connection is closed
+    finally:
+        srv.close()

@@ -34,6 +34,7 @@ import uuid
 import xxhash
 from ckptflow.steps.checkpoint.tier import peer_retention
 from ckptflow.steps.checkpoint.tier.peer_wire import (
+    HAVE_BATCH,
     OPS,
     BadRequest,
     PeerError,
@@ -53,7 +54,8 @@ from ckptflow.core.storage import Storage
 log = logging.getLogger("ckptflow.tier.peers")
 
 RESERVE_BYTES = 64 << 20  # free space a push must leave on the volume (local saves need room)
-MAX_FILES_PER_CONNECTION = tier.MAX_OBJECTS + 16  # a piece's objects plus its few markers
+# requests per connection: a piece's objects, its `have` batches and its few other files
+MAX_FILES_PER_CONNECTION = tier.MAX_OBJECTS + tier.MAX_OBJECTS // HAVE_BATCH + 16
 
 
 class PeerServer:
@@ -71,11 +73,12 @@ class PeerServer:
         timeout_s: float = 30.0,
         max_connections: int = 32,
         reserve_bytes: int = RESERVE_BYTES,
+        max_requests: int = MAX_FILES_PER_CONNECTION,
     ):
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = os.path.realpath(run_dir)
         self.own_rank, self.keep, self.timeout_s = own_rank, keep, timeout_s
-        self.reserve_bytes = reserve_bytes
+        self.reserve_bytes, self.max_requests = reserve_bytes, max_requests
         self.token: str | None = None
         self._slots = threading.BoundedSemaphore(max_connections)
         self._locks: dict[int, threading.Lock] = {}
@@ -165,7 +168,7 @@ class _Handler(socketserver.BaseRequestHandler):
         wire = Wire(self.request, f"peer {self.client_address[0]}", peer.timeout_s)
         served = 0
         try:
-            while served < MAX_FILES_PER_CONNECTION and not wire.recv_eof():
+            while served < peer.max_requests and not wire.recv_eof():
                 served += 1
                 header = wire.recv_header()
                 if not check_token(header.get("token"), peer.token):

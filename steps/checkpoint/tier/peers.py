@@ -186,7 +186,7 @@ class Replicator:
         start = time.monotonic()
         try:
             sent = self._push(entry, piece, self.link.timeout_s)
-        except (PeerError, OSError, tier.PieceError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a dead replicator thread would copy nothing more
             if entry.rank not in self._failing:
                 self._failing.add(entry.rank)
                 log.warning(
@@ -258,7 +258,11 @@ def fetch(
             key = rel.rsplit("/", 1)[-1]
             if key in piece.objects and _intact(dest, rel, key, piece.objects[key]):
                 continue
-            got += client.get_file(saved_rank, rel, dest.path(rel))
+            try:
+                got += client.get_file(saved_rank, rel, dest.path(rel))
+            except FileNotFoundError:  # listed by its PIECE: the holder's copy is incomplete
+                what = client.url(saved_rank, rel)
+                raise DamagedReplica(f"{what}: listed by the PIECE, absent", [what]) from None
     problem = tier.verify_piece(dest, piece, check_hash=False)
     if problem:
         raise DamagedReplica(f"piece fetched from {entry.host}:{entry.port}: {problem}", [problem])
