@@ -188,3 +188,51 @@ def test_a_drain_into_s3_loads_from_there(tmp_path, s3_bucket):
     assert Checkpointer(durable).load(target) == 5
     h.assert_same(state, target)
     assert isinstance(target["shared.lr"], torch.Tensor)
+
+
+class _Lineage:
+    """What the loop's lineage path calls (steps/lib/loop.py _reap/_log_committed), recorded."""
+
+    run_id = "run-1"
+
+    def __init__(self):
+        self.checkpoints, self.metrics, self.failed = [], [], []
+
+    def log_checkpoint(self, step, uri, digest, sizes, model_id=None):
+        self.checkpoints.append((step, uri, digest, sizes, model_id))
+
+    def log_metrics(self, metrics, step):
+        self.metrics.append((metrics, step))
+
+    def fail_checkpoint(self, model_id, why):
+        self.failed.append((model_id, why))
+
+
+def test_the_loop_logs_a_drained_step_as_a_committed_checkpoint(tmp_path):
+    """A drain's handle goes where a durable save's does (the loop's pending saves): reaped,
+    its step logged as a committed checkpoint with the durable manifest's digest and sizes."""
+    from ckptflow.steps.lib.distributed import DistInfo
+    from ckptflow.steps.lib.loop import CheckpointedLoop, LoopSpec, TrainObjects
+
+    durable = str(tmp_path / "durable")
+    local, piece = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    ck = Checkpointer(durable)
+    lineage = _Lineage()
+    loop = CheckpointedLoop(
+        LoopSpec(max_steps=5, ckpt_every=5),
+        TrainObjects(None, None, None, None),
+        ck=ck,
+        dinfo=DistInfo(0, 1, 0, torch.device("cpu")),
+        lineage=lineage,
+    )
+    uri = ck.storage.url(layout.step_dir(5))
+    loop.pending.append((drain(ck, local.storage, 5), 5, uri, "model-5"))
+    loop._reap(block=True)
+    [(step, got_uri, digest, sizes, model_id)] = lineage.checkpoints
+    assert (step, got_uri, model_id) == (5, uri, "model-5")
+    assert digest == rootreader.read_commit(ck.storage, 5)["manifest_xxh3"]
+    assert sizes["kind"] == "full" and sizes["stored_bytes"] == piece.bytes
+    [(metrics, at)] = lineage.metrics
+    assert at == 5
+    assert metrics["save_bytes_written"] == piece.bytes and lineage.failed == []
+    assert loop.saved[-1][0].kind == KIND
