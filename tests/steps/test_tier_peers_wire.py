@@ -242,3 +242,19 @@ def test_requests_per_connection_are_bounded(tmp_path):
             assert reply(s) is None  # the third: the connection is closed
     finally:
         srv.close()
+
+
+def test_an_ipv6_address_is_served(tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    srv = PeerServer(str(tmp_path / "run"), 1, host="::1", timeout_s=2)
+    srv.token = TOKEN
+    try:
+        with connect(srv) as s:
+            s.sendall(frame({"op": "have", "token": TOKEN, "src": 0, "keys": []}))
+            assert reply(s) == {"ok": True, "have": []}
+    finally:
+        srv.close()

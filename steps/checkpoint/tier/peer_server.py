@@ -139,6 +139,8 @@ class _TCPServer(socketserver.ThreadingTCPServer):
 
     def __init__(self, address, handler, peer: PeerServer):
         self.peer = peer
+        if ":" in address[0]:  # a pod IP of an IPv6 cluster
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
