@@ -226,9 +226,8 @@ def _ticks(log: str) -> list[float]:
 @needs_pods
 @pytest.mark.timeout(180)
 def test_a_silent_node_loss_is_detected_evicted_and_retried_elsewhere(tmp_path, profile):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    volume = [{"name": "shared", "hostPath": {"path": str(shared)}}]
+    # a claim: shared by the run's pods on every node (a hostPath is each node's own)
+    volume = [{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}]
     mount = [{"name": "shared", "mountPath": "/shared"}]
     retry = {"limit": 2, "retryPolicy": "Always"}
     tolerate = [
@@ -375,8 +374,7 @@ def test_an_interrupted_run_thaws_and_kills_its_frozen_pods(tmp_path, profile):
     import subprocess
     import sys
 
-    shared = tmp_path / "shared"
-    shared.mkdir()
+    shared = tmp_path / "w" / "volumes" / "shared"  # the claim's directory (runner/volumes.py)
     script = "import os, time\nopen('/shared/pid', 'w').write(str(os.getpid()))\ntime.sleep(600)"
     task = {
         "name": "sleeper",
@@ -387,7 +385,9 @@ def test_an_interrupted_run_thaws_and_kills_its_frozen_pods(tmp_path, profile):
         },
     }
     manifest = _workflow("cut", [task])
-    manifest["spec"]["volumes"] = [{"name": "shared", "hostPath": {"path": str(shared)}}]
+    manifest["spec"]["volumes"] = [
+        {"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}
+    ]
     path = tmp_path / "wf.json"
     path.write_text(json.dumps(manifest))
     argv = [sys.executable, "-m", "ckptflow.run_cli", str(path), "--isolate", "--cluster"]

@@ -127,9 +127,12 @@ def _below(path: str, top: str | None) -> bool:
     return top is not None and (path == top or path.startswith(top.rstrip("/") + "/"))
 
 
-def pod_volumes(run, body: dict, extra: list[str], shared: list[str] = ()) -> list[Volume]:
+def pod_volumes(
+    run, body: dict, extra: list[str], shared: list[str] = (), host: str | None = None
+) -> list[Volume]:
     """The pod's mounts: the template's volumeMounts at their mountPath (emptyDir as its own
-    storage, a claim's or hostPath's directory shared), the `shared` runner directories
+    storage, gone with the pod; a claim's directory shared by the run; a hostPath the
+    directory of the pod's node `host`, volumes.node_host_path), the `shared` runner directories
     read-write at their own path (the node's directory, where its artifacts and the `/` it
     works in lie, leaf.working_dir; the caller's `cwd`): the pod's own root is an overlay whose
     writes never reach the host (podinit.overlay_root); plus `extra` runner directories at
@@ -158,8 +161,8 @@ def pod_volumes(run, body: dict, extra: list[str], shared: list[str] = ()) -> li
             local = Path(run.workdir) / "projected" / name
             refs.project_volume(vol, run.objects, local)  # ValueError: the object is gone
             read_only = True
-        elif "hostPath" in vol:
-            local = Path(vol["hostPath"]["path"])
+        elif "hostPath" in vol:  # the node's own directory: per node, outlives the pod
+            local = volumes.node_host_path(run.workdir, host or "", vol["hostPath"])
         else:
             local = Path(run.workdir) / "volumes" / vol["persistentVolumeClaim"]["claimName"]
         if m.get("subPath"):
@@ -206,7 +209,7 @@ def start(
         env,
         cwd,
         hostname=pod_hostname(node.id),
-        volumes=pod_volumes(run, body, extra, shared),
+        volumes=pod_volumes(run, body, extra, shared, node.host_node_name),
         memory_limit=memory,
         cpu_limit=cpu,
         log_path=log_path,

@@ -3,7 +3,8 @@
 `emptyDir` is private to the node (`<workdir>/pods/<node id>/volumes/<name>`), except at
 `/dev/shm`, where the host's shared memory already is what the pod would get; a
 `persistentVolumeClaim` or a `volumeClaimTemplates` entry is shared by the whole run
-(`<workdir>/volumes/<claim>`); a `hostPath` is that path. The mount path is then rewritten to the
+(`<workdir>/volumes/<claim>`); a `hostPath` is that path of this machine (the cluster's one
+node) here, and under `--isolate` a directory of the pod's simulated node (`node_host_path`). The mount path is then rewritten to the
 local directory wherever it appears in the container's command, args, env, workingDir, script
 source and output paths. A `secret` or `configMap` volume is its object's keys as files, from
 the run's object store (refs.py, `--objects FILE`). Other volume kinds (nfs...) are refused.
@@ -18,7 +19,9 @@ from typing import Any
 from ckptflow.workflows.runner.refs import project_volume
 from ckptflow.workflows.runner.substitution import map_strings
 
-__all__ = ["volume_problems", "declared", "mounts", "apply_mounts", "subpath"]
+__all__ = [
+    "volume_problems", "declared", "mounts", "apply_mounts", "subpath", "node_host_path",
+]  # fmt: skip
 
 KINDS = ("emptyDir", "persistentVolumeClaim", "hostPath", "secret", "configMap")
 PROJECTED = ("secret", "configMap")  # filled from the object store (refs.project_volume)
@@ -58,6 +61,46 @@ def subpath(local: Path, sub: str) -> Path:
     return local / sub
 
 
+# hostPath types a simulated node can give: a directory (the node is taken to have it, as a
+# prepared GPU node has its local-disk directory); files, sockets and devices it has none of.
+HOST_PATH_TYPES = ("", "Directory", "DirectoryOrCreate")
+_NODE = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def host_path_problem(source: object) -> str | None:
+    """Kubernetes' rules for a hostPath volume (validateHostPathVolumeSource in
+    pkg/apis/core/validation/validation.go: a path is required, without `..` elements,
+    validatePathNoBacksteps), and the types a simulated node can give."""
+    if not isinstance(source, dict):
+        return "hostPath must be a mapping with a path"
+    path, kind = source.get("path"), source.get("type") or ""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return f"hostPath path {path!r} must be an absolute path"
+    if ".." in path.split("/"):
+        return f"hostPath path {path!r} must not contain '..'"
+    if kind not in HOST_PATH_TYPES:
+        kinds = ", ".join(HOST_PATH_TYPES[1:])
+        return f"hostPath type {kind!r}: only a directory ({kinds}) works locally"
+    return None
+
+
+def node_host_path(workdir: str, node: str, source: dict) -> Path:
+    """The directory a hostPath volume is on simulated node `node` (`--isolate`, with or
+    without `--cluster`): `<workdir>/nodes/<node>/host/<path>`.
+
+    A hostPath is the node's own filesystem (kubernetes.io/docs/concepts/storage/volumes/
+    #hostpath; the kubelet bind-mounts the node's path: pkg/volume/hostpath/host_path.go), so
+    each simulated node has its own: two nodes never share one, a pod retried on the same node
+    finds what the earlier pod left there, a pod on another node does not, and nothing reaches
+    this machine's real path. ValueError (one line) for a path Kubernetes refuses."""
+    why = host_path_problem(source)
+    if why:
+        raise ValueError(why)
+    if not isinstance(node, str) or not _NODE.fullmatch(node):
+        raise ValueError(f"node name {node!r} cannot hold a hostPath")
+    return Path(workdir) / "nodes" / node / "host" / source["path"].lstrip("/")
+
+
 def _claim_problem(name: object) -> str | None:
     if isinstance(name, str) and ("{{" in name or _OBJECT_NAME.fullmatch(name)):
         return None
@@ -74,6 +117,12 @@ def volume_problems(spec: dict, tmpl: dict | None) -> list[tuple[str, str]]:
             problems.append(
                 (f"volumes.{v.get('name')}", f"only {', '.join(KINDS)} volumes work locally")
             )
+    for v in vols:
+        source = v.get("hostPath")
+        templated = isinstance(source, dict) and "{{" in str(source.get("path"))
+        why = host_path_problem(source) if "hostPath" in v and not templated else None
+        if why:
+            problems.append((f"volumes.{v.get('name')}.hostPath", why))
     for v in vols:
         claim = v.get("persistentVolumeClaim")
         why = _claim_problem((claim or {}).get("claimName")) if isinstance(claim, dict) else None
