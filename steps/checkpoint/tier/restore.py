@@ -1,0 +1,300 @@
+"""The restore order of the local tier (issue 35): own local copy, then a peer's replica, then
+object storage, the same choice on every rank.
+
+    found = restore(ck, state, TierSource(local_dir, run_key, directory))
+    found.step, found.source ("local" | "peer" | "store"; "" when nothing was found)
+    found.load(rng_state)        # a second load of the same step from the same source
+    found.measure(); found.close()  # the gang's bytes from object storage (a collective)
+
+1. Every rank lists the pieces under its <local_dir>/<run_key>/ (its own and the replicas it
+   holds: ckptflow.core.tier.list_pieces), checks each cheaply (marker, manifest, COMMIT,
+   every object's size) and reports a damaged or partial one naming the file; one
+   all_gather_object gives every rank all ranks' lists (bounded and validated: gathered
+   objects are input too) and rank 0's view of the durable root's latest step.
+2. Candidates, newest first: the steps S for which every saved rank 0..W-1 (W the current
+   world size: a piece of another world size is never used) has a complete piece on some
+   rank and S >= the durable latest (a tie goes to the local step: it is closer).
+3. For a candidate each rank hashes its own piece (tier.verify_piece) before use; a damaged
+   or missing one is fetched from a holder (peers.fetch, hashing on arrival; the next holder
+   when one fails). The ranks agree (an all-reduce) that every rank has its piece, then load
+   with a Checkpointer on the piece root (cooperative=False: the load reads only this rank's
+   root) and agree again that every load succeeded. A failure on ANY rank moves the whole
+   gang to the next candidate, then to object storage (Checkpointer.load: the newest valid
+   durable step), which refills the whole state: never a state half from one source.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.distributed as dist
+from ckptflow.steps.checkpoint import events
+from ckptflow.steps.checkpoint.checkpointer import Checkpointer
+
+from ckptflow.core import rootreader, tier
+from ckptflow.core.errors import CheckpointError
+from ckptflow.core.storage import Storage
+
+log = logging.getLogger("ckptflow.tier.restore")
+
+SOURCES = ("local", "peer", "store")
+MAX_LISTED = 4096  # pieces one rank may report (keep x ranks replicated to it, with room)
+
+
+@dataclass(frozen=True)
+class TierSource:
+    """Where this rank's local tier is: <local_dir>/<run_key>/, and the gang's peer servers
+    (peers.PeerDirectory; None without replicas: no fetch). `fetch(entry, saved_rank, step,
+    dest_root) -> bytes` is peers.fetch (tests inject one); `storage`: local_dir's Storage."""
+
+    local_dir: str
+    run_key: str
+    directory: object | None = None
+    fetch: Callable | None = None
+    storage: Storage | None = None
+
+    def root(self, rank: int) -> str:
+        return tier.piece_root(self.local_dir, self.run_key, rank)
+
+
+@dataclass
+class Restored:
+    """What a restore loaded: the step (None: nothing anywhere), its source, the gang's bytes
+    read from object storage, the local copies skipped (each naming its file), and the
+    Checkpointer that reads the same step from the same source (`load`)."""
+
+    step: int | None
+    source: str
+    store_bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+    loader: Checkpointer | None = None
+    own: bool = False  # `loader` is a piece's, closed by `close`
+    meter: tuple = field(default=(None, 0, None), repr=False)  # (ck's Storage, start, group)
+
+    def load(self, state: dict) -> None:
+        """Fill `state` from the same step and source (the RNG's second, small load)."""
+        if self.loader is None or self.step is None:
+            raise CheckpointError("nothing was restored: no second load from it")
+        self.loader.load(state, step=self.step)
+
+    def measure(self) -> int:
+        """The gang's bytes read from object storage since the restore began (a collective:
+        every rank calls it once its loads are done), into `store_bytes`."""
+        storage, start, group = self.meter
+        if storage is not None:
+            read = storage.meter.bytes - start
+            self.store_bytes = _all_reduce(read, dist.ReduceOp.SUM, group)
+        return self.store_bytes
+
+    def close(self) -> None:
+        if self.own and self.loader is not None:
+            self.loader.close()
+
+
+def _group(ck: Checkpointer):
+    """A gloo group for the restore's small collectives (gathered objects, flags): the
+    Checkpointer's (the default one when it is gloo)."""
+    return ck._group(background=False)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_reduce(value: int, op, group) -> int:
+    if not _distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=op, group=group)
+    return int(t.item())
+
+
+def _all_gather(obj, group) -> list:
+    if not _distributed():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+# -- 1. what this rank holds -----------------------------------------------------------------
+def held_pieces(src: TierSource, rank: int, world: int, skipped: list[str]) -> list[tier.Piece]:
+    """The pieces under this rank's <local_dir>/<run_key>/ of world size `world` that pass
+    the cheap check (every file there, objects by size); each problem goes to `skipped`
+    (and the log) naming the file. A step folder of this rank's own root without its PIECE
+    is a partial copy (a save cut short): reported too."""
+    base = src.storage or Storage(src.local_dir)
+    try:
+        pieces = tier.list_pieces(src.local_dir, src.run_key, base)
+    except (CheckpointError, OSError, ValueError) as exc:
+        _skip(skipped, f"local tier {src.local_dir} unreadable: {exc}")
+        return []
+    out = []
+    for p in pieces:
+        if p.world_size != world:
+            continue  # another world size: object storage reshards, a piece cannot
+        problem = tier.verify_piece(Storage(p.root), p, check_hash=False)
+        if problem:
+            _skip(skipped, problem)
+        else:
+            out.append(p)
+    _partial(base, src, rank, {p.step for p in pieces if p.rank == rank}, skipped)
+    return out
+
+
+def _partial(base: Storage, src: TierSource, rank: int, complete: set, skipped: list) -> None:
+    """Report this rank's own step folders that hold no PIECE (never loaded)."""
+    rel = src.root(rank)[len(src.local_dir.rstrip("/")) + 1 :]
+    own = base.child(rel)
+    try:
+        steps = rootreader.step_names(own)
+    except (CheckpointError, OSError):
+        return
+    for step in sorted(set(steps) - complete):
+        _skip(skipped, f"{own.url(tier.piece_path(step, rank))}: absent (a partial local copy)")
+
+
+def _skip(skipped: list[str], problem: str) -> None:
+    log.warning("local tier: skipping %s", problem)
+    skipped.append(problem)
+
+
+# -- 2. what the gang can assemble -----------------------------------------------------------
+def _listing(pieces: list[tier.Piece]) -> list[list[int]]:
+    return [[p.rank, p.step] for p in pieces[:MAX_LISTED]]
+
+
+def holders(gathered: list, world: int) -> dict[tuple[int, int], list[int]]:
+    """(saved rank, step) -> the ranks holding it, from every rank's gathered listing
+    (malformed entries are dropped: a gathered object is input)."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for holder, doc in enumerate(gathered):
+        listed = doc.get("pieces") if isinstance(doc, dict) else None
+        if not isinstance(listed, list):
+            continue
+        for item in listed[:MAX_LISTED]:
+            if not (isinstance(item, list) and len(item) == 2):
+                continue
+            r, s = item
+            if _int(r) and _int(s) and r < world and holder not in out.get((r, s), []):
+                out.setdefault((r, s), []).append(holder)
+    return out
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
+
+
+def candidates(held: dict, world: int, durable: int | None) -> list[int]:
+    """Steps every saved rank 0..world-1 has a piece of, not older than `durable`, newest
+    first."""
+    steps = {s for (_, s) in held}
+    whole = [s for s in steps if all((r, s) in held for r in range(world))]
+    return sorted((s for s in whole if durable is None or s >= durable), reverse=True)
+
+
+# -- 3. assemble and load --------------------------------------------------------------------
+def _own_piece(
+    src: TierSource, rank: int, step: int, holders_of: list[int], skipped: list
+) -> str | None:
+    """Make this rank's piece of `step` complete in its own root: "local" when its copy
+    hashes right, "peer" when fetched from a holder, None when neither."""
+    root = Storage(src.root(rank))
+    try:
+        piece = tier.read_piece(root, step, rank)
+    except (CheckpointError, OSError) as exc:
+        _skip(skipped, str(exc))
+        piece = None
+    if piece is not None:
+        problem = tier.verify_piece(root, piece)  # every object hashed before use
+        if problem is None:
+            return "local"
+        _skip(skipped, problem)
+    entries = getattr(src.directory, "entries", None)
+    if not entries or src.fetch is None:
+        return None
+    for holder in holders_of:
+        if holder == rank or holder >= len(entries):
+            continue
+        try:
+            got = src.fetch(entries[holder], rank, step, src.root(rank))
+        except Exception as exc:  # unreachable, absent there, damaged: the next holder
+            log.warning(
+                "piece of rank %d step %d not fetched from rank %d: %s: %s",
+                rank, step, holder, type(exc).__name__, exc,
+            )  # fmt: skip
+            continue
+        log.info(
+            "fetched the piece of rank %d step %d from rank %d: %d bytes", rank, step, holder, got
+        )
+        return "peer"
+    return None
+
+
+def _load_piece(src: TierSource, rank: int, state: dict, step: int) -> Checkpointer | None:
+    """Load `state` from this rank's piece root; the Checkpointer, or None on failure
+    (logged naming the file: the caller's all-reduce takes the gang elsewhere)."""
+    pck = None
+    try:
+        pck = Checkpointer(src.root(rank), cooperative=False)
+        pck.load(state, step=step)
+        return pck
+    except Exception as exc:  # a missing object, a checksum: the gang falls back together
+        log.warning(
+            "local step %d not loaded on rank %d: %s: %s", step, rank, type(exc).__name__, exc
+        )
+        if pck is not None:
+            pck.close()
+        return None
+
+
+def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
+    """Fill `state` from the newest step the gang can assemble (see the module doc); every
+    rank calls it (collective). Restored.step is None when there is nothing anywhere."""
+    group = _group(ck)
+    rank, world = ck.rank, ck.world_size
+    before = ck.storage.meter.bytes
+    skipped: list[str] = []
+    durable = ck.latest()
+    pieces = held_pieces(src, rank, world, skipped) if src is not None else []
+    gathered = _all_gather({"pieces": _listing(pieces), "durable": durable}, group)
+    first = gathered[0] if isinstance(gathered[0], dict) else {}
+    durable = first.get("durable") if _int(first.get("durable")) else None
+    held = holders(gathered, world)
+    tried = False
+    for step in candidates(held, world, durable) if src is not None else []:
+        how = _own_piece(src, rank, step, held.get((rank, step), []), skipped)
+        if _all_reduce(int(how is None), dist.ReduceOp.MAX, group):
+            log.warning("local step %d: a rank has no sound piece of it; next candidate", step)
+            continue
+        tried = True
+        pck = _load_piece(src, rank, state, step)
+        if _all_reduce(int(pck is None), dist.ReduceOp.MAX, group):
+            if pck is not None:
+                pck.close()
+            log.warning("local step %d: a rank failed to load it; next candidate", step)
+            continue
+        peer = _all_reduce(int(how == "peer"), dist.ReduceOp.MAX, group)
+        source = "peer" if peer else "local"
+        if pck.last_load is not None:  # the durable root's log: a resume happened, from here
+            events.loaded(ck.storage, rank, replace(pck.last_load, requested=None))
+        log.info("restored step %d from the local tier (%s)", step, source)
+        meter = (ck.storage, before, group)
+        return Restored(step, source, 0, skipped, pck, own=True, meter=meter)
+    return _from_store(ck, state, tried, (ck.storage, before, group), skipped)
+
+
+def _from_store(ck, state, tried: bool, meter: tuple, skipped) -> Restored:
+    """The durable root's newest valid step (the existing path), or nothing."""
+    if not ck.committed_steps():
+        if tried:  # pieces were (partly) loaded into `state` and nothing can refill it
+            raise CheckpointError(
+                f"the local tier's steps failed to load and {ck.root} holds no checkpoint: "
+                "the state is not restored; remove the damaged local tier to start over"
+            )
+        return Restored(None, "", 0, skipped)
+    step = ck.load(state)
+    return Restored(step, "store", 0, skipped, ck, meter=meter)
