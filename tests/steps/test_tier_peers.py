@@ -307,3 +307,69 @@ def test_the_replicator_survives_an_unexpected_error(two, caplog):
     assert calls == [5, 7] and rep.stats[1]["step"] == 7
     assert "something no one expected" in caplog.text
     assert complete(rank_root(dirs[1], 0), 7)
+
+
+class _FakeGang:
+    """`world` ranks as threads of this process, all_gather_object by a barrier."""
+
+    def __init__(self, world: int):
+        self.world, self.barrier, self.slots = world, threading.Barrier(world), [None] * world
+        self.rank_of = threading.local()
+
+    def size(self) -> int:
+        return self.world
+
+    def all_gather(self, out, obj, group) -> None:
+        self.slots[self.rank_of.rank] = obj
+        self.barrier.wait(10)
+        out[:] = list(self.slots)
+        self.barrier.wait(10)
+
+    def run(self, fn) -> list:
+        found = [None] * self.world
+
+        def one(r):
+            self.rank_of.rank = r
+            found[r] = fn(r)
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        return found
+
+
+def test_start_gives_every_rank_the_directory_and_a_replicator(tmp_path):
+    gang = _FakeGang(2)
+    found = gang.run(
+        lambda r: peers.start(
+            gang, r, str(tmp_path / f"n{r}"), RUN_KEY, replicas=1, node=f"node-{r}",
+            host="127.0.0.1", all_gather=gang.all_gather,
+        )
+    )  # fmt: skip
+    try:
+        assert found[0].directory == found[1].directory
+        assert [e.rank for e in found[0].replicator.holders] == [1]
+        assert [e.rank for e in found[1].replicator.holders] == [0]
+        assert found[0].link.token == found[1].link.token
+    finally:
+        for p in found:
+            p.close()
+    assert peers.start(None, 0, str(tmp_path), RUN_KEY, replicas=0) is None  # no collective
+
+
+def test_a_rank_whose_server_cannot_start_turns_replicas_off_on_every_rank(tmp_path, caplog):
+    gang = _FakeGang(2)
+    hosts = ["127.0.0.1", "192.0.2.1"]  # rank 1's is not this host's
+    with caplog.at_level(logging.WARNING, logger="ckptflow.tier.peers"):
+        found = gang.run(
+            lambda r: peers.start(
+                gang, r, str(tmp_path / f"n{r}"), RUN_KEY, replicas=1, node=f"node-{r}",
+                host=hosts[r], all_gather=gang.all_gather,
+            )
+        )  # fmt: skip
+    assert found == [None, None]  # the gang agrees
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 2 and all("rank 1 has no peer server" in m for m in lines), lines
+    assert all("192.0.2.1" in m and "durable tiers go on" in m for m in lines)

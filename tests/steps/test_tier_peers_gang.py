@@ -16,13 +16,15 @@ from tests.steps.tier_peer_fixtures import RUN_KEY, rank_root, save_piece
 
 
 def _gang_worker(rank: int, world: int, base: str) -> None:
-    from ckptflow.steps.checkpoint.tier.peers import PeerDirectory, PeerLink, Replicator, fetch
+    from ckptflow.steps.checkpoint.tier import peers
 
     local_dir = Path(base, f"node-{'ab'[rank]}")
-    link = PeerLink(str(local_dir), RUN_KEY, rank, keep=2, host="127.0.0.1", timeout_s=10)
-    directory = PeerDirectory.gather(None, rank, f"node-{'ab'[rank]}", link)
+    started = peers.start(
+        None, rank, str(local_dir), RUN_KEY, replicas=1, keep=2, node=f"node-{'ab'[rank]}",
+        host="127.0.0.1", timeout_s=10,
+    )  # fmt: skip
+    link, directory, replicator = started.link, started.directory, started.replicator
     assert link.token and len(link.token) == 32
-    replicator = Replicator(link, directory, 1)
     if rank == 0:
         piece = tier.read_piece(Storage(str(rank_root(local_dir, 0))), 9, 0)
         replicator.replicate(9, piece)
@@ -31,13 +33,12 @@ def _gang_worker(rank: int, world: int, base: str) -> None:
     dist.barrier()  # the replica has landed on rank 1
     if rank == 1:
         fresh = rank_root(Path(base, "node-c"), 0)
-        got = fetch(directory.entries[1], 0, 9, str(fresh))
+        got = peers.fetch(directory.entries[1], 0, 9, str(fresh))
         Path(base, "fetched.json").write_text(json.dumps({"bytes": got}))
     else:
         Path(base, "pushed.json").write_text(json.dumps(stats))
     dist.barrier()
-    replicator.close()
-    link.close()
+    started.close()
 
 
 def test_replicate_and_fetch_in_a_gloo_gang(tmp_path):

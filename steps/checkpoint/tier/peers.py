@@ -2,16 +2,19 @@
 
 How the pieces fit (the API the training loop and restore use; everything else is internal):
 
-    link = PeerLink(local_dir, run_key, rank, keep=local_keep)       # starts this rank's server
-    directory = PeerDirectory.gather(group, rank, env.node_name(), link)  # a collective, once
-    replicator = Replicator(link, directory, replicas)               # R ranks on other nodes
+    peers = start(group, rank, local_dir, run_key, replicas=R, keep=local_keep)  # collective
+    # None: replicas off (R = 0, or a server could not start: one warning on every rank)
+    # restore (C): a rank lacking its piece fetches it from a holder's entry:
+    n = fetch(peers.directory.entries[holder], saved_rank, step,
+              tier.piece_root(local_dir, run_key, saved_rank))
     ...
-    replicator.replicate(step, piece)   # after each local commit: returns at once
+    peers.replicate(step, piece)   # after each local commit (A's loop): returns at once
     ...
-    replicator.close(); link.close()    # at the end (close waits for the push in flight)
+    peers.close()                  # at the end: the copy in flight finishes, servers stop
 
-    # restore (every rank that lacks its piece), from a holder's entry:
-    n = fetch(directory.entries[holder], saved_rank, step, piece_root(local_dir, key, saved_rank))
+`start` is PeerLink (this rank's server), PeerDirectory.gather (one all_gather_object of
+every rank's address and node, and rank 0's token) and Replicator (the R holders of
+replica_targets), which may also be used one by one.
 
 The side channel is not the training process group: each rank runs a TCP server thread
 (peer_server) bound to its pod's address (ckptflow.env.pod_ip; loopback without one) on an
@@ -34,6 +37,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 from ckptflow.steps.checkpoint.tier.peer_client import PeerClient
 from ckptflow.steps.checkpoint.tier.peer_server import PeerServer, default_host
@@ -56,9 +60,11 @@ __all__ = [
     "PeerError",
     "PeerLink",
     "PeerTimeout",
+    "Peers",
     "Replicator",
     "fetch",
     "replica_targets",
+    "start",
 ]
 
 log = logging.getLogger("ckptflow.tier.peers")
@@ -207,6 +213,65 @@ class Replicator:
                 step,
             )
         self.stats[entry.rank] = {"step": step, "bytes": sent, "seconds": seconds}
+
+
+@dataclass
+class Peers:
+    """A started side channel (see `start`): this rank's link, the gang's directory (what
+    restore's fetch needs) and the replicator (what the training loop feeds)."""
+
+    link: PeerLink
+    directory: PeerDirectory
+    replicator: Replicator
+
+    def replicate(self, step: int, piece: tier.Piece) -> None:
+        """After a local commit: copy this rank's piece to its holders (returns at once)."""
+        self.replicator.replicate(step, piece)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """At the end of training: let the copy in flight finish (within `timeout`), stop."""
+        self.replicator.close(timeout)
+        self.link.close()
+
+
+def start(
+    group,
+    rank: int,
+    local_dir: str,
+    run_key: str,
+    *,
+    replicas: int,
+    keep: int = 2,
+    node: str | None = None,
+    host: str | None = None,
+    timeout_s: float = TIMEOUT_S,
+    all_gather=None,
+) -> Peers | None:
+    """Start this rank's side channel: its server, the gang's directory (one collective on
+    `group`: every rank calls `start` with the same `replicas`, before a restore that may
+    fetch, since the holders serve from then on) and its replicator. None without replicas
+    (replicas <= 0), or when any rank's server cannot start: then every rank logs one
+    warning and the run goes on with its local and durable tiers. `node`: this rank's node
+    (default ckptflow.env.node_name()); `all_gather`: see PeerDirectory.gather."""
+    if replicas <= 0:
+        return None
+    link, problem = None, ""
+    try:
+        link = PeerLink(local_dir, run_key, rank, keep=keep, host=host, timeout_s=timeout_s)
+    except PeerError as exc:
+        problem = str(exc)
+    try:
+        directory = PeerDirectory.gather(
+            group, rank, node or env.node_name(), link, problem=problem, all_gather=all_gather
+        )
+    except PeerError as exc:
+        if link is not None:
+            link.close()
+        log.warning(
+            "peer replicas are off for this run: %s; the local and durable tiers go on", exc
+        )
+        return None
+    return Peers(link, directory, Replicator(link, directory, replicas))
 
 
 def push_piece(entry: PeerEntry, piece: tier.Piece, timeout_s: float = TIMEOUT_S) -> int:

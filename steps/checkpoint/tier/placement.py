@@ -17,7 +17,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 
-from ckptflow.steps.checkpoint.tier.peer_wire import BadRequest
+from ckptflow.steps.checkpoint.tier.peer_wire import BadRequest, PeerError
 
 log = logging.getLogger("ckptflow.tier.peers")
 
@@ -99,12 +99,16 @@ class PeerDirectory:
         return [self.entries[t] for t in replica_targets(rank, self.nodes_by_rank, replicas)]
 
     @classmethod
-    def gather(cls, group, rank: int, node_name: str, link, *, all_gather=None) -> PeerDirectory:
+    def gather(
+        cls, group, rank: int, node_name: str, link, *, problem: str = "", all_gather=None
+    ) -> PeerDirectory:
         """Every rank's (host, port, node) with one all_gather_object on `group` (a
         collective: every rank of the group calls it once, after starting its PeerLink);
         rank 0's random token goes with it and is set on `link`, which serves nothing
-        before. `all_gather(out, obj, group)` defaults to torch.distributed's (a test
-        passes its own with a group that has `size()`)."""
+        before. A rank whose server could not start passes link=None and its `problem`:
+        then every rank raises the same PeerError naming it (the gang agrees: no replicas).
+        `all_gather(out, obj, group)` defaults to torch.distributed's (a test passes its
+        own with a group that has `size()`)."""
         if all_gather is None:
             import torch.distributed as dist
 
@@ -114,12 +118,22 @@ class PeerDirectory:
             world = dist.get_world_size(group)
         else:
             world = group.size()
-        host, port = link.address
-        mine = {"host": host, "port": port, "node": node_name}
+        mine: dict = {"node": node_name}
+        if link is None:
+            mine["error"] = (problem or "no peer server")[:300]
+        else:
+            mine["host"], mine["port"] = link.address
         if rank == 0:
             mine["token"] = secrets.token_hex(16)
         gathered: list = [None] * world
         all_gather(gathered, mine, group)
+        failed = [
+            (r, d["error"]) for r, d in enumerate(gathered) if isinstance(d, dict) and "error" in d
+        ]
+        if failed:
+            r, why = failed[0]
+            more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+            raise PeerError(f"rank {r} has no peer server{more}: {str(why)[:300]}")
         first = gathered[0] if isinstance(gathered[0], dict) else {}
         token = first.get("token")
         if not isinstance(token, str) or len(token) != 32:
