@@ -187,6 +187,13 @@ class Checkpointer:
         self._inflight = SaveHandle(stats, ended)
         return future
 
+    def adopt(self, parts: list[dict]) -> None:
+        """Deduplicate later saves against `parts` (validated part records of a step committed
+        in this root without this Checkpointer writing it: a drain, tier/drain.py), as after a
+        save of its own (`_after_commit`); each is referenced only once found sound."""
+        own = {p["raw_hash"]: p for p in parts if p["base"] is None}
+        self._prior = {**self._inherited, **own}
+
     def _wait_inflight(self) -> float:
         if self._inflight is None:
             return 0.0

@@ -69,6 +69,24 @@ def test_objects_the_durable_root_holds_are_not_uploaded_again(tmp_path):
     h.assert_same(state6, target)
 
 
+def test_a_later_direct_save_deduplicates_against_the_drained_step(tmp_path):
+    """The fallback (or last) durable save after a drain stores only what changed: the
+    Checkpointer adopts the drained step's parts as it would its own save's."""
+    durable = str(tmp_path / "durable")
+    local, piece = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    ck = _durable(durable)
+    drain(ck, local.storage, 5).wait()
+    ck.storage.written.clear()
+    state6 = th.rank_state(0, 6, changed=True)
+    stats = ck.save(6, state6)
+    unchanged = state6["r0.w"].nbytes + state6["r0.big"].nbytes + state6["shared.lr"].nbytes
+    assert stats.stats.bytes_reused == unchanged
+    assert not set(ck.storage.written) & set(piece.objects)
+    target = h.zeros_like_state(state6)
+    Checkpointer(durable).load(target, step=6)
+    h.assert_same(state6, target)
+
+
 def test_a_damaged_object_in_the_durable_root_is_uploaded_again(tmp_path):
     """Bytes the durable root holds under a key are referenced only once read and found to be
     what the key says (as the writer reuses objects, reuse.py): a damaged one is rewritten."""

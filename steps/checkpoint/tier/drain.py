@@ -95,6 +95,18 @@ def _first_problem(problems: list, what: str) -> str | None:
     return None
 
 
+def _piece_parts(m: dict, objects: dict) -> list[dict]:
+    """The part records of every item whose parts the piece's `objects` hold, those items
+    validated (the manifest was read checking none: a rank checks only what it uses)."""
+    fqns = {
+        it["fqn"]
+        for it in m["items"].values()
+        if any(isinstance(p, dict) and p.get("object") in objects for p in it["parts"])
+    }
+    mf.validate(m, only=fqns)
+    return [p for it in m["items"].values() if it["fqn"] in fqns for p in it["parts"]]
+
+
 class _Drain:
     """One drain on one rank (`run` on the durable Checkpointer's save thread)."""
 
@@ -114,6 +126,7 @@ class _Drain:
         self.heartbeat: Heartbeat | None = None
         self.piece: tier.Piece | None = None
         self.manifest_xxh3 = ""
+        self.parts: list[dict] = []  # the part records of the items of this rank's piece
 
     def fail(self, why: str) -> DrainError:
         return DrainError(
@@ -183,6 +196,8 @@ class _Drain:
             {"object": k, "stored_size": n, "base": None} for k, n in sizes.items()
         ]
         commit.commit_together(self.job, self.rank, self.world, group)
+        # later saves of this root deduplicate against the drained step, as after its own save
+        self.ck.adopt(self.parts)
         log.info(
             "drained step %d into %s: %d bytes uploaded by rank %d, %d there already",
             self.step,
@@ -211,7 +226,11 @@ class _Drain:
             if problem is not None:
                 return problem, None
             m = rootreader.read_manifest(self.local, self.step, only=set())
+            self.parts = _piece_parts(m, piece.objects)
             self.manifest_xxh3 = rootreader.read_commit(self.local, self.step)["manifest_xxh3"]
+        except mf.ManifestError as exc:
+            url = self.local.url(layout.step_dir(self.step))
+            return f"{url}: the local manifest is malformed ({exc})", None
         except (CheckpointError, OSError, ValueError) as exc:
             return str(exc), None
         self.piece = piece
