@@ -90,6 +90,11 @@ def test_the_replicator_copies_in_the_background_and_keeps_the_last_steps(two):
     assert held == set(pieces[7].objects) | set(pieces[9].objects)  # step 5's own ones went
     assert complete(replica, 7) and complete(replica, 9)
     assert rep.stats[1]["step"] == 9 and rep.stats[1]["bytes"] > 0
+    links[1].keep = 0  # a volume that holds one step: never fewer than the newest
+    assert links[1].keep == 1
+    push_piece(directory.entries[1], pieces[9], timeout_s=5)
+    assert [p.step for p in tier.list_pieces(str(dirs[1]), RUN_KEY)] == [9]
+    assert complete(replica, 9)
 
 
 def test_a_partial_push_leaves_no_piece(two):

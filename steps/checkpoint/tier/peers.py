@@ -115,6 +115,16 @@ class PeerLink:
     def token(self, value: str) -> None:
         self.server.token = value
 
+    @property
+    def keep(self) -> int:
+        """Complete replica steps kept per source rank (at least the newest one)."""
+        return self.server.keep
+
+    @keep.setter
+    def keep(self, value: int) -> None:
+        # the local tier lowers it when its volume holds fewer steps than local_keep
+        self.server.keep = max(1, int(value))
+
     def close(self) -> None:
         self.server.close()
 
