@@ -33,6 +33,7 @@ MAX_TEXT = 500
 KINDS = ("save", "load", "evaluate", "verify", "drill", "gc", "slim", "recovery")
 OUTCOMES = ("ok", "failed")
 SAVE_KINDS = ("full", "delta", "")
+RESTORE_SOURCES = ("local", "peer", "store")  # the local tier's restore order (issue 35)
 _NAME = re.compile(r"^(\d{16})-([a-z]{2,16})-([0-9a-f]{8})\.json$")
 _MAX_NUMBER = 1e15  # seconds or bytes beyond this are corrupt or hostile
 
@@ -55,6 +56,10 @@ class Event:
     # recovery (ckptflow.core.liveness): the last step trained before the failure; its `step`
     # is the step resumed from, its `duration_s` last progress to the resumed first progress
     last_step: int | None = None
+    # recovery (issue 35): where the restore loaded from (RESTORE_SOURCES; "" unrecorded) and
+    # the bytes the gang's restore read from object storage (counted by Storage.meter)
+    source: str = ""
+    store_bytes: int = 0
 
 
 def record(storage: Storage, kind: str, **fields) -> Event | None:
@@ -94,7 +99,9 @@ def check(d) -> Event:
     for key in ("duration_s", "stall_s"):
         if not _number(d.get(key, 0.0)):
             raise ValueError(key)
-    for key in ("bytes", "fell_back"):
+    if d.get("source", "") not in ("", *RESTORE_SOURCES):
+        raise ValueError("source")
+    for key in ("bytes", "fell_back", "store_bytes"):
         v = d.get(key, 0)
         if not (isinstance(v, int) and _number(v)):
             raise ValueError(key)

@@ -15,7 +15,9 @@ records and its event log (ckptflow.core.health); torch-free.
   last save or resume before the restart to the resumed load's end, an upper bound of
   detection + rescheduling + load (it includes the work lost since that save);
 - each recovery measured (`recovery` events, ckptflow.core.liveness): from the failed
-  training's last progress to the resumed training's first, with the steps lost.
+  training's last progress to the resumed training's first, with the steps lost; by restore
+  source (local copy, peer replica, object storage: issue 35) and the bytes the restores
+  read from object storage.
 """
 
 from __future__ import annotations
@@ -110,10 +112,21 @@ def _measured(events: list[health.Event]) -> list[dict]:
             "resumed_step": ev.step,
             "last_step": ev.last_step,
             "lost_steps": max(0, (ev.last_step or 0) - (ev.step or 0)),
+            "source": ev.source,
+            "store_bytes": ev.store_bytes,
         }
         for ev in events
         if ev.kind == "recovery" and ev.outcome == "ok"
     ]
+
+
+def _by_source(measured: list[dict]) -> dict[str, int]:
+    """Recoveries per restore source (issue 35); one without a recorded source in none."""
+    out = dict.fromkeys(health.RESTORE_SOURCES, 0)
+    for m in measured:
+        if m["source"] in out:
+            out[m["source"]] += 1
+    return out
 
 
 def stats(st: Storage, now: float | None = None) -> dict:
@@ -134,6 +147,7 @@ def stats(st: Storage, now: float | None = None) -> dict:
     ]
     latency = _eval_latency(st, rows)
     recover = _recoveries(events)
+    measured = _measured(events)
     return {
         "root": st.uri,
         "steps": {
@@ -167,7 +181,9 @@ def stats(st: Storage, now: float | None = None) -> dict:
             "count": len(recover),
             "median_s": quantile(recover, 0.5),
             "max_s": max(recover, default=None),
-            "measured": _measured(events),
+            "measured": measured,
+            "by_source": _by_source(measured),
+            "store_bytes": sum(m["store_bytes"] for m in measured),
         },
         "events": {"read": len(events), "damaged": damaged},
     }
@@ -192,10 +208,16 @@ def _measured_rows(measured: list[dict]) -> list[tuple[str, str]]:
             f"  recovery {i}",
             f"{duration(m['recovery_s'])} last progress to resumed progress (step "
             f"{m['last_step']} reached, resumed from {m['resumed_step']}: {m['lost_steps']} "
-            "steps lost)",
+            "steps lost" + (f"; from {m['source']}" if m.get("source") else "") + ")",
         )
         for i, m in enumerate(measured, 1)
     ]
+
+
+def _source_text(rec: dict) -> str:
+    """e.g. `local 2, peer 1, store 1; 3.0 MiB from object storage`."""
+    counts = ", ".join(f"{k} {v}" for k, v in rec["by_source"].items())
+    return f"{counts}; {listing.human_bytes(rec['store_bytes'])} from object storage"
 
 
 def render(s: dict) -> str:
@@ -246,6 +268,7 @@ def render(s: dict) -> str:
             "recoveries",
             f"{s['recoveries']['count']} (time to recover median {sec(s['recoveries']['median_s'])}, max {sec(s['recoveries']['max_s'])})",
         ),
+        ("recoveries by source", _source_text(s["recoveries"])),
         *_measured_rows(s["recoveries"]["measured"]),
         ("events", f"{s['events']['read']} read, {s['events']['damaged']} damaged"),
     ]

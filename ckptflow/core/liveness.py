@@ -60,8 +60,19 @@ def read(storage: Storage) -> Mark | None:
 class Tracker:
     """Rank 0's progress marks and the one recovery record of a training (see the module doc)."""
 
-    def __init__(self, storage: Storage, start_step: int, clock=time.time):
+    def __init__(
+        self,
+        storage: Storage,
+        start_step: int,
+        clock=time.time,
+        *,
+        source: str = "",
+        store_bytes: int = 0,
+    ):
         self.storage, self.start_step, self.clock = storage, start_step, clock
+        # how the resume restored (issue 35): "local", "peer" or "store", and the gang's
+        # bytes read from object storage; recorded with the recovery
+        self.source, self.store_bytes = source, store_bytes
         self.before = read(storage)  # the failed training's last progress, if any
         self.written_at = 0.0
 
@@ -76,12 +87,16 @@ class Tracker:
                 step=self.start_step,
                 last_step=before.step,
                 duration_s=max(0.0, now - before.at),
+                source=self.source,
+                store_bytes=self.store_bytes,
             )
             if ev is not None:
                 log.warning(
                     "recovered: %.1f s from the last progress (step %d) to the first step "
-                    "after the restart (%d, from checkpoint %d)",
+                    "after the restart (%d, from checkpoint %d%s)",
                     ev.duration_s, before.step, step, self.start_step,
+                    f", {self.source}: {self.store_bytes} bytes from object storage"
+                    if self.source else "",
                 )  # fmt: skip
         if now - self.written_at >= PROGRESS_EVERY_S:
             self.written_at = now

@@ -38,7 +38,15 @@ def test_a_restart_records_last_progress_to_first_progress_and_stats_list_it(tmp
     assert ev.duration_s == 1_000_124.0 - 1_000_021.0  # 103 s: the first resumed step included
     out = health_stats.stats(st)["recoveries"]["measured"]
     assert out == [
-        {"at": ev.at, "recovery_s": 103.0, "resumed_step": 20, "last_step": 21, "lost_steps": 1}
+        {
+            "at": ev.at,
+            "recovery_s": 103.0,
+            "resumed_step": 20,
+            "last_step": 21,
+            "lost_steps": 1,
+            "source": "",  # not told how the resume restored (issue 35)
+            "store_bytes": 0,
+        }
     ]
     text = health_stats.render(health_stats.stats(st))
     assert "recovery 1" in text and "1.72 min" in text or "103.00 s" in text
