@@ -7,7 +7,10 @@ are deep-copied, so training may mutate its own objects while the background sav
 
 `prepare` allocates and pre-faults the buffers in a background thread before the first save:
 fresh buffers fault in every page on their first copy (or are pinned page by page), which made
-the first async save stall ten times longer than the later ones.
+the first async save stall ten times longer than the later ones. Without `prepare`, fresh
+buffers are private memory populated one copy slice at a time just before that slice's copy
+(one madvise, no trap per 4 KiB page), and buffers of entries a snapshot no longer has are
+released: memory stays one snapshot's.
 
 The stall is then the host copy alone (profiled: over 95% of it is memcpy), so CPU tensors are
 copied by up to `copy_threads` threads at once, in slices: one thread copies at well under a
@@ -44,6 +47,9 @@ PARALLEL_MIN = 32 << 20
 HUGE_MIN = 2 << 20  # a huge page's size: smaller buffers are ordinary tensors
 # A host's memory bandwidth is reached with a few copy threads; more would only contend.
 MAX_COPY_THREADS = 4
+# madvise: fault a range's pages in for writing, in the kernel (Linux 5.14; the mmap module of
+# Python 3.11 does not name it; include/uapi/asm-generic/mman-common.h)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def host_buffer(shape, dtype) -> torch.Tensor:
@@ -64,7 +70,10 @@ def mapped_buffer(shape, dtype) -> tuple[torch.Tensor, mmap.mmap | None]:
     n = math.prod(shape) * dtype.itemsize
     if n < HUGE_MIN:
         return torch.empty(shape, dtype=dtype), None
-    mm = mmap.mmap(-1, n)
+    # Private, not mmap's default shared mapping: shared anonymous memory is shmem, whose pages
+    # fault in slower (first unprepared stall of 512 MiB: 0.37 CPU-s shared, 0.25 private) and
+    # never on huge pages unless the host's shmem_enabled says so.
+    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     # (the tensor holds the mapping: it is unmapped with the tensor's last reference)
     return torch.frombuffer(mm, dtype=torch.uint8).view(dtype).view(shape), mm
 
@@ -74,6 +83,15 @@ def advise_huge(mm: mmap.mmap) -> None:
     and ones already there are collapsed later by the kernel (khugepaged, in the background)."""
     with contextlib.suppress(AttributeError, OSError, ValueError):  # no madvise, no THP
         mm.madvise(mmap.MADV_HUGEPAGE)
+
+
+def populate(mm: mmap.mmap, start: int, length: int) -> None:
+    """Fault in a page-aligned range of a fresh mapping for writing, in one call: trapping on
+    each 4 KiB page during the copy cost more than the copy (populated first, the first
+    unprepared stall of 512 MiB took 0.19-0.22 CPU-s against 0.25-0.29). Without
+    MADV_POPULATE_WRITE (Linux < 5.14, other systems) the copy faults the pages in."""
+    with contextlib.suppress(OSError, ValueError):
+        mm.madvise(MADV_POPULATE_WRITE, start, length)
 
 
 def default_copy_threads(cores: int | None = None) -> int:
@@ -95,7 +113,8 @@ class Stager:
         self.prepared_s = 0.0  # how long the last prepare() took in the background
         self.copy_threads = max(1, copy_threads)  # threads copying a snapshot at once
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list = []  # (destination, source) uint8 arrays of the stage under way
+        self._pending: list = []  # (destination, source, fresh mapping) of the stage under way
+        self._staged: set[str] = set()  # the paths the stage under way gave a buffer
         self.copy_lanes = 0  # threads that shared the last stage's copy (tests read it)
         self._advise_after: list[mmap.mmap] = []  # buffers of the stage under way (_alloc_now)
 
@@ -104,24 +123,27 @@ class Stager:
             return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=True)
         return host_buffer(shape, dtype)
 
-    def _alloc_now(self, shape, dtype) -> torch.Tensor:
-        """A buffer allocated while training waits (no `prepare`): on ordinary pages, advised
+    def _alloc_now(self, shape, dtype) -> tuple[torch.Tensor, mmap.mmap | None]:
+        """A buffer allocated while training waits (no `prepare`) and its fresh mapping, if
+        any (its copy populates it slice by slice: `populate`): on ordinary pages, advised
         onto huge pages only once the snapshot is copied (stage). Faulted in as huge pages
-        during the copy, each fault zeroed 2 MiB and, with the kernel's THP defrag on
-        `madvise`, could compact memory first: the first unprepared stall, 512 MiB on this
-        host, 0.50 s median against 0.37 s advised after (6 paired rounds, 5 lower)."""
+        during the copy, each fault zeroes 2 MiB, and on this host (a VM whose free huge
+        blocks the hypervisor takes back) the first unprepared stall of 512 MiB took 0.7-3.0 s
+        in 7 of 10 fresh processes (0.11-0.36 s in the others) against 0.14-0.58 s on ordinary
+        pages."""
         if self._pin:
-            return self._alloc(shape, dtype)
+            return self._alloc(shape, dtype), None
         buf, mm = mapped_buffer(shape, dtype)
         if mm is not None:
             self._advise_after.append(mm)
-        return buf
+        return buf, mm
 
     def _buffer(self, path: str, src: torch.Tensor) -> torch.Tensor:
-        buf = self._buffers.get(path)
+        buf, fresh = self._buffers.get(path), None
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-            buf = self._alloc_now(src.shape, src.dtype)
+            buf, fresh = self._alloc_now(src.shape, src.dtype)
             self._buffers[path] = buf
+        self._staged.add(path)
         # A conjugate or negative view holds its values only lazily: its bytes are not them.
         src = src.detach().resolve_conj().resolve_neg()
         if src.device.type == "cpu" and src.is_contiguous() and src.numel():
@@ -132,6 +154,7 @@ class Stager:
                 (
                     buf.reshape(-1).view(torch.uint8).numpy(),
                     src.reshape(-1).view(torch.uint8).numpy(),
+                    fresh,
                 )
             )
         else:
@@ -196,10 +219,13 @@ class Stager:
     def stage(self, state_dict: dict) -> dict:
         """A host copy of `state_dict`, complete when this returns."""
         self.wait_prepared()
-        self._pending = []
+        self._pending, self._staged = [], set()
         try:
             staged = self._stage(state_dict, "")
             self._copy_pending()
+            # Buffers of entries this snapshot lacks are released (memory stays one snapshot's).
+            for path in self._buffers.keys() - self._staged:
+                del self._buffers[path]
         finally:
             self._pending = []  # never keep training's arrays alive past the stage
             for mm in self._advise_after:  # the next saves copy into huge pages
@@ -210,21 +236,21 @@ class Stager:
         return staged
 
     def _copy_pending(self) -> None:
-        """Copy every pending (destination, source) pair; in slices over the copy threads when
-        the snapshot is large. Returns when all bytes are copied (a failure is raised here)."""
+        """Copy every pending (destination, source) pair in slices (a fresh mapping populated
+        slice by slice, just before its copy), over the copy threads when the snapshot is
+        large. Returns when all bytes are copied (a failure is raised here)."""
         pairs = self._pending
-        total = sum(len(src) for _, src in pairs)
+        total = sum(len(src) for _, src, _ in pairs)
         threads = min(self.copy_threads, max(1, total // PARALLEL_MIN))
-        if threads == 1:
-            for dst, src in pairs:
-                np.copyto(dst, src)
-            self.copy_lanes = 1
-            return
         tasks = [
-            (dst[o : o + COPY_SLICE], src[o : o + COPY_SLICE])
-            for dst, src in pairs
+            (dst[o : o + COPY_SLICE], src[o : o + COPY_SLICE], fresh, o)
+            for dst, src, fresh in pairs
             for o in range(0, len(src), COPY_SLICE)
         ]
+        if threads == 1:
+            _drain(tasks, itertools.count(), set())
+            self.copy_lanes = 1
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 self.copy_threads - 1, thread_name_prefix="ckpt-stage-copy"
@@ -252,4 +278,7 @@ def _drain(tasks: list, nxt, copiers: set) -> None:
     collects the threads that shared the queue (every one has returned when stage returns)."""
     copiers.add(threading.get_ident())
     while (i := next(nxt)) < len(tasks):
-        np.copyto(*tasks[i])
+        dst, src, fresh, at = tasks[i]
+        if fresh is not None:
+            populate(fresh, at, len(src))
+        np.copyto(dst, src)
