@@ -128,8 +128,10 @@ class CheckpointedLoop:
         metadata: dict | None = None,
         preemption=None,
         names: list[str] | None = None,
+        restored=None,
     ):
         self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
+        self.restored = restored  # how the resume restored (tier.restore.Restored), if told
         self.ck, self.dinfo = ck, dinfo
         self.lineage = lineage if dinfo.is_main else None
         self.metadata = metadata or {}
@@ -149,8 +151,11 @@ class CheckpointedLoop:
         progress = Progress(self.spec.max_steps, enabled=self.dinfo.is_main, initial=start_step)
         self.start_step = start_step
         # rank 0 marks progress; a restart in this root records its recovery's time
+        how = {}
+        if self.restored is not None and self.restored.step is not None:
+            how = {"source": self.restored.source, "store_bytes": self.restored.store_bytes}
         self.liveness = (
-            liveness.Tracker(self.ck.storage, start_step) if self.dinfo.is_main else None
+            liveness.Tracker(self.ck.storage, start_step, **how) if self.dinfo.is_main else None
         )
         try:
             for step in range(start_step, self.spec.max_steps):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from ckptflow.steps.checkpoint.tier.restore import Restored, restore
 from ckptflow.steps.lib.data import ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
 from ckptflow.steps.lib.rng import rng_state, set_rng_state
@@ -48,35 +49,68 @@ def apply_train_state(state: dict, model, optimizer, scheduler, loader: ShardedL
     return int(state["step"])
 
 
-def resume(ck, model, optimizer, scheduler, loader, dinfo: DistInfo, lineage=None) -> int:
-    """Load the newest valid checkpoint (model, optimizer, scheduler, data, RNG); its step or 0.
-
-    The Checkpointer falls back past a corrupt newest checkpoint; that is logged and tagged.
-    RNG states are loaded in a second, small load because which ranks saved one depends on
-    the world size of that checkpoint; ranks beyond it keep their seeded RNG.
-    """
-    if not ck.committed_steps():
-        return 0
-    state = train_state(model, optimizer, scheduler, loader, 0)
-    step = ck.load(state)
-    fell = [s for s, _ in ck.last_load.fell_back_from] if ck.last_load else []
-    apply_train_state(state, model, optimizer, scheduler, loader)
-    saved_world = int(ck.manifest(step).get("world_size", 1))
-    rng = rng_entry(dinfo.rank, dinfo.device) if dinfo.rank < saved_world else {}
-    ck.load(rng, step=step)
-    if rng:
-        set_rng_state(rng["rng"][f"rank{dinfo.rank}"], dinfo.device)
-    log.info(
-        "resumed from step %d (saved by %d ranks, now %d)", step, saved_world, dinfo.world_size
+def resume(
+    ck, model, optimizer, scheduler, loader, dinfo: DistInfo, lineage=None, tier=None
+) -> int:
+    """Load the newest valid checkpoint (model, optimizer, scheduler, data, RNG); its step or 0
+    (see `restore_training`)."""
+    return (
+        restore_training(ck, (model, optimizer, scheduler, loader), dinfo, lineage, tier).step or 0
     )
+
+
+def restore_training(ck, objs, dinfo: DistInfo, lineage=None, tier=None) -> Restored:
+    """Load the newest checkpoint the gang can assemble into the live objects (model,
+    optimizer, scheduler, data, RNG) and say where it came from (`Restored`: step, None for
+    none; source; the gang's bytes read from object storage).
+
+    With `tier` (a restore.TierSource: the local tier's folder and peers) the local tier's
+    order comes first: own local copy, a peer's replica, then object storage (see
+    ckptflow.steps.checkpoint.tier.restore). The Checkpointer falls back past a corrupt newest
+    checkpoint; that is logged and tagged. RNG states are loaded in a second, small load from
+    the same source, because which ranks saved one depends on the world size of that
+    checkpoint; ranks beyond it keep their seeded RNG.
+    """
+    if tier is None and not ck.committed_steps():
+        return Restored(None, "")
+    model, optimizer, scheduler, loader = objs
+    state = train_state(model, optimizer, scheduler, loader, 0)
+    found = restore(ck, state, tier)
+    if found.step is None:
+        return found
+    try:
+        step = found.step
+        last = ck.last_load if found.source == "store" else None
+        fell = [s for s, _ in last.fell_back_from] if last else []
+        apply_train_state(state, model, optimizer, scheduler, loader)
+        saved_world = int(found.loader.manifest(step).get("world_size", 1))
+        rng = rng_entry(dinfo.rank, dinfo.device) if dinfo.rank < saved_world else {}
+        found.load(rng)
+        if rng:
+            set_rng_state(rng["rng"][f"rank{dinfo.rank}"], dinfo.device)
+        found.measure()  # (a collective: after both loads)
+    finally:
+        found.close()
+    log.info(
+        "resumed from step %d (saved by %d ranks, now %d) from %s: %d bytes from object storage",
+        step, saved_world, dinfo.world_size, found.source, found.store_bytes,
+    )  # fmt: skip
     if fell and dinfo.is_main:
         log.warning("newest checkpoint(s) %s are corrupt: resumed from step %d instead", fell, step)
     if lineage is not None:
-        tags = {"ckptflow.resumed_from_step": step, "ckptflow.resume_world_size": saved_world}
+        tags = {
+            "ckptflow.resumed_from_step": step,
+            "ckptflow.resume_world_size": saved_world,
+            "ckptflow.resume_source": found.source,
+            "ckptflow.resume_store_bytes": found.store_bytes,
+        }
         if fell:
             tags["ckptflow.resume_fell_back_from"] = ",".join(map(str, fell))
         lineage.set_tags(tags)
-    return step
+        if dinfo.is_main:  # one point per recovery: MLflow's history counts them by source
+            metrics = {"resume_store_bytes": found.store_bytes, f"resume_from_{found.source}": 1}
+            lineage.log_metrics(metrics, step)
+    return found
 
 
 def init_from(ck, objs, uri: str, what: str, dinfo: DistInfo, lineage=None) -> int:

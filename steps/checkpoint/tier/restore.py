@@ -254,18 +254,20 @@ def _load_piece(src: TierSource, rank: int, state: dict, step: int) -> Checkpoin
 def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     """Fill `state` from the newest step the gang can assemble (see the module doc); every
     rank calls it (collective). Restored.step is None when there is nothing anywhere."""
-    group = _group(ck)
-    rank, world = ck.rank, ck.world_size
     before = ck.storage.meter.bytes
     skipped: list[str] = []
+    group = _group(ck)
+    if src is None:  # no local tier: the existing path, with no collective of its own
+        return _from_store(ck, state, False, (ck.storage, before, group), skipped)
+    rank, world = ck.rank, ck.world_size
     durable = ck.latest()
-    pieces = held_pieces(src, rank, world, skipped) if src is not None else []
+    pieces = held_pieces(src, rank, world, skipped)
     gathered = _all_gather({"pieces": _listing(pieces), "durable": durable}, group)
     first = gathered[0] if isinstance(gathered[0], dict) else {}
     durable = first.get("durable") if _int(first.get("durable")) else None
     held = holders(gathered, world)
     tried = False
-    for step in candidates(held, world, durable) if src is not None else []:
+    for step in candidates(held, world, durable):
         how = _own_piece(src, rank, step, held.get((rank, step), []), skipped)
         if _all_reduce(int(how is None), dist.ReduceOp.MAX, group):
             log.warning("local step %d: a rank has no sound piece of it; next candidate", step)
