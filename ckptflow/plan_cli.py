@@ -76,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     a("--price-gb-month", type=float, default=0.02, help="storage price per GB-month (0.02)")
     a("--interval", help="simulate this interval instead of the recommended one, e.g. 30m")
     a("--grace", help="pods' terminationGracePeriodSeconds, e.g. 120s: warn if a save is longer")
+    a(
+        "--local-interval",
+        help="the local tier: compute time between local saves (pretrain.local_every x step "
+        "time), e.g. 2m; 0 or absent: off",
+    )
+    a("--replicas", type=int, default=0, help="local tier: copies on other hosts (default 0)")
+    a("--local-write-gib-s", type=float, help="local tier: disk write GiB/s per host (--write)")
+    a("--local-read-gib-s", type=float, help="local tier: disk read GiB/s per host (local write)")
+    a("--peer-gib-s", type=float, help="local tier: host-to-host GiB/s (default: local write)")
     a("--json", action="store_true", help="print JSON instead of a table")
     return p
 
@@ -128,6 +137,11 @@ def inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         price_gb_month=args.price_gb_month,
         interval_s=parse_duration(args.interval) if args.interval else None,
         grace_s=parse_duration(args.grace) if args.grace else None,
+        local_interval_s=_optional(args.local_interval) or None,  # 0: off
+        replicas=args.replicas,
+        local_write_gib_s=args.local_write_gib_s,
+        local_read_gib_s=args.local_read_gib_s,
+        peer_gib_s=args.peer_gib_s,
     )
 
 
@@ -224,9 +238,20 @@ def recovery_rows(v: Recovery) -> list[tuple[str, str]]:
             " + ".join(fmt_seconds(x) for x in (v.detect_s, v.reschedule_s, v.load_s, v.warmup_s)),
         ),
     ]
+    if v.local_interval_s is not None:
+        where = (
+            f"local tier, {v.replicas} replica(s): own copies, a lost host's from a peer"
+            if v.source == "peer"
+            else "object storage (no replicas: a lost host's pieces are gone)"
+        )
+        rows += [
+            ("node loss resumes from", where),
+            ("  read from object storage", f"{fmt_bytes(v.store_bytes)} per host"),
+        ]
     if v.rpo_target_s is not None and v.interval_needed_s is not None:
         needed = fmt_seconds(v.interval_needed_s) if v.interval_needed_s > 0 else "none"
-        rows.append((f"interval for RPO {fmt_seconds(v.rpo_target_s)}", f"<= {needed}"))
+        what = "local interval" if v.source == "peer" else "interval"
+        rows.append((f"{what} for RPO {fmt_seconds(v.rpo_target_s)}", f"<= {needed}"))
     if v.rto_target_s is not None and v.read_gib_s_needed is not None:
         bw = v.read_gib_s_needed
         text = f">= {bw:.3g} GiB/s per host" if bw != float("inf") else "none suffices"
@@ -264,6 +289,11 @@ _VALUE_OPTIONS = {
     "--price-gb-month",
     "--interval",
     "--grace",
+    "--local-interval",
+    "--replicas",
+    "--local-write-gib-s",
+    "--local-read-gib-s",
+    "--peer-gib-s",
 }
 
 

@@ -9,7 +9,9 @@ Pure Python (no torch). The formulas are documented in docs/planner.md; in short
   background write;
 - work lost per failure = (interval + stall) / 2 (+ the background write when async) + restart;
 - storage: the retention module run on a simulated timeline of saves (one GC after each save;
-  ckptflow.core.footprint).
+  ckptflow.core.footprint);
+- the local tier (`local_interval_s`, `replicas`): a node loss resumes from it, so the RPO and
+  RTO follow its interval and local/peer bandwidths (ckptflow.core.recovery.local_terms).
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ class PlanInputs:
     rpo_s: float | None = None  # target: worst-case work lost per failure
     rto_s: float | None = None  # target: failure to training again
     grace_s: float | None = None  # terminationGracePeriodSeconds: a preemption save's time
+    # the local tier (issue 35): None = off; replicas on other nodes; per-host bandwidths
+    # (local disk write, read, node-to-node; defaults: write_gib_s, local write, local write)
+    local_interval_s: float | None = None
+    replicas: int = 0
+    local_write_gib_s: float | None = None
+    local_read_gib_s: float | None = None
+    peer_gib_s: float | None = None
 
     def __post_init__(self) -> None:
         positive = {"params": self.params, "gpus": self.gpus, "write_gib_s": self.write_gib_s}
@@ -116,6 +125,10 @@ class PlanInputs:
             "rpo_s",
             "rto_s",
             "grace_s",
+            "local_interval_s",
+            "local_write_gib_s",
+            "local_read_gib_s",
+            "peer_gib_s",
         ):
             if getattr(self, key) is not None:
                 positive[key] = getattr(self, key)
@@ -133,6 +146,30 @@ class PlanInputs:
             raise ValueError("give the restart cost or its parts (detect, reschedule, warm-up)")
         if self.policy is not None:
             Policy.parse(self.policy)  # a bad policy fails here, with the parser's message
+        if not 0 <= self.replicas <= 1000:
+            raise ValueError(f"replicas must be 0 to 1000, got {self.replicas!r}")
+        hosts = math.ceil(self.gpus / self.gpus_per_host)
+        if self.replicas and self.replicas >= hosts:
+            raise ValueError(
+                f"replicas {self.replicas} needs more than {self.replicas} hosts (each replica "
+                f"is on another host) and the job has {hosts}; use at most {hosts - 1}"
+            )
+        local = ("replicas", "local_write_gib_s", "local_read_gib_s", "peer_gib_s")
+        if self.local_interval_s is None and any(getattr(self, k) for k in local):
+            raise ValueError("the local tier's settings need its interval (--local-interval)")
+
+    def local_tier(self) -> rec.LocalTier | None:
+        """The local tier, bandwidth defaults filled in (None: off)."""
+        if self.local_interval_s is None:
+            return None
+        write = self.local_write_gib_s or self.write_gib_s
+        return rec.LocalTier(
+            self.local_interval_s,
+            self.replicas,
+            write,
+            self.local_read_gib_s or write,
+            self.peer_gib_s or write,
+        )
 
 
 @dataclass(frozen=True)
@@ -249,8 +286,16 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         expected_failures=chosen.expected_failures,
         rpo_target_s=i.rpo_s,
         rto_target_s=i.rto_s,
+        tier=i.local_tier(),
+        snapshot_s=snapshot_s,
     )
     preempt_s = write_s + (snapshot_s if chosen.mode == "async" else 0.0)
+    local_notes = list(recovery.notes)
+    if i.local_interval_s is not None and i.local_interval_s >= interval:
+        local_notes.append(
+            f"the local interval ({i.local_interval_s:.0f} s) is not shorter than the durable "
+            f"one ({interval:.0f} s): local saves cost stalls and lower no RPO"
+        )
     return PlanResult(
         hosts=hosts,
         bytes_per_param=bpp,
@@ -270,7 +315,7 @@ def plan(inputs: PlanInputs, progress: Progress | None = None) -> PlanResult:
         cost_run=fp.average_bytes / GB * i.price_gb_month * (wall / MONTH_S),
         recovery=recovery,
         preempt_save_s=preempt_s,
-        warnings=grace_warnings(preempt_s, i.grace_s),
+        warnings=grace_warnings(preempt_s, i.grace_s) + local_notes,
         inputs=asdict(i),
     )
 

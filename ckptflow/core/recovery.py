@@ -8,7 +8,12 @@ Pure Python (no torch). The formulas are documented in docs/planner.md ("RPO and
 - RTO, the time from the failure until training runs again: detection + rescheduling + load
   (S_h / B_r) + warm-up;
 - targets: the longest interval whose worst-case RPO meets `--rpo`, and the least read
-  bandwidth whose RTO meets `--rto`, or why they cannot be met.
+  bandwidth whose RTO meets `--rto`, or why they cannot be met;
+- with the local tier (issue 35, `--local-interval`, `--replicas`): a node loss resumes from the
+  newest local step every rank's piece survives in (its own node's copy, or a peer's replica),
+  so the RPO follows the local interval and the load reads local disk and one peer fetch
+  instead of object storage; without replicas a lost node's pieces are gone with it and a node
+  loss resumes from object storage as before.
 """
 
 from __future__ import annotations
@@ -71,6 +76,25 @@ class RestartParts:
 
 
 @dataclass(frozen=True)
+class LocalTier:
+    """The node-local tier of a plan (bandwidths per host, GiB/s)."""
+
+    interval_s: float  # compute time between local saves (pretrain.local_every x step time)
+    replicas: int  # copies of each rank's piece on other nodes (pretrain.replicas)
+    write_gib_s: float  # local disk write per host
+    read_gib_s: float  # local disk read per host at restore
+    peer_gib_s: float  # node-to-node bandwidth per host: replication and a peer fetch
+
+    def __post_init__(self) -> None:
+        for key in ("interval_s", "write_gib_s", "read_gib_s", "peer_gib_s"):
+            value = getattr(self, key)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"local tier {key} must be positive, got {value!r}")
+        if not 0 <= self.replicas <= 1000:
+            raise ValueError(f"replicas must be 0 to 1000, got {self.replicas!r}")
+
+
+@dataclass(frozen=True)
 class Recovery:
     """RPO and RTO at one interval, and what the targets need (None: no target given)."""
 
@@ -90,6 +114,13 @@ class Recovery:
     interval_needed_s: float | None = None  # longest tau meeting the RPO target
     read_gib_s_needed: float | None = None  # least read GiB/s per host meeting the RTO target
     problems: tuple[str, ...] = ()  # why a target cannot be met (empty: both can)
+    # where a node loss resumes from: "store" (object storage), or "peer" (the local tier:
+    # survivors' own copies, the lost ranks' pieces from a replica)
+    source: str = "store"
+    store_bytes: float = 0.0  # bytes per host the recovery reads from object storage
+    local_interval_s: float | None = None  # the local tier's interval (None: no local tier)
+    replicas: int = 0
+    notes: tuple[str, ...] = ()  # what the local tier cannot give (not a missed target)
 
     @property
     def feasible(self) -> bool:
@@ -132,6 +163,24 @@ def read_for_rto(target_s: float, parts: RestartParts, per_host_bytes: float) ->
     return per_host_bytes / room / GIB, ""
 
 
+def local_terms(
+    tier: LocalTier, per_host_bytes: float, snapshot_s: float | None
+) -> tuple[float, float, float, float]:
+    """(stall d_l, background W_l, load L_l, effective read GiB/s) of the local tier.
+
+    A local save is async like a durable one when there is a snapshot (d_l = the snapshot,
+    then the local write in the background), else sync (d_l = the local write). A rank's
+    newest piece only survives its node once replicated: R copies over the peer link join
+    the background. At restore the survivors read their own copies while a replaced rank
+    fetches its piece from a peer and reads it: L_l = S_h / B_peer + S_h / B_local_read."""
+    write_s = per_host_bytes / (tier.write_gib_s * GIB)
+    replicate_s = tier.replicas * per_host_bytes / (tier.peer_gib_s * GIB)
+    stall = snapshot_s if snapshot_s is not None else write_s
+    background = (write_s if snapshot_s is not None else 0.0) + replicate_s
+    load = per_host_bytes / (tier.peer_gib_s * GIB) + per_host_bytes / (tier.read_gib_s * GIB)
+    return stall, background, load, per_host_bytes / load / GIB if load else math.inf
+
+
 def recovery(
     *,
     interval_s: float,
@@ -143,8 +192,23 @@ def recovery(
     expected_failures: float,
     rpo_target_s: float | None = None,
     rto_target_s: float | None = None,
+    tier: LocalTier | None = None,
+    snapshot_s: float | None = None,
 ) -> Recovery:
-    """RPO and RTO of a plan at `interval_s`, and what the targets need."""
+    """RPO and RTO of a plan at `interval_s`, and what the targets need. With a local `tier`
+    that keeps replicas, a node loss resumes from it (local_terms): its interval, stall and
+    background make the RPO, its load the RTO, and nothing is read from object storage."""
+    notes: tuple[str, ...] = ()
+    source, store_bytes = "store", per_host_bytes
+    if tier is not None and tier.replicas < 1:
+        notes = (
+            "replicas 0: a lost node's local pieces are gone with it, so a node loss resumes "
+            "from object storage (the RPO and RTO above); only a crash that keeps the node "
+            "(a worker or pod restart on it) resumes from the local tier; set --replicas 1",
+        )
+    elif tier is not None:
+        stall_s, background_s, _, read_gib_s = local_terms(tier, per_host_bytes, snapshot_s)
+        interval_s, source, store_bytes = tier.interval_s, "peer", 0.0
     expected, worst = rpo(interval_s, stall_s, background_s)
     load_s = per_host_bytes / (read_gib_s * GIB)
     problems: list[str] = []
@@ -172,6 +236,11 @@ def recovery(
         interval_needed_s=tau,
         read_gib_s_needed=bandwidth,
         problems=tuple(problems),
+        source=source,
+        store_bytes=store_bytes,
+        local_interval_s=None if tier is None else tier.interval_s,
+        replicas=0 if tier is None else tier.replicas,
+        notes=notes,
     )
 
 
