@@ -226,6 +226,19 @@ def check_values(
             msg, prefix = str(exc), f"--set {knob.key}={value}: "
             why = msg[len(prefix) :] if msg.startswith(prefix) else msg.split(": ", 1)[-1]
             raise ConfigError(f"-p {name}={shown(value)}: {shown(why, 300)}") from None
+    if "ranks" in values and "ranks" in known:
+        _check_replicas(cfg, int(values["ranks"]))
+
+
+def _check_replicas(cfg: PipelineConfig, ranks: int) -> None:
+    """Each local-tier replica lives on another rank pod's node (workflows/local_tier.py): a
+    run's `-p ranks` must leave room for `pretrain.replicas` of them."""
+    replicas = cfg.pretrain.train.replicas
+    if replicas and replicas >= ranks:
+        raise ConfigError(
+            f"-p ranks={ranks}: pretrain.replicas={replicas} puts each replica on another rank "
+            f"pod's node; use ranks of at least {replicas + 1} (or fewer replicas)"
+        )
 
 
 def shown(text: str, limit: int = 80) -> str:

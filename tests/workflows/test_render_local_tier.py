@@ -181,3 +181,12 @@ def test_render_submit_and_run_local_refuse_it_with_exit_2(case, capsys, tmp_pat
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 3 and all(start.strip() in line for line in lines), lines
     assert not list(runs.glob("*/workflow.yaml"))  # nothing was started
+
+
+def test_a_run_with_too_few_ranks_for_its_replicas_is_one_line(capsys):
+    on = _argv(("pretrain.local_every=5", "pretrain.replicas=2", "pretrain.ranks=4"))
+    assert render_main(["pretrain", *on, "-p", "ranks=3", "-o", "/dev/null"]) == 0
+    capsys.readouterr()
+    assert render_main(["pretrain", *on, "-p", "ranks=2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "-p ranks=2: pretrain.replicas=2" in line and "at least 3" in line, line
