@@ -65,6 +65,7 @@ class Checkpointer:
         process_group=None,
         storage: Storage | None = None,
         cooperative: bool | str = True,
+        on_commit=None,
     ):
         compat.check_checkpointer_options(
             full_every=full_every,
@@ -84,6 +85,10 @@ class Checkpointer:
         self.part_bytes = part_mib << 20
         self.pack_bytes = pack_kib << 10  # parts under this share objects (packing.py); 0: none
         self.cooperative = cooperative
+        # on_commit(job, state_dict, group): run on the save thread once each save committed,
+        # over the save's group (the local tier's fan-out and PIECE: tier/local_save.py); a
+        # failure of it is the save's
+        self.on_commit = on_commit
         self._distributed = dist.is_available() and dist.is_initialized()
         quiet_single_process()  # DCP's "torch.distributed is disabled" on every call
         self.rank = dist.get_rank() if self._distributed else 0
@@ -284,6 +289,8 @@ class Checkpointer:
             raise
         writer.close(failed=False)
         self._after_commit(job)
+        if self.on_commit is not None:
+            self.on_commit(job, state_dict, group)
         stats.background_s = time.perf_counter() - t0
         stats.bytes_raw, stats.bytes_written, stats.bytes_reused = (
             job.raw_bytes,

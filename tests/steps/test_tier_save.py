@@ -1,0 +1,23 @@
+"""The local tier's saves (steps/checkpoint/tier/local_save.py, issue 35): a global-planned
+save into each rank's own root, the fan-out and PIECE, each rank loading from its root alone."""
+
+from __future__ import annotations
+
+import json
+
+from tests.steps import distworkers as dw
+from tests.steps import tier_save_workers as tw
+
+
+def test_each_rank_loads_the_step_from_only_its_own_root(tmp_path):
+    local, out = tmp_path / "local", tmp_path / "out"
+    out.mkdir()
+    dw.spawn(2, tw.save_and_load_alone, str(local), str(out))
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, rep in enumerate(reports):
+        assert rep["loaded"] == rep["step"] == 4
+        assert rep["diff"] == [], rep["diff"][:10]
+        assert rep["keys"] > 20 and rep["differed_before"] > 10  # the load changed the state
+        assert rep["piece"][:2] == [4, r] and rep["problem"] is None
+        assert rep["steps"] == [2, 4]  # keep=2: both local steps
+        assert rep["bytes_read"] > 0
