@@ -91,13 +91,17 @@ def add_pretrain_dag(cfg: PipelineConfig) -> DAG:
     p, c = cfg.platform, cfg.pretrain
     if c.ranks < 1 or c.procs_per_rank < 1:
         raise ConfigError("pretrain.ranks and pretrain.procs_per_rank must be at least 1")
-    # the local tier's budget is its volume's size (platform.local_volume_size)
+    # the local tier's budget is its volume's size (platform.local_volume_size); its folder is
+    # always on the command line when the tier is on, even the default: the local runner maps a
+    # mount path where it appears, and a step's own default would be this machine's /ckpt-local
     args = replace(c.train, local_size_mib=local_size_mib(p.local_volume_size))
+    local_arg = {"local_dir": c.train.local_dir} if c.train.local_every > 0 else {}
     train = to_argv(
         args,
         run_root=param("run_root"),
         mlflow_parent_run_id=param("parent_run_id"),
         **KNOB_ARGS,
+        **local_arg,
     )
     rank = step(
         "pretrain-rank",

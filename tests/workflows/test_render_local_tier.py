@@ -62,6 +62,8 @@ def test_on_the_rank_pod_gets_its_volume_at_local_dir_and_the_arguments(name):
     assert flag(args, "--local-every") == "5" and flag(args, "--replicas") == "1"
     assert flag(args, "--local-keep") == "3"
     assert flag(args, "--local-size-mib") == "2048"  # from platform.local_volume_size
+    # the default folder too: the local runner maps a mount path only where it is written
+    assert flag(args, "--local-dir") == "/ckpt-local"
     # only the ranks save locally: no other pod gets the volume
     others = [t for n, t in ts.items() if n != "pretrain-rank" and local_volumes(t)]
     assert others == []
