@@ -73,7 +73,7 @@ def save_piece(ck: Checkpointer, step: int, state: dict) -> tier.Piece:
     needs: dict[str, int] = {}
     shared: set[str] = set()
     for rec in m["items"].values():
-        mine = rec["fqn"].startswith(f"r{rank}.")
+        mine = rec["fqn"].startswith(f"r{rank}.") or world == 1  # one rank needs all
         if not (mine or rec["fqn"].startswith(SHARED)):
             continue
         for p in rec["parts"]:

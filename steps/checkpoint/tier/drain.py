@@ -297,7 +297,7 @@ class _Drain:
                 f"{self.local.url(rel)}: the local object is damaged (its bytes do not match "
                 "its key); not uploaded"
             )
-        self.durable.write(rel, blob)
+        self.durable.write(rel, blob, direct=True)  # locally: no page-cache copy (as the writer)
         return size
 
     def _write_manifest(self, local_m: dict, uploaded: int) -> None:
