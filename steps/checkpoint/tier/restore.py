@@ -10,7 +10,8 @@ object storage, the same choice on every rank.
    holds: ckptflow.core.tier.list_pieces), checks each cheaply (marker, manifest, COMMIT,
    every object's size) and reports a damaged or partial one naming the file; one
    all_gather_object gives every rank all ranks' lists (bounded and validated: gathered
-   objects are input too) and rank 0's view of the durable root's latest step.
+   objects are input too) and rank 0's view of the durable root's newest committed step
+   (from its listing: no manifest is read from object storage unless the gang loads there).
 2. Candidates, newest first: the steps S for which every saved rank 0..W-1 (W the current
    world size: a piece of another world size is never used) has a complete piece on some
    rank and S >= the durable latest (a tie goes to the local step: it is closer).
@@ -260,7 +261,10 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     if src is None:  # no local tier: the existing path, with no collective of its own
         return _from_store(ck, state, False, (ck.storage, before, group), skipped)
     rank, world = ck.rank, ck.world_size
-    durable = ck.latest()
+    # the durable root's newest committed step from its listing: its manifest (many MiB for a
+    # large model) is read only when the gang loads from the store
+    committed = ck.committed_steps()
+    durable = committed[-1] if committed else None
     pieces = held_pieces(src, rank, world, skipped)
     gathered = _all_gather({"pieces": _listing(pieces), "durable": durable}, group)
     first = gathered[0] if isinstance(gathered[0], dict) else {}
