@@ -11,7 +11,7 @@ import torch
 from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.checkpoint.tier.drain import KIND, DrainError, drain
 
-from ckptflow.core import intent, layout, rootreader, tier
+from ckptflow.core import codec, intent, layout, rootreader, tier
 from ckptflow.core.storage import Storage
 from tests.steps import ckpt_helpers as h
 from tests.steps import tier_drain_helpers as th
@@ -254,3 +254,22 @@ def test_the_loop_logs_a_drained_step_as_a_committed_checkpoint(tmp_path):
     assert at == 5
     assert metrics["save_bytes_written"] == piece.bytes and lineage.failed == []
     assert loop.saved[-1][0].kind == KIND
+
+
+def test_a_hostile_local_manifest_fails_the_drain_naming_it(tmp_path):
+    """A local manifest whose checksum matches its COMMIT but whose parts are not part records
+    (an unhashable object key) is one DrainError naming the file, nothing committed."""
+    durable = str(tmp_path / "durable")
+    local, _ = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    st = local.storage
+    commit_doc = rootreader.read_commit(st, 5)
+    rel = f"{layout.step_dir(5)}/{layout.manifest_name(commit_doc['save_id'])}"
+    m = json.loads(st.read(rel))
+    next(iter(m["items"].values()))["parts"][0]["object"] = ["not", "a", "key"]
+    blob = json.dumps(m).encode()
+    st.write(rel, blob)
+    commit_doc["manifest_xxh3"] = codec.digest(blob)
+    st.write(layout.commit_path(5), json.dumps(commit_doc).encode())
+    with pytest.raises(DrainError, match=r"step-0*5/manifest-\w+\.json: manifest field items"):
+        drain(_durable(durable), st, 5).wait()
+    assert not Storage(durable).exists(layout.commit_path(5))

@@ -95,6 +95,12 @@ def _first_problem(problems: list, what: str) -> str | None:
     return None
 
 
+def _named(exc: BaseException) -> str:
+    """An unexpected failure in one line, its type named (an OSError's text alone can be a
+    bare path)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _piece_parts(m: dict, objects: dict) -> list[dict]:
     """The part records of every item whose parts the piece's `objects` hold, those items
     validated (the manifest was read checking none: a rank checks only what it uses)."""
@@ -143,7 +149,7 @@ class _Drain:
             self._end_intent(failed=True)
             events.saved(self.durable, self.rank, self.stats, exc)
             if isinstance(exc, Exception) and not isinstance(exc, DrainError):
-                raise self.fail(f"{type(exc).__name__}: {exc}") from exc
+                raise self.fail(_named(exc)) from exc
             raise
         self._end_intent(failed=False)
         self.stats.background_s = time.perf_counter() - t0
@@ -177,7 +183,7 @@ class _Drain:
         try:
             self._upload(sizes)
         except Exception as exc:  # every rank must hear of it
-            problem = str(exc)
+            problem = str(exc) if isinstance(exc, CheckpointError) else _named(exc)
         uploads = _agree((problem, self.stats.bytes_written), group, self.world)
         bad = _first_problem([p for p, _ in uploads], "upload failed")
         if bad is not None:
@@ -188,7 +194,7 @@ class _Drain:
             try:
                 self._write_manifest(local_m, sum(n for _, n in uploads))
             except Exception as exc:
-                problem = str(exc)
+                problem = str(exc) if isinstance(exc, CheckpointError) else _named(exc)
         bad = _first_problem(_agree(problem, group, self.world), "manifest not written")
         if bad is not None:
             raise self.fail(bad)
@@ -228,11 +234,11 @@ class _Drain:
             m = rootreader.read_manifest(self.local, self.step, only=set())
             self.parts = _piece_parts(m, piece.objects)
             self.manifest_xxh3 = rootreader.read_commit(self.local, self.step)["manifest_xxh3"]
-        except mf.ManifestError as exc:
+        except (mf.ManifestError, TypeError, KeyError) as exc:  # (a hostile manifest's parts)
             url = self.local.url(layout.step_dir(self.step))
             return f"{url}: the local manifest is malformed ({exc})", None
-        except (CheckpointError, OSError, ValueError) as exc:
-            return str(exc), None
+        except Exception as exc:  # a problem like any other: the ranks must agree on it
+            return str(exc) if isinstance(exc, CheckpointError) else _named(exc), None
         self.piece = piece
         return None, m
 
@@ -244,12 +250,13 @@ class _Drain:
         try:
             if st.exists(layout.commit_path(self.step)):
                 return True, None
-            self.job.root_id = rootreader.ensure_root(st)
+            # (a fine-tune's root names its parent, as Checkpointer._run's first save does)
+            self.job.root_id = rootreader.ensure_root(st, getattr(self.ck, "_parent", None))
             clear_stray_archived(st, self.step)
             rel, blob = intent.write_intent(st, self.step, self.job.save_id, self.world)
             self.heartbeat = Heartbeat(st, rel, blob)
-        except (CheckpointError, OSError) as exc:
-            return False, str(exc)
+        except Exception as exc:  # the object store down, a foreign root: agreed, then raised
+            return False, str(exc) if isinstance(exc, CheckpointError) else _named(exc)
         return False, None
 
     def _holders(self, keys: list[str], group) -> list[str]:
