@@ -16,6 +16,8 @@ import logging
 from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.tier import peers
+from ckptflow.steps.checkpoint.tier.restore import TierSource
 from ckptflow.steps.lib import distributed, preflight, rng, state
 from ckptflow.steps.lib.data import VOCAB, Corpus
 from ckptflow.steps.lib.loop import (
@@ -30,7 +32,7 @@ from ckptflow.steps.lib.model import config_for, count_parameters
 
 from ckptflow import env
 from ckptflow.contract import PretrainArgs, parse
-from ckptflow.core import runroot
+from ckptflow.core import runroot, tier
 
 log = logging.getLogger("ckptflow.pretrain")
 
@@ -44,8 +46,10 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
     last step and the saves committed (for the step's save outputs)."""
     run_storage = env.open_storage(cfg.run_root)
     names = preflight.run(dinfo, run_storage, preflight.PreflightSpec.from_config(cfg), lineage)
-    start = state.resume(ck, *objs, dinfo, lineage)
-    if cfg.init_from and not ck.committed_steps():  # a fresh run, started from elsewhere
+    source, side = local_tier(cfg, ck, dinfo)
+    found = state.restore_training(ck, objs, dinfo, lineage, source)
+    start = found.step or 0
+    if cfg.init_from and found.step is None:  # a fresh run, started from elsewhere
         start = state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
         # training continues (e.g. --max-steps was raised): watchers must not stop early
@@ -60,11 +64,36 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
     if cfg.init_from:
         meta["init_from"] = {"uri": cfg.init_from, "state": cfg.init_state}
     loop = CheckpointedLoop(
-        spec, objs, ck=ck, dinfo=dinfo, lineage=lineage, metadata=meta, names=names
+        spec,
+        objs,
+        ck=ck,
+        dinfo=dinfo,
+        lineage=lineage,
+        metadata=meta,
+        names=names,
+        restored=found,
     )
-    last = loop.run(start)
-    ck.close()
+    try:
+        last = loop.run(start)
+        ck.close()
+    finally:
+        if side is not None:
+            side.close()
     return last, loop.saved
+
+
+def local_tier(cfg, ck, dinfo) -> tuple:
+    """(where the resume finds the local tier, the peers' side channel) with
+    --local-every > 0, else (None, None). The side channel starts before the resume (a
+    collective: a holder must serve while a rank on a new node fetches its piece)."""
+    if not cfg.local_every:
+        return None, None
+    key = tier.run_key(ck.root)
+    side = peers.start(
+        None, dinfo.rank, cfg.local_dir, key, replicas=cfg.replicas, keep=cfg.local_keep
+    )
+    directory = side.directory if side is not None else None
+    return TierSource(cfg.local_dir, key, directory, peers.fetch), side
 
 
 def train(cfg: PretrainArgs, dinfo: distributed.DistInfo, lineage) -> tuple[int, list]:

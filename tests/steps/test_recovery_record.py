@@ -30,5 +30,6 @@ def test_a_resumed_run_reports_its_measured_recovery(tmp_path, capsys):
     (rec,) = json.loads(capsys.readouterr().out)["recoveries"]["measured"]
     assert rec["resumed_step"] == 4  # the newest valid step before the kill
     assert 1 <= rec["last_step"] <= 6 and rec["recovery_s"] > 0
+    assert rec["source"] == "store" and rec["store_bytes"] > 0  # no local tier (issue 35)
     assert cli.main(["ckpt", "stats", f"{root}/ckpt"]) == 0
     assert "recovery 1" in capsys.readouterr().out
