@@ -141,3 +141,68 @@ def test_a_damaged_object_on_one_rank_fails_the_drain_on_every_rank(tmp_path):
     st = Storage(durable)
     rel = layout.object_path(key)
     assert not st.exists(rel) or codec.digest(st.read(rel)) == key
+
+
+def _local_tier_worker(rank: int, world: int, local_dir: str, durable: str, out: str) -> None:
+    """The tiny FSDP2 GPT's training state saved by the local tier (LocalTier: its save,
+    fan-out and PIECE), drained into the durable root, loaded back by a fresh Checkpointer."""
+    from ckptflow.steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint.tier.drain import drain
+    from ckptflow.steps.checkpoint.tier.local_save import LocalTier, compress_like
+    from ckptflow.steps.lib.state import apply_train_state, rng_entry, train_state
+
+    from ckptflow.core import tier
+    from tests.steps import tier_save_workers as tsw
+
+    dinfo, objs = tsw.setup(rank, world)
+    ck = Checkpointer(durable)
+    lt = LocalTier(local_dir, tier.run_key(durable), rank, world, compress=compress_like(ck))
+    tsw.train(objs, dinfo, 2)
+    state = train_state(*objs, 2)
+    state.update(rng_entry(rank, dinfo.device))
+    handle = lt.save(2, state, metadata={"data": objs[3].state_dict()})
+    saved = tsw.flat(state)
+    stats = drain(ck, lt.storage, 2, local_save=handle).wait()
+    lt.close()
+    ck.close()
+    st = Storage(durable)
+    m = Checkpointer(durable).manifest(2)
+    piece = tier.read_piece(lt.storage, 2, rank)
+    same_bytes = all(
+        st.read(layout.object_path(k)) == lt.storage.read(layout.object_path(k))
+        for k in piece.objects
+    )
+    _, fresh = tsw.setup(rank, world, seed=7)
+    tsw.train(fresh, dinfo, 1)
+    got = train_state(*fresh, 0)
+    got.update(rng_entry(rank, dinfo.device))
+    loaded = Checkpointer(durable).load(got, step=2)
+    step = apply_train_state(got, *fresh)
+    row = {
+        "loaded": loaded,
+        "step": step,
+        "diff": tsw.same(saved, tsw.flat(got)),
+        "same_bytes": same_bytes,
+        "piece": sorted(piece.objects),
+        "manifest": sorted(m["objects"]),
+        "written": stats.bytes_written,
+        "stored": m["stats"]["stored_bytes"],
+        "metadata": m["metadata"],
+    }
+    rows = _gather(row, world)
+    if rank == 0:
+        torch.save(rows, out)
+
+
+def test_a_local_tier_save_drains_and_loads_from_the_durable_root(tmp_path):
+    """With the local tier's own save (core/tier.py layout, fan-out, PIECE): the drained step
+    is the saved training state, loaded by a fresh Checkpointer on the durable root."""
+    out = str(tmp_path / "rows.pt")
+    dw.spawn(2, _local_tier_worker, str(tmp_path / "local"), str(tmp_path / "durable"), out)
+    rows = torch.load(out, weights_only=False)
+    for r in rows:
+        assert (r["loaded"], r["step"], r["diff"]) == (2, 2, [])
+        assert r["same_bytes"] and set(r["piece"]) <= set(r["manifest"])
+        assert "data" in r["metadata"]
+    assert set(rows[0]["piece"]) | set(rows[1]["piece"]) == set(rows[0]["manifest"])
+    assert rows[0]["written"] + rows[1]["written"] == rows[0]["stored"]  # each object once
