@@ -235,12 +235,13 @@ def _own_piece(
     return None
 
 
-def _load_piece(src: TierSource, rank: int, state: dict, step: int) -> Checkpointer | None:
-    """Load `state` from this rank's piece root; the Checkpointer, or None on failure
-    (logged naming the file: the caller's all-reduce takes the gang elsewhere)."""
+def _load_piece(src: TierSource, rank: int, state: dict, step: int, group) -> Checkpointer | None:
+    """Load `state` from this rank's piece root (over the restore's gloo `group`: no group
+    made per attempt); the Checkpointer, or None on failure (logged naming the file: the
+    caller's all-reduce takes the gang elsewhere)."""
     pck = None
     try:
-        pck = Checkpointer(src.root(rank), cooperative=False)
+        pck = Checkpointer(src.root(rank), cooperative=False, process_group=group)
         pck.load(state, step=step)
         return pck
     except Exception as exc:  # a missing object, a checksum: the gang falls back together
@@ -277,7 +278,7 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
             log.warning("local step %d: a rank has no sound piece of it; next candidate", step)
             continue
         tried = True
-        pck = _load_piece(src, rank, state, step)
+        pck = _load_piece(src, rank, state, step, group)
         if _all_reduce(int(pck is None), dist.ReduceOp.MAX, group):
             if pck is not None:
                 pck.close()
