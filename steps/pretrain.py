@@ -18,6 +18,7 @@ from dataclasses import asdict
 from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.checkpoint.tier import peers
 from ckptflow.steps.checkpoint.tier.restore import TierSource
+from ckptflow.steps.checkpoint.tier.setup import TierSettings, start_tier
 from ckptflow.steps.lib import distributed, preflight, rng, state
 from ckptflow.steps.lib.data import VOCAB, Corpus
 from ckptflow.steps.lib.loop import (
@@ -49,6 +50,9 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
     source, side = local_tier(cfg, ck, dinfo)
     found = state.restore_training(ck, objs, dinfo, lineage, source)
     start = found.step or 0
+    parts = start_tier(ck, TierSettings.from_args(cfg), side)  # this rank's local saves
+    if parts is not None:
+        parts.local.forget_after(start)  # a local step above it is of an abandoned timeline
     if cfg.init_from and found.step is None:  # a fresh run, started from elsewhere
         start = state.init_from(ck, objs, cfg.init_from, cfg.init_state, dinfo, lineage)
     if dinfo.is_main and start < cfg.max_steps and runroot.finished(run_storage):
@@ -72,11 +76,14 @@ def _train(cfg, dinfo, mcfg, ck, lineage, objs: TrainObjects) -> tuple[int, list
         metadata=meta,
         names=names,
         restored=found,
+        tier=parts,
     )
     try:
         last = loop.run(start)
         ck.close()
     finally:
+        if parts is not None:
+            parts.close()  # the last local save, its PIECE handed to the replicator
         if side is not None:
             side.close()
     return last, loop.saved

@@ -31,6 +31,7 @@ from ckptflow.steps.lib.straggler import (
     StragglerSpec,
     busy_clock,
 )
+from ckptflow.steps.lib.tier_loop import TierSaves
 
 from ckptflow import env
 from ckptflow.core import liveness, runroot
@@ -129,9 +130,12 @@ class CheckpointedLoop:
         preemption=None,
         names: list[str] | None = None,
         restored=None,
+        tier=None,
     ):
         self.spec, (self.model, self.optimizer, self.scheduler, self.loader) = spec, objs
         self.restored = restored  # how the resume restored (tier.restore.Restored), if told
+        # the local tier (tier/setup.TierParts): local saves, drains (steps/lib/tier_loop.py)
+        self.tiers = TierSaves(tier, ck) if tier is not None else None
         self.ck, self.dinfo = ck, dinfo
         self.lineage = lineage if dinfo.is_main else None
         self.metadata = metadata or {}
@@ -160,7 +164,7 @@ class CheckpointedLoop:
         try:
             for step in range(start_step, self.spec.max_steps):
                 self._one_step(step + 1, progress)
-            self._reap(block=True)
+            self._finish_saves(self.spec.max_steps)
         finally:
             progress.close()  # the terminal's logging goes back to plain lines
         return self.spec.max_steps
@@ -176,6 +180,8 @@ class CheckpointedLoop:
         saved = done % self.spec.ckpt_every == 0 or done == self.spec.max_steps
         if saved:
             self.save(done)
+        elif self.tiers is not None and self.tiers.due(done):
+            self.save_local(done)
         self._boundary(done, saved)
         self._reap(block=False)
 
@@ -207,6 +213,10 @@ class CheckpointedLoop:
             self.ck.prepare(
                 train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
             )
+        if self.tiers is not None and done == self.start_step + 1:
+            self.tiers.prepare(
+                train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
+            )
         if self.lineage and done % self.spec.log_every == 0:
             self.lineage.log_metrics(m, done)
 
@@ -232,7 +242,7 @@ class CheckpointedLoop:
         log.warning("%s at step %d: saving it before exiting", why, done)
         if not saved:
             self.save(done)
-        self._reap(block=True)
+        self._finish_saves(done)
         log.warning("step %d committed; exiting for a retry that resumes there", done)
 
     def _die(self, step: int) -> None:
@@ -252,7 +262,29 @@ class CheckpointedLoop:
                 uri,
             )
             return
+        if self.tiers is not None:  # a drain failed before: every rank knows it by now
+            self._reap(block=True)
         model_id = self.lineage.begin_checkpoint(step, uri) if self.lineage else None
+        state, meta = self._state(step, model_id)
+        block = not self.spec.async_save
+        try:
+            if self.tiers is not None:  # a local step too: the local save, then its drain
+                handle = self.tiers.durable(step, state, meta, block)
+            else:
+                handle = self.ck.save(step, state, block=block, metadata=meta)
+        except Exception as exc:
+            if self.lineage:
+                self.lineage.fail_checkpoint(model_id, str(exc))
+            raise
+        self.pending.append((handle, step, uri, model_id))
+
+    def save_local(self, step: int) -> None:
+        """A local-tier save of `step` alone (async; its failure is the tier's warning)."""
+        state, meta = self._state(step, None)
+        self.tiers.local(step, state, meta)
+
+    def _state(self, step: int, model_id: str | None) -> tuple[dict, dict]:
+        """What a save of `step` saves: the training state and the checkpoint's metadata."""
         state = train_state(self.model, self.optimizer, self.scheduler, self.loader, step)
         state.update(rng_entry(self.dinfo.rank, self.dinfo.device))
         meta = {
@@ -265,13 +297,15 @@ class CheckpointedLoop:
                 "run_id": self.lineage.run_id if self.lineage else None,
             },
         }
-        try:
-            handle = self.ck.save(step, state, block=not self.spec.async_save, metadata=meta)
-        except Exception as exc:
-            if self.lineage:
-                self.lineage.fail_checkpoint(model_id, str(exc))
-            raise
-        self.pending.append((handle, step, uri, model_id))
+        return state, meta
+
+    def _finish_saves(self, step: int) -> None:
+        """Wait for every save in flight; a durable copy still owed (a failed drain) is a
+        normal save of `step`, the state the loop holds now."""
+        self._reap(block=True)
+        if self.tiers is not None and self.tiers.owed:
+            self.save(step)
+            self._reap(block=True)
 
     def _reap(self, block: bool) -> None:
         """Finish the saves that are done (all when `block`): lineage for committed ones."""
@@ -282,6 +316,8 @@ class CheckpointedLoop:
             except Exception as exc:
                 if self.lineage:
                     self.lineage.fail_checkpoint(model_id, str(exc))
+                if self.tiers is not None and self.tiers.failed(step, exc):
+                    continue  # a drain's: the durable copy is owed (tier_loop.py)
                 raise
             log.info(
                 "checkpoint %d committed: %s stall %.3fs, background %.3fs, %d bytes written",

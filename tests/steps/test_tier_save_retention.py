@@ -199,3 +199,18 @@ def test_local_saves_compress_as_the_durable_root_resolves(tmp_path):
     assert compress_like(Checkpointer(str(tmp_path / "b"), compress=True)) is True
     assert compress_like(Checkpointer(str(tmp_path / "c"))) == "auto"  # local disk: adaptive
     assert compress_like(Checkpointer("memory://tier-ck/x")) == "auto"
+
+
+def test_steps_above_the_resumed_one_are_forgotten_with_their_objects(tmp_path):
+    lt = local(tmp_path, keep=5)
+    for step in (2, 4, 6):
+        lt.save(step, state(step))
+    lt.settle()
+    assert lt.forget_after(2) == [4, 6]
+    assert steps_of(lt) == [2]
+    assert {p.rsplit("/", 1)[1] for p in objects_of(lt)} == set(
+        tier.read_piece(lt.storage, 2, 0).objects
+    )
+    lt.save(4, state(40)).wait()  # the same step number again: a new save, not refused
+    assert steps_of(lt) == [2, 4]
+    lt.close()

@@ -104,6 +104,16 @@ def remove_unnamed_objects(storage: Storage, keep: set[str]) -> int:
     return freed
 
 
+def sweep(storage: Storage, rank: int, complete: dict | None = None) -> int:
+    """Delete the objects no step left in this root names; the bytes freed."""
+    if complete is None:
+        complete = complete_steps(storage, rank)
+    names: set[str] = set()
+    for step in sorted(rootreader.step_names(storage)):
+        names |= _named(storage, step, complete.get(step))
+    return remove_unnamed_objects(storage, names)
+
+
 def retain(storage: Storage, rank: int, keep: int, busy: set[int] = frozenset()) -> list[int]:
     """Keep the last `keep` (>= 1) complete steps of this rank root; the steps deleted."""
     complete = complete_steps(storage, rank)
@@ -116,9 +126,6 @@ def retain(storage: Storage, rank: int, keep: int, busy: set[int] = frozenset())
     for step in gone:
         remove_step(storage, step, rank)
     if gone:
-        names: set[str] = set()
-        for step in sorted(set(steps) - set(gone)):
-            names |= _named(storage, step, complete.get(step))
-        remove_unnamed_objects(storage, names)
+        sweep(storage, rank, complete)
         log.info("local tier: deleted steps %s of %s, kept %s", gone, storage.uri, sorted(kept))
     return gone

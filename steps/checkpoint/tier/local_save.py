@@ -126,6 +126,18 @@ class LocalTier:
         except Exception as exc:
             self._failed(handle.stats.step if handle else -1, exc)
 
+    def forget_after(self, step: int) -> list[int]:
+        """Delete this rank's local steps above `step`, the step training resumes from: they
+        are of a timeline the gang abandoned (a later save of the same number would find it
+        committed). The steps deleted."""
+        gone = [s for s in layout_steps(self.storage) if s > step]
+        for s in gone:
+            local_retention.remove_step(self.storage, s, self.rank)
+        if gone:
+            local_retention.sweep(self.storage, self.rank)
+            log.info("local tier: steps %s above the resumed step %d deleted", gone, step)
+        return gone
+
     def busy(self, step: int, handle: SaveHandle) -> None:
         """Keep `step` from retention while `handle` (a drain reading it) runs."""
         self._busy = {s: h for s, h in self._busy.items() if not h.done()}
