@@ -173,6 +173,16 @@ def report(res: dict, host: dict) -> str:
     ]
     for s in res["times"]:
         lines.append(f"| {s} | {med[s]:.3f} | {med[s] / peer:.2f} | {int(read[s]):,} |")
+    lines += [
+        "",
+        "A peer restore is the fetch (each object hashed as it arrives and written to the "
+        "rank's local volume, the piece checked whole, PIECE last) then the load of that "
+        "local copy (hashed again as it is read); a local restore hashes the piece before "
+        "use, then loads it. Local and peer restores read nothing from the durable root (its "
+        "listing only); a store restore reads the whole state from it. Moto here is loopback "
+        "HTTP on the same host: a real object store over a network, shared by the whole gang, "
+        "is slower, while each peer serves only the replicas it holds.",
+    ]
     load = ", ".join(f"{x:.1f}" for x in host["loadavg_at_end"])
     lines += ["", f"Host: {host['cpu']}, {host['cores']} cores, {host['disk']}; load {load}."]
     return "\n".join(lines)
