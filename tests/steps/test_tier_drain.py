@@ -5,6 +5,8 @@ durable root has are not uploaded again, and every failure commits nothing and s
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.checkpoint.tier.drain import KIND, DrainError, drain
 
 from ckptflow.core import codec, intent, layout, rootreader, tier
+from ckptflow.core.gc import gc
 from ckptflow.core.storage import Storage
 from tests.steps import ckpt_helpers as h
 from tests.steps import tier_drain_helpers as th
@@ -273,3 +276,33 @@ def test_a_hostile_local_manifest_fails_the_drain_naming_it(tmp_path):
     with pytest.raises(DrainError, match=r"step-0*5/manifest-\w+\.json: manifest field items"):
         drain(_durable(durable), st, 5).wait()
     assert not Storage(durable).exists(layout.commit_path(5))
+
+
+class _GcMidway(Storage):
+    """A durable root where a `ckptflow ckpt gc` (grace 0, a minute ahead) runs just before
+    the drain's last object upload: it must not free the objects already uploaded."""
+
+    def __init__(self, *a, objects: int, **kw):
+        super().__init__(*a, **kw)
+        self.left, self.lock, self.report = objects, threading.Lock(), None
+
+    def write(self, rel, data, **kw):
+        if rel.startswith(f"{layout.OBJECTS}/"):
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    when = time.time() + 60
+                    self.report = gc(self.uri, "last=1", apply=True, grace_s=0, now=when)
+        return super().write(rel, data, **kw)
+
+
+def test_a_gc_during_the_drain_frees_none_of_its_uploads(tmp_path):
+    """The drain keeps a save's intent with its heartbeat (save_intent.py): GC sees it live
+    and keeps every object written since it started, though none is referenced yet."""
+    durable = str(tmp_path / "durable")
+    Checkpointer(durable).save(1, {"other": torch.ones(1000)})
+    local, piece = _local(tmp_path, durable, 5, th.rank_state(0, 5))
+    ck = Checkpointer(durable, storage=_GcMidway(durable, objects=len(piece.objects)))
+    drain(ck, local.storage, 5).wait()
+    assert ck.storage.report is not None and ck.storage.report.applied
+    Checkpointer(durable).verify(5)

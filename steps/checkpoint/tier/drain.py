@@ -95,10 +95,10 @@ def _first_problem(problems: list, what: str) -> str | None:
     return None
 
 
-def _named(exc: BaseException) -> str:
-    """An unexpected failure in one line, its type named (an OSError's text alone can be a
-    bare path)."""
-    return f"{type(exc).__name__}: {exc}"
+def _why(exc: BaseException) -> str:
+    """A failure in one line: ckptflow's own say what and where; any other has its type
+    named (an OSError's text alone can be a bare path)."""
+    return str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
 
 
 def _piece_parts(m: dict, objects: dict) -> list[dict]:
@@ -149,7 +149,7 @@ class _Drain:
             self._end_intent(failed=True)
             events.saved(self.durable, self.rank, self.stats, exc)
             if isinstance(exc, Exception) and not isinstance(exc, DrainError):
-                raise self.fail(_named(exc)) from exc
+                raise self.fail(_why(exc)) from exc
             raise
         self._end_intent(failed=False)
         self.stats.background_s = time.perf_counter() - t0
@@ -183,7 +183,7 @@ class _Drain:
         try:
             self._upload(sizes)
         except Exception as exc:  # every rank must hear of it
-            problem = str(exc) if isinstance(exc, CheckpointError) else _named(exc)
+            problem = _why(exc)
         uploads = _agree((problem, self.stats.bytes_written), group, self.world)
         bad = _first_problem([p for p, _ in uploads], "upload failed")
         if bad is not None:
@@ -194,7 +194,7 @@ class _Drain:
             try:
                 self._write_manifest(local_m, sum(n for _, n in uploads))
             except Exception as exc:
-                problem = str(exc) if isinstance(exc, CheckpointError) else _named(exc)
+                problem = _why(exc)
         bad = _first_problem(_agree(problem, group, self.world), "manifest not written")
         if bad is not None:
             raise self.fail(bad)
@@ -238,7 +238,7 @@ class _Drain:
             url = self.local.url(layout.step_dir(self.step))
             return f"{url}: the local manifest is malformed ({exc})", None
         except Exception as exc:  # a problem like any other: the ranks must agree on it
-            return str(exc) if isinstance(exc, CheckpointError) else _named(exc), None
+            return _why(exc), None
         self.piece = piece
         return None, m
 
@@ -256,7 +256,7 @@ class _Drain:
             rel, blob = intent.write_intent(st, self.step, self.job.save_id, self.world)
             self.heartbeat = Heartbeat(st, rel, blob)
         except Exception as exc:  # the object store down, a foreign root: agreed, then raised
-            return False, str(exc) if isinstance(exc, CheckpointError) else _named(exc)
+            return False, _why(exc)
         return False, None
 
     def _holders(self, keys: list[str], group) -> list[str]:
