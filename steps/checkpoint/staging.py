@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import itertools
 import math
 import mmap
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,13 +87,26 @@ def advise_huge(mm: mmap.mmap) -> None:
         mm.madvise(mmap.MADV_HUGEPAGE)
 
 
-def populate(mm: mmap.mmap, start: int, length: int) -> None:
-    """Fault in a page-aligned range of a fresh mapping for writing, in one call: trapping on
-    each 4 KiB page during the copy cost more than the copy (populated first, the first
-    unprepared stall of 512 MiB took 0.19-0.22 CPU-s against 0.25-0.29). Without
-    MADV_POPULATE_WRITE (Linux < 5.14, other systems) the copy faults the pages in."""
-    with contextlib.suppress(OSError, ValueError):
-        mm.madvise(MADV_POPULATE_WRITE, start, length)
+def _libc_madvise():
+    """libc's madvise through ctypes, which releases the GIL for the call (mmap.madvise holds
+    it: a copy thread populating its slice stopped the others between their copies)."""
+    if sys.platform != "linux":
+        return None
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_MADVISE = _libc_madvise()
+
+
+def populate(dst: np.ndarray) -> None:
+    """Fault in the pages of `dst`, a page-aligned slice of a fresh mapping, for writing, in one
+    call: trapping on each 4 KiB page during the copy cost more than the copy (populated first,
+    the first unprepared stall of 512 MiB took 0.19-0.22 CPU-s against 0.25-0.29). Where the
+    call fails (Linux < 5.14, other systems) the copy faults the pages in, as before."""
+    if _MADVISE is not None and dst.nbytes:
+        _MADVISE(dst.ctypes.data, dst.nbytes, MADV_POPULATE_WRITE)  # (-1 on failure: harmless)
 
 
 def default_copy_threads(cores: int | None = None) -> int:
@@ -113,7 +128,7 @@ class Stager:
         self.prepared_s = 0.0  # how long the last prepare() took in the background
         self.copy_threads = max(1, copy_threads)  # threads copying a snapshot at once
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list = []  # (destination, source, fresh mapping) of the stage under way
+        self._pending: list = []  # (destination, source, fresh) of the stage under way
         self._staged: set[str] = set()  # the paths the stage under way gave a buffer
         self.copy_lanes = 0  # threads that shared the last stage's copy (tests read it)
         self._advise_after: list[mmap.mmap] = []  # buffers of the stage under way (_alloc_now)
@@ -123,23 +138,23 @@ class Stager:
             return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=True)
         return host_buffer(shape, dtype)
 
-    def _alloc_now(self, shape, dtype) -> tuple[torch.Tensor, mmap.mmap | None]:
-        """A buffer allocated while training waits (no `prepare`) and its fresh mapping, if
-        any (its copy populates it slice by slice: `populate`): on ordinary pages, advised
+    def _alloc_now(self, shape, dtype) -> tuple[torch.Tensor, bool]:
+        """A buffer allocated while training waits (no `prepare`) and whether it is a fresh
+        mapping (its copy populates it slice by slice: `populate`): on ordinary pages, advised
         onto huge pages only once the snapshot is copied (stage). Faulted in as huge pages
         during the copy, each fault zeroes 2 MiB, and on this host (a VM whose free huge
         blocks the hypervisor takes back) the first unprepared stall of 512 MiB took 0.7-3.0 s
         in 7 of 10 fresh processes (0.11-0.36 s in the others) against 0.14-0.58 s on ordinary
         pages."""
         if self._pin:
-            return self._alloc(shape, dtype), None
+            return self._alloc(shape, dtype), False
         buf, mm = mapped_buffer(shape, dtype)
         if mm is not None:
             self._advise_after.append(mm)
-        return buf, mm
+        return buf, mm is not None
 
     def _buffer(self, path: str, src: torch.Tensor) -> torch.Tensor:
-        buf, fresh = self._buffers.get(path), None
+        buf, fresh = self._buffers.get(path), False
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf, fresh = self._alloc_now(src.shape, src.dtype)
             self._buffers[path] = buf
@@ -243,7 +258,7 @@ class Stager:
         total = sum(len(src) for _, src, _ in pairs)
         threads = min(self.copy_threads, max(1, total // PARALLEL_MIN))
         tasks = [
-            (dst[o : o + COPY_SLICE], src[o : o + COPY_SLICE], fresh, o)
+            (dst[o : o + COPY_SLICE], src[o : o + COPY_SLICE], fresh)
             for dst, src, fresh in pairs
             for o in range(0, len(src), COPY_SLICE)
         ]
@@ -278,7 +293,7 @@ def _drain(tasks: list, nxt, copiers: set) -> None:
     collects the threads that shared the queue (every one has returned when stage returns)."""
     copiers.add(threading.get_ident())
     while (i := next(nxt)) < len(tasks):
-        dst, src, fresh, at = tasks[i]
-        if fresh is not None:
-            populate(fresh, at, len(src))
+        dst, src, fresh = tasks[i]
+        if fresh:
+            populate(dst)
         np.copyto(dst, src)

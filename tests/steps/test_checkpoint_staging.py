@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 from ckptflow.steps.checkpoint import Checkpointer, staging
 from ckptflow.steps.checkpoint.staging import Stager
@@ -186,17 +187,17 @@ def test_unprepared_buffers_are_private_memory_populated_slice_by_slice_before_t
     seen = []
     real = staging.populate
     monkeypatch.setattr(
-        staging, "populate", lambda mm, at, n: (seen.append((at, n)), real(mm, at, n))[1]
+        staging, "populate", lambda dst: (seen.append((dst.ctypes.data, dst.nbytes)), real(dst))
     )
     state = {"big": torch.randn(staging.COPY_SLICE // 4 + 12345), "small": torch.randn(8)}
     stager = Stager(copy_threads=2)
     staged = stager.stage(state)
     assert torch.equal(staged["big"], state["big"]) and torch.equal(staged["small"], state["small"])
     assert "sh" not in _vm_flags(staged["big"].data_ptr()), "a shared (shmem) mapping"
-    nbytes = state["big"].numel() * 4
+    at, nbytes = staged["big"].data_ptr(), state["big"].numel() * 4
     assert sorted(seen) == [
-        (0, staging.COPY_SLICE),
-        (staging.COPY_SLICE, nbytes - staging.COPY_SLICE),
+        (at, staging.COPY_SLICE),
+        (at + staging.COPY_SLICE, nbytes - staging.COPY_SLICE),
     ]
     seen.clear()
     state["big"].add_(1.0)
@@ -214,3 +215,21 @@ def test_buffers_of_entries_no_longer_staged_are_released():
     assert stager.nbytes() == (4 << 20) + 32
     assert torch.equal(staged["n"]["s"], stager.stage({"n": {"s": staged["n"]["s"]}})["n"]["s"])
     assert stager.nbytes() == 32
+
+
+def _present_pages(addr: int, nbytes: int) -> int:
+    """How many of the 4 KiB pages at [addr, addr + nbytes) are in memory (/proc/self/pagemap:
+    bit 63 of each page's entry; a mapping's smaps counts the anonymous mappings it merged)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // 4096 * 8)
+        entries = np.frombuffer(f.read(nbytes // 4096 * 8), dtype=np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
+
+
+def test_populate_takes_a_fresh_slice_in_without_writing_it():
+    buf, mm = staging.mapped_buffer((3 << 20,), torch.uint8)
+    assert mm is not None and _present_pages(buf.data_ptr(), 3 << 20) == 0
+    staging.populate(buf.numpy()[: 2 << 20])
+    # (kernels before 5.14: none; the copy faults them in)
+    assert _present_pages(buf.data_ptr(), 3 << 20) == (2 << 20) // 4096
+    assert not buf.any()
