@@ -17,7 +17,7 @@ from dataclasses import asdict
 
 from ckptflow.steps.checkpoint import Checkpointer
 from ckptflow.steps.checkpoint.tier import peers
-from ckptflow.steps.checkpoint.tier.restore import TierSource
+from ckptflow.steps.checkpoint.tier.restore import TierSource, gang_group
 from ckptflow.steps.checkpoint.tier.setup import TierSettings, start_tier
 from ckptflow.steps.lib import distributed, preflight, rng, state
 from ckptflow.steps.lib.data import VOCAB, Corpus
@@ -96,8 +96,9 @@ def local_tier(cfg, ck, dinfo) -> tuple:
     if not cfg.local_every:
         return None, None
     key = tier.run_key(ck.root)
+    group = gang_group(ck)  # gloo: the gathered addresses need no CUDA tensors
     side = peers.start(
-        None, dinfo.rank, cfg.local_dir, key, replicas=cfg.replicas, keep=cfg.local_keep
+        group, dinfo.rank, cfg.local_dir, key, replicas=cfg.replicas, keep=cfg.local_keep
     )
     directory = side.directory if side is not None else None
     return TierSource(cfg.local_dir, key, directory, peers.fetch), side

@@ -168,3 +168,19 @@ def test_a_load_failing_on_one_rank_moves_the_whole_gang(built, tmp_path):
     tier.write_piece(root, tier.new_piece(1, 2, 4, piece.manifest, objects))
     docs = g.restore()
     _restored(docs, 3, "local")
+
+
+def test_a_damaged_peer_replica_is_not_loaded_the_gang_takes_an_older_step(built, tmp_path):
+    """Rank 1 on a new node; rank 0's replica of its step 4 has a flipped byte: the fetch
+    refuses it (hashed on arrival), so step 4 cannot be assembled; step 3's replica can."""
+    g = Gang(built, tmp_path)
+    shutil.rmtree(w.node(g.base, 1))
+    key = g.objects_of(4, "mine.rank1")[0]
+    with open(g.root(0, 1).path(f"objects/{key[:2]}/{key}"), "r+b") as f:
+        f.seek(7)
+        b = f.read(1)
+        f.seek(7)
+        f.write(bytes([b[0] ^ 0x01]))
+    docs = g.restore()
+    _restored(docs, 3, "peer")
+    assert not g.root(1, 1).exists(tier.piece_path(4, 1))  # no PIECE for the damaged fetch

@@ -95,9 +95,10 @@ class Restored:
             self.loader.close()
 
 
-def _group(ck: Checkpointer):
-    """A gloo group for the restore's small collectives (gathered objects, flags): the
-    Checkpointer's (the default one when it is gloo)."""
+def gang_group(ck: Checkpointer):
+    """A gloo group for the restore's small collectives (gathered objects, flags) and the
+    peers' start: the durable Checkpointer's (the default group when it is gloo; with nccl
+    its own gloo group, made now by every rank: no CUDA tensor for a gathered object)."""
     return ck._group(background=False)
 
 
@@ -258,7 +259,7 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     rank calls it (collective). Restored.step is None when there is nothing anywhere."""
     before = ck.storage.meter.bytes
     skipped: list[str] = []
-    group = _group(ck)
+    group = gang_group(ck)
     if src is None:  # no local tier: the existing path, with no collective of its own
         return _from_store(ck, state, False, (ck.storage, before, group), skipped)
     rank, world = ck.rank, ck.world_size

@@ -1,0 +1,52 @@
+"""The restore's choice (issue 35), without a gang: which ranks hold what (from gathered
+listings, validated: a gathered object is input), which steps the gang can assemble, and
+which local pieces a rank offers (another world size's never; damaged ones reported)."""
+
+from __future__ import annotations
+
+from ckptflow.steps.checkpoint.tier import restore as rs
+
+from ckptflow.core import tier
+from tests.steps.tier_restore_workers import copy_piece
+
+
+def test_holders_drop_malformed_and_hostile_entries():
+    gathered = [
+        {"pieces": [[0, 4], [1, 4], [0, 3]]},
+        {"pieces": [[1, 4], [1, 3], [5, 4], [-1, 4], [True, 4], ["0", 4], [0], None, [0, 2**70]]},
+        "not a dict",
+        {"pieces": "nope"},
+    ]
+    held = rs.holders(gathered, world=2)
+    assert held == {(0, 4): [0], (1, 4): [0, 1], (0, 3): [0], (1, 3): [1]}
+
+
+def test_candidates_need_every_rank_and_are_not_older_than_the_durable_step():
+    held = {(0, 4): [0], (1, 4): [1], (0, 3): [0], (1, 3): [0], (0, 5): [0]}
+    assert rs.candidates(held, 2, None) == [4, 3]  # step 5 lacks rank 1
+    assert rs.candidates(held, 2, 4) == [4]  # a tie goes to the local step
+    assert rs.candidates(held, 2, 5) == []  # the store is newer
+    assert rs.candidates(held, 3, None) == []  # a rank the pieces never had
+
+
+def test_a_rank_offers_only_sound_pieces_of_its_world_size(tmp_path):
+    import torch
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    scratch = Checkpointer(str(tmp_path / "scratch"))
+    scratch.save(3, {"w": torch.arange(10.0)})
+    scratch.save(4, {"w": torch.arange(10.0) + 1})
+    key = "0123456789abcdef"
+    local = str(tmp_path / "local")
+    copy_piece(scratch.root, 3, 0, 1, tier.piece_root(local, key, 0))
+    copy_piece(scratch.root, 4, 0, 1, tier.piece_root(local, key, 0))
+    # a piece saved by a gang of two (rank 1's, replicated here): not for a gang of one
+    copy_piece(scratch.root, 4, 1, 2, tier.piece_root(local, key, 1))
+    # step 4's manifest is gone from rank 0's root: that piece is damaged, and named
+    root = tier.piece_root(local, key, 0)
+    piece = tier.read_piece(Checkpointer(root).storage, 4, 0)
+    (tmp_path / "local" / key / "rank-0" / "step-00000004" / piece.manifest).unlink()
+    skipped: list[str] = []
+    offered = rs.held_pieces(rs.TierSource(local, key), 0, 1, skipped)
+    assert [(p.rank, p.step) for p in offered] == [(0, 3)]
+    assert len(skipped) == 1 and piece.manifest in skipped[0], skipped
