@@ -106,6 +106,8 @@ def restore_training(ck, objs, dinfo: DistInfo, lineage=None, tier=None) -> Rest
         }
         if fell:
             tags["ckptflow.resume_fell_back_from"] = ",".join(map(str, fell))
+        if found.skipped:  # damaged or partial local copies (this rank's), each naming its file
+            tags["ckptflow.resume_skipped_local"] = "; ".join(found.skipped)[:4000]
         lineage.set_tags(tags)
         if dinfo.is_main:  # one point per recovery: MLflow's history counts them by source
             metrics = {"resume_store_bytes": found.store_bytes, f"resume_from_{found.source}": 1}

@@ -90,3 +90,30 @@ def test_without_local_steps_resume_reads_the_store_and_counts_it(dinfo, tmp_pat
         )
         == 0
     )
+
+
+def test_a_damaged_local_step_is_skipped_named_and_tagged_and_the_store_restores(dinfo, tmp_path):
+    first = ts.make(dinfo)
+    ts.steps(first, 2, dinfo)
+    durable = str(tmp_path / "ckpt")
+    _save(Checkpointer(durable), first, 2)
+    ts.steps(first, 2, dinfo)
+    scratch = Checkpointer(str(tmp_path / "scratch"))
+    _save(scratch, first, 4)
+    key = tier.run_key(Checkpointer(durable).root)
+    local = str(tmp_path / "local")
+    root = tier.piece_root(local, key, 0)
+    copy_piece(scratch.root, 4, 0, 1, root)
+    piece = tier.read_piece(Checkpointer(root).storage, 4, 0)
+    biggest = max(piece.objects, key=piece.objects.get)
+    path = Checkpointer(root).storage.path(f"objects/{biggest[:2]}/{biggest}")
+    with open(path, "r+b") as f:
+        f.seek(3)
+        f.write(b"\xde\xad")
+    lineage = Lineage()
+    found = st.restore_training(
+        Checkpointer(durable), ts.make(dinfo), dinfo, lineage, TierSource(local, key)
+    )
+    assert (found.step, found.source) == (2, "store")  # never the damaged step 4
+    assert path in lineage.tags["ckptflow.resume_skipped_local"]
+    assert "checksum" in lineage.tags["ckptflow.resume_skipped_local"]
