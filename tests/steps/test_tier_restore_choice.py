@@ -7,6 +7,8 @@ from __future__ import annotations
 from ckptflow.steps.checkpoint.tier import restore as rs
 
 from ckptflow.core import tier
+from ckptflow.core.storage import Storage
+from ckptflow.core.storage_errors import StorageError
 from tests.steps.tier_restore_workers import copy_piece
 
 
@@ -50,3 +52,29 @@ def test_a_rank_offers_only_sound_pieces_of_its_world_size(tmp_path):
     offered = rs.held_pieces(rs.TierSource(local, key), 0, 1, skipped)
     assert [(p.rank, p.step) for p in offered] == [(0, 3)]
     assert len(skipped) == 1 and piece.manifest in skipped[0], skipped
+
+
+class BrokenVolume(Storage):
+    """A local volume whose every listing fails (an I/O error the storage layer translates)."""
+
+    def child(self, rel: str) -> Storage:
+        return self
+
+    def listdir(self, rel: str = "") -> list[str]:
+        raise StorageError(f"{self.uri}: input/output error", "io")
+
+
+def test_an_unreadable_local_volume_costs_the_local_tier_not_the_restore(tmp_path):
+    """Any failure of a rank's local work is that rank's missing piece (agreed with the
+    gang), never an exception on one rank while the others wait in a collective."""
+    import torch
+    from ckptflow.steps.checkpoint import Checkpointer
+
+    durable = Checkpointer(str(tmp_path / "ckpt"))
+    durable.save(2, {"w": torch.arange(4.0)})
+    local = str(tmp_path / "local")
+    src = rs.TierSource(local, tier.run_key(durable.root), storage=BrokenVolume(local))
+    state = {"w": torch.zeros(4)}
+    found = rs.restore(Checkpointer(durable.root), state, src)
+    assert (found.step, found.source) == (2, "store") and torch.equal(state["w"], torch.arange(4.0))
+    assert any("input/output error" in s for s in found.skipped), found.skipped

@@ -159,6 +159,18 @@ def _partial(base: Storage, src: TierSource, rank: int, complete: set, skipped: 
         _skip(skipped, f"{own.url(tier.piece_path(step, rank))}: absent (a partial local copy)")
 
 
+def _safely(fn, default, skipped: list[str], *args):
+    """`fn(*args)`, or `default` when it fails in any way (an I/O error of the local volume,
+    a bug): the local tier's problem on one rank must become that rank's missing piece, which
+    the gang agrees on, never an exception on one rank while the others wait in the next
+    collective (and never a failed restore: the store is still there)."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        _skip(skipped, f"local tier on this rank: {type(exc).__name__}: {exc}")
+        return default
+
+
 def _skip(skipped: list[str], problem: str) -> None:
     log.warning("local tier: skipping %s", problem)
     skipped.append(problem)
@@ -267,14 +279,16 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     # large model) is read only when the gang loads from the store
     committed = ck.committed_steps()
     durable = committed[-1] if committed else None
-    pieces = held_pieces(src, rank, world, skipped)
+    pieces = _safely(held_pieces, [], skipped, src, rank, world, skipped)
     gathered = _all_gather({"pieces": _listing(pieces), "durable": durable}, group)
     first = gathered[0] if isinstance(gathered[0], dict) else {}
     durable = first.get("durable") if _int(first.get("durable")) else None
     held = holders(gathered, world)
     tried = False
     for step in candidates(held, world, durable):
-        how = _own_piece(src, rank, step, held.get((rank, step), []), skipped)
+        how = _safely(
+            _own_piece, None, skipped, src, rank, step, held.get((rank, step), []), skipped
+        )
         if _all_reduce(int(how is None), dist.ReduceOp.MAX, group):
             log.warning("local step %d: a rank has no sound piece of it; next candidate", step)
             continue
