@@ -52,6 +52,8 @@ MAX_COPY_THREADS = 4
 # madvise: fault a range's pages in for writing, in the kernel (Linux 5.14; the mmap module of
 # Python 3.11 does not name it; include/uapi/asm-generic/mman-common.h)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+# madvise: a child forked later sees the range zero-filled, not shared copy-on-write (Linux 4.14)
+MADV_WIPEONFORK = getattr(mmap, "MADV_WIPEONFORK", 18)
 
 
 def host_buffer(shape, dtype) -> torch.Tensor:
@@ -76,6 +78,11 @@ def mapped_buffer(shape, dtype) -> tuple[torch.Tensor, mmap.mmap | None]:
     # fault in slower (first unprepared stall of 512 MiB: 0.37 CPU-s shared, 0.25 private) and
     # never on huge pages unless the host's shmem_enabled says so.
     mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # Private pages would be copy-on-write in a child forked while they live (DataLoader
+    # workers): the next snapshot's copy would copy every page once more. No child needs them.
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):  # (kernels before 4.14: copy-on-write, as any tensor)
+            mm.madvise(MADV_WIPEONFORK)
     # (the tensor holds the mapping: it is unmapped with the tensor's last reference)
     return torch.frombuffer(mm, dtype=torch.uint8).view(dtype).view(shape), mm
 

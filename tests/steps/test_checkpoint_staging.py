@@ -233,3 +233,24 @@ def test_populate_takes_a_fresh_slice_in_without_writing_it():
     # (kernels before 5.14: none; the copy faults them in)
     assert _present_pages(buf.data_ptr(), 3 << 20) == (2 << 20) // 4096
     assert not buf.any()
+
+
+def test_a_forked_child_does_not_share_the_snapshot_buffers_copy_on_write():
+    """Private buffers (a shared mapping's pages fault in slower) would be copy-on-write in a
+    child forked by training (DataLoader workers): the next snapshot's copy would then copy
+    every page once more. The child gets them zero-filled instead (MADV_WIPEONFORK)."""
+    import os
+
+    state = {"big": torch.arange(1 << 20, dtype=torch.float32) + 1}
+    staged = Stager().stage(state)["big"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what does it see? (nothing else: it leaves at once)
+        os.write(w, staged.numpy()[:4].tobytes())
+        os._exit(0)
+    os.close(w)
+    seen = os.read(r, 64)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert seen == bytes(16), "the child shares the buffer copy-on-write"
+    assert torch.equal(staged, state["big"])
