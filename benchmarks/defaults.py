@@ -135,11 +135,16 @@ def run_child(method: str, state: str, work: str, root: str | None = None) -> di
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
         raise SystemExit(f"{method} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
-    return json.loads(lines[-1][7:])
+    return json.loads(lines[-1][7:]) | {"load": os.getloadavg()[0]}  # (the host is shared)
+
+
+def _ratios(rows: dict, a: str, b: str, key: str) -> list[float]:
+    """Per repeat, a's figure over b's in the same repeat."""
+    return [x[key] / y[key] for x, y in zip(rows[a], rows[b], strict=True)]
 
 
 def _paired(rows: dict, a: str, b: str, key: str) -> float:
-    return statistics.median(x[key] / y[key] for x, y in zip(rows[a], rows[b], strict=True))
+    return statistics.median(_ratios(rows, a, b, key))
 
 
 def report(rows: dict, s3: list, mib: float, repeats: int, argv: str) -> str:
@@ -153,6 +158,8 @@ def report(rows: dict, s3: list, mib: float, repeats: int, argv: str) -> str:
     steady = _paired(rows, "ckptflow-async", "dcp-async", "steady_stall_s")
     local = rows["ckptflow-sync"]
     modes = sorted({x["mode"] or "-" for x in local})
+    loads = [x["load"] for v in rows.values() for x in v if "load" in x]
+    spread = f" (1-minute load {min(loads):.1f}-{max(loads):.1f} over the runs)" if loads else ""
     lines = [
         SECTION,
         "",
@@ -162,7 +169,7 @@ def report(rows: dict, s3: list, mib: float, repeats: int, argv: str) -> str:
         "DCP: `dcp.save` / `dcp.async_save` with `FileSystemWriter(path)` as given. Local disk;",
         "saves durable when they return. Load average at the end: "
         + " ".join(f"{x:.2f}" for x in os.getloadavg())
-        + ".",
+        + f"{spread}.",
         "",
         "| method | save s | first stall s | steady stall s | first save until done s |",
         "| --- | --- | --- | --- | --- |",
@@ -190,12 +197,18 @@ def report(rows: dict, s3: list, mib: float, repeats: int, argv: str) -> str:
         f"| stored/raw, defaults, local disk (mode {', '.join(modes)}) | "
         f"{statistics.median(x['stored_raw'] for x in local):.3f} | | |",
     ]
+    per_repeat = [
+        ("sync save / DCP", _ratios(rows, "ckptflow-sync", "dcp-sync", "save_s")),
+        ("first stall / DCP", _ratios(rows, "ckptflow-async", "dcp-async", "first_stall_s")),
+    ]
     if s3:
         s3modes = ", ".join(sorted({x["mode"] or "-" for x in s3}))
         lines.append(
             f"| stored/raw, defaults, S3 API (moto; mode {s3modes}) | "
             f"{statistics.median(x['stored_raw'] for x in s3):.3f} | | |"
         )
+    lines += ["", "Per repeat (in run order):"]
+    lines += [f"- {name}: " + " ".join(f"{r:.2f}" for r in rs) for name, rs in per_repeat]
     return "\n".join(lines) + "\n"
 
 
