@@ -21,3 +21,17 @@ def test_each_rank_loads_the_step_from_only_its_own_root(tmp_path):
         assert rep["piece"][:2] == [4, r] and rep["problem"] is None
         assert rep["steps"] == [2, 4]  # keep=2: both local steps
         assert rep["bytes_read"] > 0
+
+
+def test_a_rank_whose_piece_fails_leaves_no_collective_waiting(tmp_path):
+    local, out = tmp_path / "local", tmp_path / "out"
+    out.mkdir()
+    dw.spawn(2, tw.one_rank_fails_worker, str(local), str(out))
+    reps = [json.loads((out / f"fail{r}.json").read_text()) for r in range(2)]
+    receiver = [r for r, rep in enumerate(reps) if rep["received"] == [6]]
+    assert len(receiver) == 1  # the rank without the shared items
+    for r, rep in enumerate(reps):
+        lost = {6} if r in receiver else set()
+        lost |= {4} if r == 1 else set()
+        assert rep["complete"] == sorted({2, 4, 6, 8} - lost), (r, rep)
+        assert rep["failures"] == len(lost) and rep["enabled"]

@@ -121,3 +121,58 @@ def save_and_load_alone(rank, world, local_dir, out_dir, steps=(2, 4)):
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
+
+
+def plain_state(rank: int, step: int) -> dict:
+    """A small state of this rank's own tensors and shared values (no model: fast)."""
+    g = torch.Generator().manual_seed(rank * 1000 + step)
+    return {
+        f"r{rank}.w": torch.randn(64, 64, generator=g),
+        f"r{rank}.big": torch.randn(512, 512, generator=g),  # 1 MiB: an object of its own
+        "shared": {"step": step, "lr": torch.full((4,), 0.5 * step)},
+    }
+
+
+def one_rank_fails_worker(rank, world, local_dir, out_dir):
+    """Steps 2, 4, 6, 8: at 4 rank 1 cannot write its PIECE, at 6 no rank can write what it
+    receives (DCP gives the shared items to one rank: the other receives them); the gang goes
+    on (no collective left waiting) and both ranks' later pieces are complete. Reports each
+    rank's complete steps, its tier's failures and whether it received at step 6."""
+    from ckptflow.steps.checkpoint.tier import fanout, local_retention
+
+    lt = LocalTier(local_dir, tier.run_key(DURABLE), rank, world, keep=4)
+    real_piece, real_transfer = tier.write_piece, fanout.FanOut._transfer
+
+    def piece(st, p):
+        if rank == 1 and p.step == 4:
+            raise OSError("PIECE refused on purpose")
+        return real_piece(st, p)
+
+    def refuse(rel, data, **kw):
+        raise OSError(f"{rel} refused on purpose")
+
+    received = []
+
+    def transfer(self, src, keys, sizes, missing, found):  # at step 6 nothing received lands
+        if self.job.step == 6 and set(keys) & set(missing):
+            received.append(6)
+            self.st.write = refuse
+        try:
+            return real_transfer(self, src, keys, sizes, missing, found)
+        finally:
+            self.st.__dict__.pop("write", None)
+
+    tier.write_piece, fanout.FanOut._transfer = piece, transfer
+    for step in (2, 4, 6, 8):
+        lt.save(step, plain_state(rank, step))
+        lt.settle()
+    lt.close()
+    report = {
+        "rank": rank,
+        "complete": sorted(local_retention.complete_steps(lt.storage, rank)),
+        "failures": lt.failures,
+        "enabled": lt.enabled,
+        "received": received,
+    }
+    with open(os.path.join(out_dir, f"fail{rank}.json"), "w") as f:
+        json.dump(report, f)
