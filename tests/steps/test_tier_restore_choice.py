@@ -52,6 +52,9 @@ def test_a_rank_offers_only_sound_pieces_of_its_world_size(tmp_path):
     offered = rs.held_pieces(rs.TierSource(local, key), 0, 1, skipped)
     assert [(p.rank, p.step) for p in offered] == [(0, 3)]
     assert len(skipped) == 1 and piece.manifest in skipped[0], skipped
+    # a piece older than the durable step is never used: not offered, not even checked
+    assert rs.held_pieces(rs.TierSource(local, key), 0, 1, [], durable=4) == []
+    assert [p.step for p in rs.held_pieces(rs.TierSource(local, key), 0, 1, [], durable=3)] == [3]
 
 
 class BrokenVolume(Storage):

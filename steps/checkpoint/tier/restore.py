@@ -123,8 +123,11 @@ def _all_gather(obj, group) -> list:
 
 
 # -- 1. what this rank holds -----------------------------------------------------------------
-def held_pieces(src: TierSource, rank: int, world: int, skipped: list[str]) -> list[tier.Piece]:
-    """The pieces under this rank's <local_dir>/<run_key>/ of world size `world` that pass
+def held_pieces(
+    src: TierSource, rank: int, world: int, skipped: list[str], durable: int | None = None
+) -> list[tier.Piece]:
+    """The pieces under this rank's <local_dir>/<run_key>/ of world size `world`, not older
+    than the durable step `durable` (an older one is never used: not even checked), that pass
     the cheap check (every file there, objects by size); each problem goes to `skipped`
     (and the log) naming the file. A step folder of this rank's own root without its PIECE
     is a partial copy (a save cut short): reported too."""
@@ -138,24 +141,30 @@ def held_pieces(src: TierSource, rank: int, world: int, skipped: list[str]) -> l
     for p in pieces:
         if p.world_size != world:
             continue  # another world size: object storage reshards, a piece cannot
+        if durable is not None and p.step < durable:
+            continue
         problem = tier.verify_piece(Storage(p.root), p, check_hash=False)
         if problem:
             _skip(skipped, problem)
         else:
             out.append(p)
-    _partial(base, src, rank, {p.step for p in pieces if p.rank == rank}, skipped)
+    complete = {p.step for p in pieces if p.rank == rank}
+    _partial(base, src, rank, complete, skipped, durable)
     return out
 
 
-def _partial(base: Storage, src: TierSource, rank: int, complete: set, skipped: list) -> None:
-    """Report this rank's own step folders that hold no PIECE (never loaded)."""
+def _partial(
+    base: Storage, src: TierSource, rank: int, complete: set, skipped: list, durable
+) -> None:
+    """Report this rank's own step folders (not older than `durable`) that hold no PIECE
+    (never loaded)."""
     rel = src.root(rank)[len(src.local_dir.rstrip("/")) + 1 :]
     own = base.child(rel)
     try:
         steps = rootreader.step_names(own)
     except (CheckpointError, OSError):
         return
-    for step in sorted(set(steps) - complete):
+    for step in sorted(s for s in set(steps) - complete if durable is None or s >= durable):
         _skip(skipped, f"{own.url(tier.piece_path(step, rank))}: absent (a partial local copy)")
 
 
@@ -279,7 +288,7 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     # large model) is read only when the gang loads from the store
     committed = ck.committed_steps()
     durable = committed[-1] if committed else None
-    pieces = _safely(held_pieces, [], skipped, src, rank, world, skipped)
+    pieces = _safely(held_pieces, [], skipped, src, rank, world, skipped, durable)
     gathered = _all_gather({"pieces": _listing(pieces), "durable": durable}, group)
     first = gathered[0] if isinstance(gathered[0], dict) else {}
     durable = first.get("durable") if _int(first.get("durable")) else None
