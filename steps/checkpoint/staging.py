@@ -12,9 +12,10 @@ buffers are private memory populated one copy slice at a time just before that s
 (one madvise, no trap per 4 KiB page), and buffers of entries a snapshot no longer has are
 released: memory stays one snapshot's.
 
-The stall is then the host copy alone (profiled: over 95% of it is memcpy), so CPU tensors are
-copied by up to `copy_threads` threads at once, in slices: one thread copies at well under a
-host's memory bandwidth, and training waits for the copy anyway, so its cores are free.
+Into buffers already there the stall is the host copy alone (profiled: over 95% of it is
+memcpy), so CPU tensors are copied by up to `copy_threads` threads at once, in slices: one thread
+copies at well under a host's memory bandwidth, and training waits for the copy anyway, so its
+cores are free. (Into fresh buffers, the first stall was mostly the kernel faulting pages in.)
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def host_buffer(shape, dtype) -> torch.Tensor:
     advised onto huge pages (where the kernel offers them, e.g. transparent_hugepage=madvise).
 
     The snapshot copy is bound by memory bandwidth and the TLB: into buffers on huge pages it
-    took 0.116 s per GiB against 0.135 s on 4 KiB pages (two copy threads, paired rounds)."""
+    took 0.116 s per GiB against 0.135 s on 4 KiB pages (two copy threads, paired rounds; then
+    shared mappings, which this host never put on huge pages (shmem_enabled=never): that
+    difference was not the pages' size)."""
     t, mm = mapped_buffer(shape, dtype)
     if mm is not None:
         advise_huge(mm)
