@@ -32,6 +32,7 @@ Contract (B peers, C restore, E drain build on it; signatures stay as they are):
 - read_piece(storage, step, rank) -> Piece | None        None when absent; PieceError on damage
 - verify_piece(storage, piece, *, check_hash=True) -> str | None   a problem (naming the file) or None
 - list_pieces(local_dir, run_key) -> list[Piece]          every readable PIECE (not verified)
+- link_problem(local_dir, run_key, rank) -> str | None   a link where the tier writes (refuse)
 - new_piece(rank, world_size, step, manifest, objects) -> Piece   for writers (bytes, time filled)
 - piece_files(piece) -> list[str]                         marker, manifest, COMMIT, objects, PIECE last
 - write_piece(storage, piece) -> None                     written atomically: call it last
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -275,6 +277,28 @@ def verify_piece(storage: Storage, piece: Piece, *, check_hash: bool = True) -> 
     return None
 
 
+def link_problem(local_dir: str, run_key: str, rank: int | None = None) -> str | None:
+    """Why the tier must not write, delete or read under <local_dir>/<run_key>/[rank-<rank>/]:
+    that run folder or rank folder is a symbolic link or not a folder (None: absent or a plain
+    folder). A link planted in a shared hostPath would take the tier's writes and its
+    retention's deletes to another run's folder or a user's files (local_dir itself may be a
+    link: a mount's). Only local disk has links: other storage is no problem."""
+    run = piece_root(local_dir, run_key, rank or 0).rsplit("/", 1)[0]
+    base = Storage(run)
+    if base.protocol not in ("file", "local"):
+        return None
+    path = base.path()
+    for folder in (path, *([] if rank is None else [os.path.join(path, f"rank-{rank}")])):
+        if os.path.islink(folder):
+            return (
+                f"{folder} is a symbolic link (to {os.readlink(folder)}): the local tier "
+                f"writes and deletes only in its own folders; remove the link"
+            )
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            return f"{folder} is not a folder: the local tier cannot use it; remove it"
+    return None
+
+
 def list_pieces(local_dir: str, run_key: str, storage: Storage | None = None) -> list[Piece]:
     """Every readable PIECE under <local_dir>/<run_key>/ (all rank roots, all steps), sorted
     by (step, rank); not verified (verify_piece does that). A damaged PIECE is skipped with a
@@ -282,12 +306,18 @@ def list_pieces(local_dir: str, run_key: str, storage: Storage | None = None) ->
     inject one); otherwise one is opened for local_dir."""
     piece_root(local_dir, run_key, 0)  # validates both (a bad key would leave local_dir)
     run = (storage or Storage(local_dir)).child(run_key)
+    if problem := link_problem(run.url().rsplit("/", 1)[0], run_key):
+        log.warning("no local pieces read: %s", problem)  # another run's are never ours
+        return []
     found: list[Piece] = []
     for name in run.listdir():
         m = RANK_DIR_RE.match(name)
         if not m or int(m.group(1)) >= MAX_RANK:
             continue
         rank = int(m.group(1))
+        if problem := link_problem(run.url().rsplit("/", 1)[0], run_key, rank):
+            log.warning("skipping a local rank folder: %s", problem)
+            continue
         root = run.child(name)
         for step in sorted(rootreader.step_names(root)):
             try:
