@@ -214,3 +214,15 @@ def test_steps_above_the_resumed_one_are_forgotten_with_their_objects(tmp_path):
     lt.save(4, state(40)).wait()  # the same step number again: a new save, not refused
     assert steps_of(lt) == [2, 4]
     lt.close()
+
+
+def test_a_local_dir_that_cannot_be_written_turns_the_tier_off_at_start(tmp_path, caplog):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the local volume should be")
+    with caplog.at_level(logging.WARNING, logger="ckptflow.tier"):
+        lt = LocalTier(str(blocker), KEY, 0, 1)
+        assert lt.save(1, state(1)) is None
+    lt.close()
+    off = [r.getMessage() for r in caplog.records if "local tier off" in r.getMessage()]
+    assert len(off) == 1 and "is not writable" in off[0]
+    assert blocker.read_text().startswith("a file")

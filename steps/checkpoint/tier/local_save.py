@@ -23,6 +23,8 @@ over its size limit gets the pod evicted).
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -98,7 +100,25 @@ class LocalTier:
         self.storage = self.ck.storage
         # The save group now (a collective: every rank builds its LocalTier at the same
         # point), not in the first local save's stall: made there it cost 2.1 s under load.
-        self.ck._group(background=True)
+        group = self.ck._group(background=True)
+        # A rank that cannot write its root would fail the gang's first save from inside its
+        # collectives (rank 0 before them: the others would wait out the timeout): the ranks
+        # agree now, and the tier is off on all of them when one cannot write.
+        problem = self._unwritable()
+        if self._agree_min(0 if problem else 1, group) < 1:
+            self._turn_off(problem or "another rank cannot write its local root (its log says why)")
+
+    def _unwritable(self) -> str | None:
+        """Why this rank cannot write its root (None: it can): a probe file written, removed."""
+        # named as an atomic write's temporary file: one a crash leaves is ignored by readers
+        probe = f".probe.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            os.makedirs(self.storage.path(), exist_ok=True)
+            self.storage.write(probe, b"probe")
+            self.storage.delete([probe])
+        except (OSError, StorageError) as exc:
+            return f"{self.root} is not writable ({exc})"
+        return None
 
     # -- saves ---------------------------------------------------------------------------------
     def save(self, step: int, state_dict: dict, metadata: dict | None = None) -> SaveHandle | None:
@@ -204,13 +224,17 @@ class LocalTier:
         """One warning; the tier is off from now on; this rank's steps are deleted."""
         self.enabled = False
         log.warning(
-            "local tier off: %s; training and the durable checkpoints go on (raise "
-            "platform.local_volume_size or set pretrain.local_every=0)",
+            "local tier off: %s; training and the durable checkpoints go on (give the rank "
+            "pods a larger or writable local volume: platform.local_volume_size, "
+            "pretrain.local_dir; or set pretrain.local_every=0)",
             why,
         )
-        for step in sorted(layout_steps(self.storage)):
-            local_retention.remove_step(self.storage, step, self.rank)
-        local_retention.remove_unnamed_objects(self.storage, set())
+        try:
+            for step in sorted(layout_steps(self.storage)):
+                local_retention.remove_step(self.storage, step, self.rank)
+            local_retention.remove_unnamed_objects(self.storage, set())
+        except (OSError, StorageError) as exc:  # a root it cannot list: nothing of it to keep
+            log.info("local tier: %s not cleared (%s)", self.root, exc)
 
 
 def layout_steps(storage: Storage) -> list[int]:
