@@ -95,6 +95,8 @@ class PeerLink:
         run_dir = Storage(tier.piece_root(local_dir, run_key, rank).rsplit("/", 1)[0])
         if run_dir.protocol != "file":
             raise PeerError(f"local_dir {local_dir} is not a local folder: no peer server")
+        if problem := tier.link_problem(local_dir, run_key, rank):  # never another run's
+            raise PeerError(f"no peer server: {problem}")
         bind = host or default_host(env.pod_ip())
         try:
             self.server = PeerServer(
