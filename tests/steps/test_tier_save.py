@@ -35,3 +35,14 @@ def test_a_rank_whose_piece_fails_leaves_no_collective_waiting(tmp_path):
         lost |= {4} if r == 1 else set()
         assert rep["complete"] == sorted({2, 4, 6, 8} - lost), (r, rep)
         assert rep["failures"] == len(lost) and rep["enabled"]
+
+
+def test_objects_damaged_on_the_way_are_refused_by_their_key(tmp_path):
+    local, out = tmp_path / "local", tmp_path / "out"
+    out.mkdir()
+    dw.spawn(2, tw.damaged_sender_worker, str(local), str(out))
+    reps = [json.loads((out / f"damaged{r}.json").read_text()) for r in range(2)]
+    (sender,) = [r for r, rep in enumerate(reps) if rep["sent"]]
+    assert reps[sender]["complete"] == [2, 4] and reps[sender]["failures"] == 0
+    assert reps[1 - sender]["complete"] == [4] and reps[1 - sender]["failures"] == 1
+    assert "does not match its key" in reps[1 - sender]["why"]

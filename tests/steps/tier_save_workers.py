@@ -176,3 +176,38 @@ def one_rank_fails_worker(rank, world, local_dir, out_dir):
     }
     with open(os.path.join(out_dir, f"fail{rank}.json"), "w") as f:
         json.dump(report, f)
+
+
+def damaged_sender_worker(rank, world, local_dir, out_dir):
+    """Step 2: what the holder of the shared items sends is damaged on the way (every byte
+    flipped): the receiver refuses it (its key does not match) and has no piece; the sender's
+    own piece is complete. Step 4: both complete."""
+    from ckptflow.steps.checkpoint.tier import fanout, local_retention
+
+    lt = LocalTier(local_dir, tier.run_key(DURABLE), rank, world, keep=4)
+    real_transfer = fanout.FanOut._transfer
+    sent = []
+
+    def transfer(self, src, keys, sizes, missing, found):
+        if self.job.step == 2 and self.rank == src:
+            sent.append(src)
+            real_read = self.st.read
+            self.st.read = lambda rel, limit=None: bytes(b ^ 0xFF for b in real_read(rel))
+        try:
+            return real_transfer(self, src, keys, sizes, missing, found)
+        finally:
+            self.st.__dict__.pop("read", None)
+
+    fanout.FanOut._transfer = transfer
+    for step in (2, 4):
+        lt.save(step, plain_state(rank, step))
+        lt.settle()
+    lt.close()
+    report = {
+        "complete": sorted(local_retention.complete_steps(lt.storage, rank)),
+        "failures": lt.failures,
+        "why": lt.last_failure,
+        "sent": sent,
+    }
+    with open(os.path.join(out_dir, f"damaged{rank}.json"), "w") as f:
+        json.dump(report, f)

@@ -86,6 +86,7 @@ class LocalTier:
         self.on_piece = None  # on_piece(step, piece) after each PIECE (peers.Replicator)
         self.last_piece: tier.Piece | None = None
         self.failures = 0
+        self.last_failure = ""  # the last failed local save's error, one line
         self._busy: dict[int, SaveHandle] = {}  # steps a drain still reads: retention keeps
         self._handle: SaveHandle | None = None
         self.ck = Checkpointer(
@@ -173,6 +174,7 @@ class LocalTier:
 
     def _failed(self, step: int, exc: BaseException) -> None:
         self.failures += 1
+        self.last_failure = f"{type(exc).__name__}: {exc}"
         if _disk_full(exc) and self.enabled:
             self._turn_off(f"the local volume is full ({exc})")
             return
