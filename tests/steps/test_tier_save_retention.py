@@ -92,10 +92,12 @@ def test_the_size_budget_keeps_fewer_steps_and_room_for_the_next_save(tmp_path):
     lt.close()
     assert lt.enabled and steps_of(lt) == [3, 4]
     lt = local(tmp_path / "b", keep=3, size_mib=6, copies=2)  # replicas share the volume
+    kept = []
+    lt.on_keep = kept.append  # what the peers' replica retention is told
     for step in (1, 2, 3):
         lt.save(step, state(step))
     lt.close()
-    assert lt.enabled and steps_of(lt) == [3]
+    assert lt.enabled and steps_of(lt) == [3] and kept == [1, 1, 1]
 
 
 def test_free_space_is_the_budget_without_local_size_mib(tmp_path, monkeypatch):
@@ -226,3 +228,23 @@ def test_a_local_dir_that_cannot_be_written_turns_the_tier_off_at_start(tmp_path
     off = [r.getMessage() for r in caplog.records if "local tier off" in r.getMessage()]
     assert len(off) == 1 and "is not writable" in off[0]
     assert blocker.read_text().startswith("a file")
+
+
+def test_start_tier_hands_each_piece_and_the_keep_to_the_peers(tmp_path):
+    from types import SimpleNamespace
+
+    from ckptflow.steps.checkpoint.tier.setup import TierSettings, start_tier
+
+    pushed = []
+    side = SimpleNamespace(replicate=lambda step, p: pushed.append((step, p.rank)))
+    side.link = SimpleNamespace(keep=9)
+    ck = Checkpointer(str(tmp_path / "ckpt"))
+    settings = TierSettings(local_every=2, local_dir=str(tmp_path / "local"), replicas=1)
+    parts = start_tier(ck, settings, side)
+    assert parts.due(4) and not parts.due(3)
+    assert parts.local.root == tier.piece_root(str(tmp_path / "local"), tier.run_key(ck.root), 0)
+    assert parts.local.copies == 2  # its pieces and the replicas it holds for a peer
+    parts.local.save(2, state(2))
+    parts.close()
+    assert pushed == [(2, 0)] and side.link.keep == 2
+    assert start_tier(ck, TierSettings(local_every=0)) is None

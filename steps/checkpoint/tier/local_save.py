@@ -84,6 +84,7 @@ class LocalTier:
         self.keep, self.size_mib, self.copies = max(keep, 1), size_mib, max(copies, 1)
         self.enabled = True
         self.on_piece = None  # on_piece(step, piece) after each PIECE (peers.Replicator)
+        self.on_keep = None  # on_keep(n): the steps retention keeps now (peers' replica keep)
         self.last_piece: tier.Piece | None = None
         self.failures = 0
         self.last_failure = ""  # the last failed local save's error, one line
@@ -211,7 +212,10 @@ class LocalTier:
             raise error
         self.last_piece = piece
         busy = {s for s, h in self._busy.items() if not h.done()}
-        local_retention.retain(self.storage, self.rank, min(self.keep, fits - 1), busy)
+        keep = min(self.keep, fits - 1)
+        local_retention.retain(self.storage, self.rank, keep, busy)
+        if self.on_keep is not None:  # the replicas this volume holds for peers: as many
+            self.on_keep(keep)
         if self.on_piece is not None:
             self.on_piece(piece.step, piece)
 

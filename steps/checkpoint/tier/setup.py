@@ -81,6 +81,7 @@ def start_tier(ck: Checkpointer, settings: TierSettings, side=None) -> TierParts
     )
     if side is not None:
         local.on_piece = side.replicate
+        local.on_keep = lambda n: setattr(side.link, "keep", n)  # replicas: fewer likewise
     log.info(
         "local tier: every %d steps into %s (keep %d, replicas %s)",
         settings.local_every,
