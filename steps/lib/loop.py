@@ -207,18 +207,22 @@ class CheckpointedLoop:
             tokens_per_s=self.spec.tokens_per_step / max(dt, 1e-9),
         )
         self.last_metrics = m
-        if self.spec.async_save and done == self.start_step + 1:
-            # The state is complete after one optimizer step: the snapshot buffers are
-            # allocated in the background now, not in the first async save's stall.
-            self.ck.prepare(
-                train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
-            )
-        if self.tiers is not None and done == self.start_step + 1:
-            self.tiers.prepare(
-                train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
-            )
+        if done == self.start_step + 1:
+            self._prepare(done)
         if self.lineage and done % self.spec.log_every == 0:
             self.lineage.log_metrics(m, done)
+
+    def _prepare(self, done: int) -> None:
+        """The state is complete after one optimizer step: the snapshot buffers are allocated
+        in the background now, not in the first async save's stall. With the local tier
+        taking every durable step (drained), only its own buffers (one host copy, not two)."""
+        state = train_state(self.model, self.optimizer, self.scheduler, self.loader, done)
+        if self.tiers is not None:
+            self.tiers.prepare(state)
+        if self.spec.async_save and not (
+            self.tiers is not None and self.tiers.covers(self.spec.ckpt_every)
+        ):
+            self.ck.prepare(state)
 
     def _boundary(self, done: int, saved: bool) -> None:
         """What every rank does between two steps, collectively: agree on a preemption (then

@@ -45,6 +45,11 @@ class TierSaves:
     def due(self, step: int) -> bool:
         return self.parts.due(step)
 
+    def covers(self, ckpt_every: int) -> bool:
+        """Whether every durable step on the cadence is a local one too (then drained: the
+        durable Checkpointer stages only for a fallback or an off-cadence last step)."""
+        return ckpt_every % self.parts.every == 0
+
     def prepare(self, state: dict) -> None:
         self.parts.local.prepare(state)
 

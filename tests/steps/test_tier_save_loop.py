@@ -89,3 +89,15 @@ def test_a_failed_drain_makes_the_next_durable_save_a_normal_one(tmp_path, dinfo
     assert calls == [4, 12]  # 8 was owed: a normal save; 12 drained again
     assert ck.committed_steps() == [8, 12]
     assert save_kinds(ck) == [(8, "full"), (12, "")]
+
+
+@pytest.mark.parametrize(("ckpt_every", "durable_buffers"), [(4, False), (3, True)])
+def test_one_host_copy_when_the_local_tier_takes_every_durable_step(
+    tmp_path,
+    dinfo,  # noqa: F811
+    ckpt_every,
+    durable_buffers,
+):
+    ck, parts, _ = run_loop(tmp_path, dinfo, max_steps=8, ckpt_every=ckpt_every)
+    assert parts.local.ck._stager._buffers  # the local tier's snapshot buffers
+    assert bool(ck._stager._buffers) is durable_buffers  # 4: every durable step drained
