@@ -55,6 +55,9 @@ TIER = [
     f"pretrain.replicas={REPLICAS}",
     f"pretrain.ckpt_every={CKPT_EVERY}",
     "platform.local_volume_size=1Gi",
+    # no preflight: on a loaded host it alone took the 30 s before the loss (and failed a
+    # rank "3.4x slower" at random, costing a retry); the loss must fall into training
+    "pretrain.preflight_factor=0",
 ]
 MIB = 2**20
 
@@ -124,6 +127,8 @@ def test_a_silent_node_loss_recovers_from_the_local_tier_and_peers_not_object_st
         for r in reader.rows
         if r["state"] == "committed" and (r["committed_at"] or 0) < lost_at
     ]
+    saved = [t for t, _ in _lines(logs, r"local tier: deleted steps|drained step") if t < lost_at]
+    assert saved, "the node was lost before any local save: startup took the whole FAIL_AFTER_S"
     resumed = _lines(logs, r"\[rank(\d)\] \S+ INFO resumed from step (\d+)")
     steps = {m.group(1): int(m.group(2)) for t, m in resumed if t > lost_at}
     assert set(steps) == {"0", "1"} and len(set(steps.values())) == 1, resumed
