@@ -13,7 +13,10 @@ Standard library only: runroot imports this and must stay cheap to import.
 
 from __future__ import annotations
 
+import gc
 import json
+import threading
+from contextlib import contextmanager
 from itertools import accumulate
 
 from ckptflow.core.errors import CorruptCheckpoint
@@ -64,6 +67,34 @@ def _has_digit_run(blob: bytes, max_int_digits: int) -> bool:
     return b"0" * (max_int_digits + 1) in blob.translate(_DIGITS_AS_ZERO)
 
 
+_pause_lock = threading.Lock()
+_pauses = [0, False]  # parses under way, whether the first one found the collector enabled
+
+
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector paused while a JSON text becomes objects.
+
+    A parse builds a tree (no cycles), so no collection during it can free anything; yet
+    every 700 objects one ran, moving the new objects toward the oldest generation, and a
+    manifest (every rank's entries, on every rank) set off full-heap collections: about
+    0.15 s of CPU each in a process that imported torch, on every rank at once (issue 36).
+    Nested and concurrent parses (threads) re-enable it once, with the last of them, and
+    only if it was enabled before the first."""
+    with _pause_lock:
+        if _pauses[0] == 0:
+            _pauses[1] = gc.isenabled()
+            gc.disable()
+        _pauses[0] += 1
+    try:
+        yield
+    finally:
+        with _pause_lock:
+            _pauses[0] -= 1
+            if _pauses[0] == 0 and _pauses[1]:
+                gc.enable()
+
+
 def loads(
     blob: bytes | str,
     *,
@@ -93,7 +124,8 @@ def loads(
     # call per integer (a manifest holds ~10 integers per item: 35% of its parse time).
     checked = _has_digit_run(blob, max_int_digits)
     try:
-        return json.loads(blob, parse_int=parse_int if checked else None)
+        with collector_paused():
+            return json.loads(blob, parse_int=parse_int if checked else None)
     except _IntTooLong as exc:
         raise BadJsonFile(what, str(exc)) from None
     except RecursionError:  # a depth the pre-scan missed (e.g. inside a broken string)

@@ -86,5 +86,9 @@ def metadata_from_manifest(m: dict, only: set[str] | None = None) -> Metadata:
         for it in m["items"].values()
         if only is None or it["fqn"] in only
     }
-    planner = {k: tuple(v) for k, v in (m.get("planner_data") or {}).items()}
+    # DCP looks up planner_data only by the keys of state_dict_metadata (the scoped ones):
+    # a tuple for every rank's key cost each rank O(ranks x tensors) objects (issue 36)
+    planner = {
+        k: tuple(v) for k, v in (m.get("planner_data") or {}).items() if only is None or k in only
+    }
     return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)
