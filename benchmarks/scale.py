@@ -8,7 +8,8 @@ Timing: `world` gloo ranks on this host, each with its own `tensors` small fp32 
 (`--numel` elements each). Each round saves the state (changed every round, so nothing is
 deduplicated) with ckptflow and with DCP, and loads it back with each (a fresh Checkpointer,
 newest step: a restart), in an order shuffled from round to round. A phase's time is from a
-barrier before it to a barrier after it on every rank (what the job waits for). Reported:
+barrier before it to a barrier after it on every rank (what the job waits for), each phase
+begun on a collected heap (gc.collect(), not timed; see _timed). Reported:
 medians over rounds and the median of the per-round ratios ckptflow/DCP.
 
 Requests: the same save and load on moto's S3 (benchmarks/s3_requests.py), each rank with an
@@ -171,8 +172,17 @@ def summarize_requests(rows: list[dict]) -> list[dict]:
 
 # -- timing ------------------------------------------------------------------------------------
 def _timed(fn) -> float:
+    """A phase from a barrier to a barrier, begun on a collected heap (not timed): a full
+    collection then falls in the phase whose own allocations set it off. Without it, each
+    rank's next full collection (synchronized: every rank allocates alike, ~0.15 s of CPU
+    each, all ranks on 2 cores) fell in whichever phase crossed the threshold, the same
+    ones in every run (the order is seeded): 3x on 32x50's load while other phases made
+    most of the garbage."""
+    import gc
+
     import torch.distributed as dist
 
+    gc.collect()
     dist.barrier()
     t0 = time.perf_counter()
     fn()
@@ -267,7 +277,8 @@ def markdown(
             f"compress={timing[0].get('compress', 'auto')!r}; the load a fresh `Checkpointer`'s, "
             "newest step) "
             "and DCP side by side in one run, phase order shuffled per round; a phase runs from "
-            "a barrier to a barrier; medians of the rounds, ratio = median of per-round ratios.",
+            "a barrier to a barrier, each begun on a collected heap (`gc.collect()`, untimed); "
+            "medians of the rounds, ratio = median of per-round ratios.",
             "",
             "| ranks × tensors/rank | save ckptflow / DCP | load ckptflow / DCP "
             "| save s ckptflow, DCP | load s ckptflow, DCP | before: save, load ratio |",
