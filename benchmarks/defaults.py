@@ -245,7 +245,7 @@ def main(argv=None) -> int:
             if server is not None:
                 server.stop()
     args = " ".join(argv if argv is not None else sys.argv[1:])
-    args = args.replace(f"--state {a.state}", "").strip() if a.state else args
+    args = args.replace(f"--state {a.state}", "--state FILE") if a.state else args
     text = report(rows, s3, a.mib, a.repeats, args)
     print(text)
     if a.write_docs:
