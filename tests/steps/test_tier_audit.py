@@ -108,3 +108,24 @@ def test_a_peer_server_never_serves_from_nor_writes_into_a_linked_run_folder(tmp
     os.symlink(other, tmp_path / "local" / KEY)
     with pytest.raises(PeerError, match="symbolic link"):
         PeerLink(str(tmp_path / "local"), KEY, 0, host="127.0.0.1")
+
+
+@pytest.mark.xfail(strict=True, reason="LocalTier on a local_dir it cannot use (A; r-tier-audit)")
+def test_a_local_dir_that_is_a_file_turns_the_tier_off_and_forget_after_does_not_raise(tmp_path):
+    (tmp_path / "f.txt").write_text("a user's file")
+    lt = LocalTier(str(tmp_path / "f.txt"), KEY, 0, 1, keep=1, compress=False)
+    assert not lt.enabled
+    assert lt.forget_after(0) == []  # pretrain calls it after every resume
+    assert lt.save(2, state(2)) is None
+    lt.close()
+    assert (tmp_path / "f.txt").read_text() == "a user's file"
+
+
+@pytest.mark.xfail(strict=True, reason="LocalTier on a local_dir it cannot use (A; r-tier-audit)")
+def test_a_local_dir_not_on_local_disk_makes_no_folder_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for uri in ("s3://bucket/x", "memory://x"):
+        lt = LocalTier(uri, KEY, 0, 1, keep=1, compress=False)
+        assert not lt.enabled  # a node-local volume is a local folder
+        lt.close()
+    assert os.listdir(tmp_path) == []
