@@ -58,5 +58,5 @@ def test_a_killed_run_resumes_from_its_newer_local_step_and_ends_as_an_uninterru
     assert [
         (r.data.tags["ckptflow.resume_source"], r.data.tags["ckptflow.resumed_from_step"])
         for r in tagged
-    ] == [("local", "8")]
+    ] == [("local", str(newest))]
     assert tagged[0].data.metrics["resume_from_local"] == 1
