@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
+from ckptflow.steps.checkpoint.tier import local_retention
 from ckptflow.steps.checkpoint.tier.local_save import LocalTier
 from ckptflow.steps.checkpoint.tier.peers import PeerError, PeerLink
 
@@ -129,3 +130,23 @@ def test_a_local_dir_not_on_local_disk_makes_no_folder_here(tmp_path, monkeypatc
         assert not lt.enabled  # a node-local volume is a local folder
         lt.close()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.xfail(
+    strict=True, reason="LocalTier writes and deletes through a planted link (A; r-tier-audit)"
+)
+def test_a_link_planted_after_the_tier_started_takes_no_delete_through_it(tmp_path):
+    user = tmp_path / "users-ckpt"
+    before = a_users_checkpoint_root(user)
+    lt = LocalTier(str(tmp_path / "local"), KEY, 0, 1, keep=1, compress=False)
+    for step in (1, 2):
+        lt.save(step, state(step))
+    lt.settle()
+    real = tmp_path / "local" / KEY / "rank-0"
+    os.rename(real, tmp_path / "moved")
+    os.symlink(user, real)  # swapped in while the run trains
+    local_retention.retain(lt.storage, 0, keep=1)
+    lt.forget_after(0)
+    lt._turn_off("audit")
+    lt.close()
+    assert snapshot(user) == before

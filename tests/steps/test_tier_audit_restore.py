@@ -12,8 +12,11 @@ import os
 import time
 
 import pytest
+import torch
+from ckptflow.steps.checkpoint import Checkpointer
 
 from ckptflow.core import codec, layout, rootreader, tier
+from ckptflow.core.storage import Storage
 from tests.steps.test_tier_restore import Gang, _restored, built  # noqa: F401
 
 
@@ -46,3 +49,25 @@ def test_pieces_of_two_saves_of_one_step_are_never_loaded_together(built, tmp_pa
     resave(g.root(0, 1), 4, 1)  # are of another save than rank 0's pieces of step 4
     docs = g.restore()
     _restored(docs, 3, "local")  # the newest step of ONE save every rank has: 3
+
+
+@pytest.mark.xfail(strict=True, reason="restore reads through a planted link (C; r-tier-audit)")
+def test_a_rank_folder_planted_as_a_link_is_neither_read_nor_fetched_into(tmp_path):
+    from ckptflow.steps.checkpoint.tier import restore as rs
+
+    from tests.steps.tier_restore_workers import copy_piece
+
+    scratch = Checkpointer(str(tmp_path / "scratch"))
+    scratch.save(4, {"w": torch.arange(10.0)})
+    scratch.close()
+    other = tier.piece_root(str(tmp_path / "local"), tier.run_key("s3://b/another"), 0)
+    copy_piece(scratch.root, 4, 0, 1, other)  # another run's complete piece of step 4
+    key = tier.run_key("s3://b/run")
+    os.makedirs(tmp_path / "local" / key)
+    os.symlink(other, tmp_path / "local" / key / "rank-0")
+    manifest = tier.read_piece(Storage(other), 4, 0).manifest
+    fetched = []
+    src = rs.TierSource(str(tmp_path / "local"), key, None, lambda *a: fetched.append(a))
+    skipped: list[str] = []
+    assert rs._own_piece(src, 0, (4, manifest), [1], skipped) is None
+    assert fetched == [] and any("symbolic link" in s for s in skipped)
