@@ -11,7 +11,6 @@ import json
 import os
 import time
 
-import pytest
 import torch
 from ckptflow.steps.checkpoint import Checkpointer
 
@@ -42,7 +41,6 @@ def resave(root, step: int, rank: int) -> str:
     return save_id
 
 
-@pytest.mark.xfail(strict=True, reason="restore mixes two saves of one step (C; r-tier-audit)")
 def test_pieces_of_two_saves_of_one_step_are_never_loaded_together(built, tmp_path):  # noqa: F811
     g = Gang(built, tmp_path)
     resave(g.root(1, 1), 4, 1)  # rank 1's own copy of step 4 and its replica on node 0
@@ -51,7 +49,6 @@ def test_pieces_of_two_saves_of_one_step_are_never_loaded_together(built, tmp_pa
     _restored(docs, 3, "local")  # the newest step of ONE save every rank has: 3
 
 
-@pytest.mark.xfail(strict=True, reason="restore reads through a planted link (C; r-tier-audit)")
 def test_a_rank_folder_planted_as_a_link_is_neither_read_nor_fetched_into(tmp_path):
     from ckptflow.steps.checkpoint.tier import restore as rs
 

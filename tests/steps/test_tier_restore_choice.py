@@ -13,22 +13,33 @@ from tests.steps.tier_restore_workers import copy_piece
 
 
 def test_holders_drop_malformed_and_hostile_entries():
+    a, b = "manifest-0123456789abcdef.json", "manifest-fedcba9876543210.json"
     gathered = [
-        {"pieces": [[0, 4], [1, 4], [0, 3]]},
-        {"pieces": [[1, 4], [1, 3], [5, 4], [-1, 4], [True, 4], ["0", 4], [0], None, [0, 2**70]]},
+        {"pieces": [[0, 4, a], [1, 4, a], [0, 3, a]]},
+        {"pieces": [[1, 4, a], [1, 3, a], [5, 4, a], [-1, 4, a], [True, 4, a], ["0", 4, a]]},
+        {"pieces": [[0], None, [0, 2**70, a], [0, 4], [0, 4, "../x.json"], [0, 4, 7], [1, 4, b]]},
         "not a dict",
         {"pieces": "nope"},
     ]
     held = rs.holders(gathered, world=2)
-    assert held == {(0, 4): [0], (1, 4): [0, 1], (0, 3): [0], (1, 3): [1]}
+    assert held == {
+        (0, 4, a): [0],
+        (1, 4, a): [0, 1],
+        (0, 3, a): [0],
+        (1, 3, a): [1],
+        (1, 4, b): [2],
+    }
 
 
 def test_candidates_need_every_rank_and_are_not_older_than_the_durable_step():
-    held = {(0, 4): [0], (1, 4): [1], (0, 3): [0], (1, 3): [0], (0, 5): [0]}
-    assert rs.candidates(held, 2, None) == [4, 3]  # step 5 lacks rank 1
-    assert rs.candidates(held, 2, 4) == [4]  # a tie goes to the local step
+    a, b = "manifest-0123456789abcdef.json", "manifest-fedcba9876543210.json"
+    held = {(0, 4, a): [0], (1, 4, a): [1], (0, 3, a): [0], (1, 3, a): [0], (0, 5, a): [0]}
+    assert rs.candidates(held, 2, None) == [(4, a), (3, a)]  # step 5 lacks rank 1
+    assert rs.candidates(held, 2, 4) == [(4, a)]  # a tie goes to the local step
     assert rs.candidates(held, 2, 5) == []  # the store is newer
     assert rs.candidates(held, 3, None) == []  # a rank the pieces never had
+    mixed = {(0, 6, a): [0], (1, 6, b): [1], **held}  # two saves of step 6, one rank each
+    assert rs.candidates(mixed, 2, None) == [(4, a), (3, a)]  # never assembled together
 
 
 def test_a_rank_offers_only_sound_pieces_of_its_world_size(tmp_path):

@@ -12,9 +12,12 @@ object storage, the same choice on every rank.
    all_gather_object gives every rank all ranks' lists (bounded and validated: gathered
    objects are input too) and rank 0's view of the durable root's newest committed step
    (from its listing: no manifest is read from object storage unless the gang loads there).
-2. Candidates, newest first: the steps S for which every saved rank 0..W-1 (W the current
-   world size: a piece of another world size is never used) has a complete piece on some
-   rank and S >= the durable latest (a tie goes to the local step: it is closer).
+2. Candidates, newest first: the saves (step S, manifest) for which every saved rank
+   0..W-1 (W the current world size: a piece of another world size is never used) has a
+   complete piece of THAT save on some rank and S >= the durable latest (a tie goes to the
+   local step: it is closer). Pieces of two saves of one step number (an abandoned
+   timeline's, kept by a peer or a node that came back, and the new one's) are never
+   loaded together: that state no save ever had.
 3. For a candidate each rank hashes its own piece (tier.verify_piece) before use; a damaged
    or missing one is fetched from a holder (peers.fetch, hashing on arrival; the next holder
    when one fails). The ranks agree (an all-reduce) that every rank has its piece, then load
@@ -186,24 +189,26 @@ def _skip(skipped: list[str], problem: str) -> None:
 
 
 # -- 2. what the gang can assemble -----------------------------------------------------------
-def _listing(pieces: list[tier.Piece]) -> list[list[int]]:
-    return [[p.rank, p.step] for p in pieces[:MAX_LISTED]]
+def _listing(pieces: list[tier.Piece]) -> list[list]:
+    return [[p.rank, p.step, p.manifest] for p in pieces[:MAX_LISTED]]
 
 
-def holders(gathered: list, world: int) -> dict[tuple[int, int], list[int]]:
-    """(saved rank, step) -> the ranks holding it, from every rank's gathered listing
-    (malformed entries are dropped: a gathered object is input)."""
-    out: dict[tuple[int, int], list[int]] = {}
+def holders(gathered: list, world: int) -> dict[tuple[int, int, str], list[int]]:
+    """(saved rank, step, manifest name) -> the ranks holding that piece, from every rank's
+    gathered listing (malformed entries are dropped: a gathered object is input)."""
+    out: dict[tuple[int, int, str], list[int]] = {}
     for holder, doc in enumerate(gathered):
         listed = doc.get("pieces") if isinstance(doc, dict) else None
         if not isinstance(listed, list):
             continue
         for item in listed[:MAX_LISTED]:
-            if not (isinstance(item, list) and len(item) == 2):
+            if not (isinstance(item, list) and len(item) == 3):
                 continue
-            r, s = item
-            if _int(r) and _int(s) and r < world and holder not in out.get((r, s), []):
-                out.setdefault((r, s), []).append(holder)
+            r, s, m = item
+            if not (_int(r) and _int(s) and r < world and _manifest(m)):
+                continue
+            if holder not in out.get((r, s, m), []):
+                out.setdefault((r, s, m), []).append(holder)
     return out
 
 
@@ -211,26 +216,38 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
 
 
-def candidates(held: dict, world: int, durable: int | None) -> list[int]:
-    """Steps every saved rank 0..world-1 has a piece of, not older than `durable`, newest
-    first."""
-    steps = {s for (_, s) in held}
-    whole = [s for s in steps if all((r, s) in held for r in range(world))]
-    return sorted((s for s in whole if durable is None or s >= durable), reverse=True)
+def _manifest(m) -> bool:
+    return isinstance(m, str) and tier.MANIFEST_RE.match(m) is not None
+
+
+def candidates(held: dict, world: int, durable: int | None) -> list[tuple[int, str]]:
+    """The saves (step, manifest name) every saved rank 0..world-1 has a piece of, not
+    older than `durable`, newest first (one step's saves in a fixed order: every rank
+    tries them alike)."""
+    saves = {(s, m) for (_, s, m) in held}
+    whole = [(s, m) for s, m in saves if all((r, s, m) in held for r in range(world))]
+    return sorted((c for c in whole if durable is None or c[0] >= durable), reverse=True)
 
 
 # -- 3. assemble and load --------------------------------------------------------------------
 def _own_piece(
-    src: TierSource, rank: int, step: int, holders_of: list[int], skipped: list
+    src: TierSource, rank: int, save: tuple[int, str], holders_of: list[int], skipped: list
 ) -> str | None:
-    """Make this rank's piece of `step` complete in its own root: "local" when its copy
-    hashes right, "peer" when fetched from a holder, None when neither."""
+    """Make this rank's piece of `save` (step, manifest name) complete in its own root:
+    "local" when its copy is of that save and hashes right, "peer" when fetched from a
+    holder, None when neither."""
+    step, manifest = save
+    if problem := tier.link_problem(src.local_dir, src.run_key, rank):
+        _skip(skipped, problem)  # never read nor fetched into through a planted link
+        return None
     root = Storage(src.root(rank))
     try:
         piece = tier.read_piece(root, step, rank)
     except (CheckpointError, OSError) as exc:
         _skip(skipped, str(exc))
         piece = None
+    if piece is not None and piece.manifest != manifest:
+        piece = None  # another save of this step number: not the gang's
     if piece is not None:
         problem = tier.verify_piece(root, piece)  # every object hashed before use
         if problem is None:
@@ -244,6 +261,9 @@ def _own_piece(
             continue
         try:
             got = src.fetch(entries[holder], rank, step, src.root(rank))
+            fetched = tier.read_piece(root, step, rank)
+            if fetched is None or fetched.manifest != manifest:  # the holder's changed since
+                raise CheckpointError(f"not the piece of {manifest}: another save of step {step}")
         except Exception as exc:  # unreachable, absent there, damaged: the next holder
             log.warning(
                 "piece of rank %d step %d not fetched from rank %d: %s: %s",
@@ -294,10 +314,9 @@ def restore(ck: Checkpointer, state: dict, src: TierSource | None) -> Restored:
     durable = first.get("durable") if _int(first.get("durable")) else None
     held = holders(gathered, world)
     tried = False
-    for step in candidates(held, world, durable):
-        how = _safely(
-            _own_piece, None, skipped, src, rank, step, held.get((rank, step), []), skipped
-        )
+    for step, manifest in candidates(held, world, durable):
+        mine = held.get((rank, step, manifest), [])
+        how = _safely(_own_piece, None, skipped, src, rank, (step, manifest), mine, skipped)
         if _all_reduce(int(how is None), dist.ReduceOp.MAX, group):
             log.warning("local step %d: a rank has no sound piece of it; next candidate", step)
             continue
