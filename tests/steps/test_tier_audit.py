@@ -45,9 +45,6 @@ def a_users_checkpoint_root(path) -> dict[str, bytes]:
     return snapshot(path)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="LocalTier writes and deletes through a planted link (A; r-tier-audit)"
-)
 def test_a_rank_folder_planted_as_a_link_is_never_written_nor_deleted_through(tmp_path, caplog):
     user = tmp_path / "users-ckpt"
     before = a_users_checkpoint_root(user)
@@ -66,9 +63,6 @@ def test_a_rank_folder_planted_as_a_link_is_never_written_nor_deleted_through(tm
     assert any("rank-0" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="LocalTier writes and deletes through a planted link (A; r-tier-audit)"
-)
 def test_a_run_folder_planted_as_a_link_is_never_written_nor_deleted_through(tmp_path):
     other = tmp_path / "local" / OTHER
     a_users_checkpoint_root(other / "rank-0")
@@ -111,7 +105,6 @@ def test_a_peer_server_never_serves_from_nor_writes_into_a_linked_run_folder(tmp
         PeerLink(str(tmp_path / "local"), KEY, 0, host="127.0.0.1")
 
 
-@pytest.mark.xfail(strict=True, reason="LocalTier on a local_dir it cannot use (A; r-tier-audit)")
 def test_a_local_dir_that_is_a_file_turns_the_tier_off_and_forget_after_does_not_raise(tmp_path):
     (tmp_path / "f.txt").write_text("a user's file")
     lt = LocalTier(str(tmp_path / "f.txt"), KEY, 0, 1, keep=1, compress=False)
@@ -122,7 +115,6 @@ def test_a_local_dir_that_is_a_file_turns_the_tier_off_and_forget_after_does_not
     assert (tmp_path / "f.txt").read_text() == "a user's file"
 
 
-@pytest.mark.xfail(strict=True, reason="LocalTier on a local_dir it cannot use (A; r-tier-audit)")
 def test_a_local_dir_not_on_local_disk_makes_no_folder_here(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for uri in ("s3://bucket/x", "memory://x"):
@@ -132,9 +124,6 @@ def test_a_local_dir_not_on_local_disk_makes_no_folder_here(tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="LocalTier writes and deletes through a planted link (A; r-tier-audit)"
-)
 def test_a_link_planted_after_the_tier_started_takes_no_delete_through_it(tmp_path):
     user = tmp_path / "users-ckpt"
     before = a_users_checkpoint_root(user)

@@ -69,8 +69,22 @@ def complete_steps(storage: Storage, rank: int) -> dict[int, tier.Piece]:
     return out
 
 
+def linked(storage: Storage) -> str | None:
+    """The link on the way to this rank root (<local_dir>/<run_key>/rank-<r>: the root or
+    its run folder), None when there is none: retention never deletes through a link planted
+    there after the tier started (another run's folder, a user's files)."""
+    root = storage.path()
+    for folder in (root, os.path.dirname(root.rstrip("/"))):
+        if os.path.islink(folder):
+            return folder
+    return None
+
+
 def remove_step(storage: Storage, step: int, rank: int) -> None:
     """Delete a step folder: its PIECE and COMMIT first (never a half-deleted complete step)."""
+    if where := linked(storage):
+        log.warning("local retention: nothing deleted under %s: a symbolic link", where)
+        return
     folder = storage.path(layout.step_dir(step))
     for name in (tier.piece_path(step, rank), layout.commit_path(step)):
         with contextlib.suppress(FileNotFoundError):
@@ -90,6 +104,8 @@ def _named(storage: Storage, step: int, piece: tier.Piece | None) -> set[str]:
 def remove_unnamed_objects(storage: Storage, keep: set[str]) -> int:
     """Delete the object files of this root not in `keep`; the bytes freed."""
     freed = 0
+    if linked(storage):
+        return 0
     objects = storage.path(layout.OBJECTS)
     with contextlib.suppress(FileNotFoundError):
         for prefix in os.scandir(objects):

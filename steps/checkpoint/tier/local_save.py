@@ -111,7 +111,13 @@ class LocalTier:
             self._turn_off(problem or "another rank cannot write its local root (its log says why)")
 
     def _unwritable(self) -> str | None:
-        """Why this rank cannot write its root (None: it can): a probe file written, removed."""
+        """Why this rank cannot write its root (None: it can): not a local folder, a link
+        planted in the run's folder (tier.link_problem: writes and deletes would land in
+        another run's folder or a user's files), else a probe file written, removed."""
+        if self.storage.protocol not in ("file", "local"):
+            return f"local_dir {self.local_dir} is not a local folder (a node-local volume's path)"
+        if problem := tier.link_problem(self.local_dir, self.run_key, self.rank):
+            return problem
         # named as an atomic write's temporary file: one a crash leaves is ignored by readers
         probe = f".probe.{uuid.uuid4().hex[:12]}.tmp"
         try:
@@ -154,7 +160,10 @@ class LocalTier:
     def forget_after(self, step: int) -> list[int]:
         """Delete this rank's local steps above `step`, the step training resumes from: they
         are of a timeline the gang abandoned (a later save of the same number would find it
-        committed). The steps deleted."""
+        committed). The steps deleted (none when the tier is off: its root is cleared, or
+        not the tier's to touch)."""
+        if not self.enabled:
+            return []
         gone = [s for s in layout_steps(self.storage) if s > step]
         for s in gone:
             local_retention.remove_step(self.storage, s, self.rank)
@@ -235,12 +244,20 @@ class LocalTier:
             "pretrain.local_dir; or set pretrain.local_every=0)",
             why,
         )
+        if self._not_ours():
+            return  # not a local folder of the tier's own: nothing there is the tier's to delete
         try:
             for step in sorted(layout_steps(self.storage)):
                 local_retention.remove_step(self.storage, step, self.rank)
             local_retention.remove_unnamed_objects(self.storage, set())
         except (OSError, StorageError) as exc:  # a root it cannot list: nothing of it to keep
             log.info("local tier: %s not cleared (%s)", self.root, exc)
+
+    def _not_ours(self) -> bool:
+        """Whether the root is not the tier's own local folder (never cleared then)."""
+        if self.storage.protocol not in ("file", "local"):
+            return True
+        return tier.link_problem(self.local_dir, self.run_key, self.rank) is not None
 
 
 def layout_steps(storage: Storage) -> list[int]:
