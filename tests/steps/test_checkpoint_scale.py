@@ -176,3 +176,57 @@ def test_a_loads_garbage_collections_do_not_grow_with_the_other_ranks_entries(tm
     few = _collections_during_load(str(tmp_path / "few"), 40)
     many = _collections_during_load(str(tmp_path / "many"), 2000)
     assert many <= few + 2, (few, many)
+
+
+def _collections_in_rank0s_manifest_work(root: str, tensors: int) -> int:
+    """Garbage collections (any generation) while the coordinator (rank 0) plans the save of
+    `tensors` entries globally and builds, serializes and checks its manifest: the parts of a
+    save whose objects grow with every rank's entries (a rank's own write items grow with its
+    own tensors alone, so they are not counted)."""
+    import gc
+
+    import torch
+    from ckptflow.steps.checkpoint import Checkpointer
+    from ckptflow.steps.checkpoint.writer import CkptStorageWriter, SafeSavePlanner
+
+    seen, inside = [], []
+
+    def counted(fn):
+        def run(*args, **kwargs):
+            inside.append(1)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return run
+
+    def collected(phase, info):
+        if phase == "start" and inside:
+            seen.append(info["generation"])
+
+    state = {f"rank{i // 4}.t{i % 4}": torch.full((16,), float(i)) for i in range(tensors)}
+    ck = Checkpointer(root)
+    ck.save(1, state)  # the first save's one-time costs (imports, caches) are not counted
+    plan, finish = SafeSavePlanner.create_global_plan, CkptStorageWriter.finish
+    SafeSavePlanner.create_global_plan = counted(plan)
+    CkptStorageWriter.finish = counted(finish)
+    gc.collect()  # the save starts from a collected heap: only its own allocations count
+    gc.callbacks.append(collected)
+    try:
+        ck.save(2, state)
+    finally:
+        gc.callbacks.remove(collected)
+        SafeSavePlanner.create_global_plan, CkptStorageWriter.finish = plan, finish
+        ck.close()
+    return len(seen)
+
+
+def test_rank_0s_manifest_work_on_save_runs_no_more_collections_with_more_entries(tmp_path):
+    """Rank 0 plans every rank's items and builds the manifest of every rank's entries
+    (ranks x tensors): acyclic dicts, lists and dataclasses. With the cyclic collector
+    running, each save ran a young collection every 700 of them, aging the whole manifest
+    into the oldest generation: a full-heap collection nearly every save at 32 ranks."""
+    few = _collections_in_rank0s_manifest_work(str(tmp_path / "few"), 40)
+    many = _collections_in_rank0s_manifest_work(str(tmp_path / "many"), 2000)
+    assert many <= few + 2, (few, many)
