@@ -51,25 +51,37 @@ TRAIN = [
     "0",
     "--log-every",
     "1",
+    # preflight has its own tests; here, on a loaded shared host, a rank measured 3.6x slower
+    # at reading the store at random failed the resumed run (CI, fresh clone)
+    "--preflight-factor",
+    "0",
 ]
 
 
-def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
+def _rank(rank: int, world: int, port: int, argv: list[str], stderr: str | None) -> None:
+    if stderr is not None:  # the fork server's stderr is whatever the first launch had
+        fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
     dw.rank_env(rank, world, port)
     dw.exit_with(pretrain.main, argv)
 
 
-def launch(world: int, argv: list[str], timeout: float = 240) -> list[int]:
+def launch(
+    world: int, argv: list[str], timeout: float = 240, stderr: str | None = None
+) -> list[int]:
     """Run `python -m ckptflow.steps.pretrain ARGV` as `world` ranks (as torchrun would); exit codes.
 
     Ranks come from a fork server that imported this module (torch, mlflow, the steps) once:
     each launch costs a fork, not an interpreter start-up, and unlike a fork of the test
     process it inherits no threads (an in-process S3 server, a save worker) that could hang it.
+    The fork server keeps the stderr of the test that started it (capfd sees nothing of a
+    later test's ranks): `stderr`, a file the ranks append their log to.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     port = dw.free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, argv)) for r in range(world)]
+    procs = [ctx.Process(target=_rank, args=(r, world, port, argv, stderr)) for r in range(world)]
     return dw.run_all(procs, timeout)
 
 

@@ -94,15 +94,28 @@ def test_ranks_form_a_group_through_rank_0s_published_store(tmp_path):
     assert rdzv.newest(Storage(str(tmp_path / "run"))).number == 1
 
 
-def test_the_rendezvous_survives_the_loss_of_rank_0s_pod(tmp_path):
-    cmds = rank_commands(tmp_path, _free_port())
-    root = Storage(str(tmp_path / "run"))
-    procs = [start(cmds[0])]  # generation 1, then its pod is lost before the gang forms
-    try:
+def _published_host(tmp_path: Path, root: Storage, tries: int = 3):
+    """Rank 0 started until it has published generation 1: its commands and process. The
+    port `_free_port` found free may be taken by another test's store before rank 0 binds it
+    (parallel workers): rank 0 then exits at once, and a fresh port is tried."""
+    for _ in range(tries):
+        cmds = rank_commands(tmp_path, _free_port())
+        host = start(cmds[0])
         deadline = time.monotonic() + 120
-        while rdzv.newest(root) is None:
-            assert time.monotonic() < deadline and procs[0].poll() is None
+        while rdzv.newest(root) is None and host.poll() is None:
+            assert time.monotonic() < deadline, "rank 0 published no generation in 120 s"
             time.sleep(0.2)
+        if rdzv.newest(root) is not None:
+            return cmds, host
+        out, _ = host.communicate(timeout=30)
+    raise AssertionError(f"rank 0 exited {host.returncode} {tries} times: {out}")
+
+
+def test_the_rendezvous_survives_the_loss_of_rank_0s_pod(tmp_path):
+    root = Storage(str(tmp_path / "run"))
+    cmds, host = _published_host(tmp_path, root)
+    procs = [host]  # generation 1, then its pod is lost before the gang forms
+    try:
         os.killpg(procs[0].pid, signal.SIGKILL)
         procs[0].wait(timeout=30)
         # rank 1 finds generation 1 stale and waits; rank 0's retry publishes generation 2
