@@ -21,6 +21,7 @@ from ckptflow.steps.checkpoint.tier.peer_wire import (
     PeerError,
     PeerTimeout,
     Wire,
+    discard,
     file_kind,
     size_field,
 )
@@ -131,9 +132,7 @@ class PeerClient:
             os.replace(tmp, path)
             tmp = None
         finally:
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+            discard(tmp)
         return size
 
     def _receive(self, tmp: str, size: int, h) -> None:

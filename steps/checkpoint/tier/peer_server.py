@@ -41,6 +41,7 @@ from ckptflow.steps.checkpoint.tier.peer_wire import (
     Wire,
     check_src,
     check_token,
+    discard,
     file_kind,
     hash_file,
     have_items,
@@ -221,9 +222,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 tmp = None
         finally:
             # removed before the reply: a pusher that hears "refused" finds nothing left
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+            discard(tmp)
         wire.send_header({"ok": False, "error": problem} if problem else {"ok": True})
 
     def _get(self, peer: PeerServer, wire: Wire, header: dict, src: int) -> None:

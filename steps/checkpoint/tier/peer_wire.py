@@ -19,8 +19,10 @@ without progress, so a peer that stops answering costs seconds, never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
+import os
 import re
 import socket
 import struct
@@ -112,6 +114,14 @@ def hash_file(path: str) -> str:
         while block := f.read(tier.HASH_BLOCK):
             h.update(block)
     return h.hexdigest()
+
+
+def discard(tmp: str | None) -> None:
+    """Remove a received body's temporary file that was not renamed into place (None: it
+    was): a refused or torn transfer leaves nothing a reader could take for a file."""
+    if tmp is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 def step_of(path: str) -> int | None:
