@@ -36,6 +36,14 @@ class DistInfo:
         return self.rank == 0
 
 
+# How long the ranks wait for each other at the end of their start-up. Rank 0 alone opens the
+# MLflow run first (a fresh sqlite database or a busy tracking server: tens of seconds on a loaded
+# host); a rank already in its first collective would take that for a lost peer after
+# `pg_timeout_s` and fail the whole gang before training began. torchrun's own rendezvous waits
+# 600 s by default (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, join timeout).
+START_TIMEOUT_S = 600.0
+_STARTED, _ALL_STARTED = "ckptflow/started", "ckptflow/all-started"
+
 # Exit code of a rank whose collective failed (a peer lost, frozen or gone): the rank template's
 # retryStrategy retries it like any failure, so every rank of the gang comes back (issue 34).
 PEER_LOST_EXIT = 4
@@ -66,6 +74,21 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), local, device)
 
 
+def start_barrier(dinfo: DistInfo, timeout_s: float, store=None) -> None:
+    """Wait until every rank has finished its start-up, up to `timeout_s` (not the
+    process-group timeout): a count and a flag in the group's store, whose waits take their
+    own timeout. torchrun makes a fresh store for every restart of the gang
+    (torch/distributed/rendezvous.py `_create_c10d_store`), so the keys start anew with it.
+    A rank 0 gone meanwhile closes the store: the wait raises at once (RuntimeError)."""
+    if dinfo.world_size == 1:
+        return
+    # the store init_process_group made; torch has no public accessor for it
+    store = store or dist.distributed_c10d._get_default_store()
+    if store.add(_STARTED, 1) == dinfo.world_size:
+        store.set(_ALL_STARTED, "1")
+    store.wait([_ALL_STARTED], timedelta(seconds=timeout_s))
+
+
 def _peer_lost(log: logging.Logger, dinfo: DistInfo, exc: RuntimeError, timeout_s) -> None:
     """One line for a rank whose collective failed, then PEER_LOST_EXIT (no traceback)."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -90,7 +113,9 @@ def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
     SIGTERM is caught from the start (a preemption: the training loop saves and leaves).
     Collectives time out after `cfg.pg_timeout_s`; in a group of several ranks a failed one
     (torch raises RuntimeError, gloo's timeout included) ends this rank with one line and
-    PEER_LOST_EXIT, so a lost peer costs the survivors a bounded wait, not a hang."""
+    PEER_LOST_EXIT, so a lost peer costs the survivors a bounded wait, not a hang. The ranks
+    first wait for each other after rank 0 opened its MLflow run (`start_barrier`), under the
+    longer START_TIMEOUT_S, so a slow start is not taken for a lost peer."""
     preempt.FLAG.install()
     timeout_s = getattr(cfg, "pg_timeout_s", None)
     dinfo = init_distributed(timeout_s)
@@ -98,6 +123,7 @@ def ranked_step_run(kind: str, cfg, log) -> Iterator[tuple[DistInfo, StepRun]]:
         # named after its run root (`finetune-lr0.001-freeze1`): the variants differ by name
         name = run_label(kind, getattr(cfg, "run_root", ""))
         with step_run(kind, cfg, log, rank=dinfo.rank, main=dinfo.is_main, run_name=name) as run:
+            start_barrier(dinfo, max(START_TIMEOUT_S, timeout_s or 0))
             yield dinfo, run
     except RuntimeError as exc:
         if dinfo.world_size == 1:

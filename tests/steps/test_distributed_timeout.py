@@ -24,7 +24,7 @@ PG_TIMEOUT_S = 5
 SLACK_S = 25
 
 
-def _rank(rank: int, port: int, run_root: str) -> subprocess.Popen:
+def _rank(rank: int, port: int, run_root: str, out=subprocess.PIPE) -> subprocess.Popen:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     argv = [
@@ -35,7 +35,7 @@ def _rank(rank: int, port: int, run_root: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ckptflow.steps.pretrain", *argv],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=out,
         stderr=subprocess.STDOUT,
         text=True,
     )
@@ -51,7 +51,9 @@ def _collect(proc: subprocess.Popen, lines: list[str], ready: threading.Event) -
 def test_survivor_of_a_frozen_peer_exits_within_the_pg_timeout(tmp_path):
     port = dw.free_port()
     root = str(tmp_path / "run")
-    survivor, frozen = _rank(0, port, root), _rank(1, port, root)
+    peer_log = tmp_path / "rank1.log"
+    with peer_log.open("w") as out:  # the frozen rank's own lines, to say why if it left
+        survivor, frozen = _rank(0, port, root), _rank(1, port, root, out)
     lines: list[str] = []
     ready = threading.Event()
     reader = threading.Thread(target=_collect, args=(survivor, lines, ready), daemon=True)
@@ -59,7 +61,9 @@ def test_survivor_of_a_frozen_peer_exits_within_the_pg_timeout(tmp_path):
     try:
         assert ready.wait(240), "".join(lines[-20:])
         time.sleep(3)  # both ranks deep in the training loop's collectives
-        assert survivor.poll() is None and frozen.poll() is None, "".join(lines[-20:])
+        assert survivor.poll() is None and frozen.poll() is None, "".join(
+            lines[-20:] + ["rank 1:\n", peer_log.read_text()[-3000:]]
+        )
         frozen.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         code = survivor.wait(PG_TIMEOUT_S + SLACK_S)
