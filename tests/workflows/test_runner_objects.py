@@ -1,9 +1,11 @@
-"""The runner's object store (workflows/runner/objects.py): API-server metadata, names,
-label selection, patches, garbage collection, bounds, and loading `--objects` files."""
+"""The runner's object store (workflows/runner/objects.py, object_rules.py, selectors.py):
+API-server metadata, names, label selection, patches, garbage collection, bounds,
+and loading `--objects` files."""
 
 from __future__ import annotations
 
 import pytest
+from ckptflow.workflows.runner import object_rules, selectors
 from ckptflow.workflows.runner import objects as ob
 
 
@@ -58,9 +60,9 @@ def test_label_selection_equality_and_set_based():
     assert names({"matchLabels": {"app": "y"}}) == ["b"]
     assert names({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}) == ["a", "b"]
     with pytest.raises(ob.Invalid):
-        ob.parse_selector("a in (x")
+        selectors.parse_selector("a in (x")
     with pytest.raises(ob.Invalid):
-        ob.parse_selector("a > b")
+        selectors.parse_selector("a > b")
 
 
 def test_patches_merge_json_and_strategic():
@@ -134,13 +136,13 @@ def test_hostile_objects_are_bounded(monkeypatch):
     store = ob.ObjectStore()
     deep: dict = {}
     cur = deep
-    for _ in range(ob.MAX_DEPTH + 2):
+    for _ in range(object_rules.MAX_DEPTH + 2):
         cur["x"] = {}
         cur = cur["x"]
     with pytest.raises(ob.Invalid, match="nested deeper"):
         store.create(_cm("deep", data=deep))
     with pytest.raises(ob.Invalid, match="byte limit"):
-        store.create(_cm("big", data={"k": "x" * (ob.MAX_OBJECT_BYTES + 1)}))
+        store.create(_cm("big", data={"k": "x" * (object_rules.MAX_OBJECT_BYTES + 1)}))
     monkeypatch.setattr(ob, "MAX_OBJECTS", 2)
     store.create(_cm("one"))
     store.create(_cm("two"))
@@ -150,9 +152,9 @@ def test_hostile_objects_are_bounded(monkeypatch):
 
 def test_field_value_reads_paths_as_gjson():
     obj = {"status": {"succeeded": 3, "phase": "Succeeded"}, "spec": {"c": [{"n": "a"}]}}
-    assert ob.field_value(obj, "status.succeeded") == (True, 3)
-    assert ob.field_value(obj, "spec.c.0.n") == (True, "a")
-    assert ob.field_value(obj, "status.failed") == (False, None)
+    assert selectors.field_value(obj, "status.succeeded") == (True, 3)
+    assert selectors.field_value(obj, "spec.c.0.n") == (True, "a")
+    assert selectors.field_value(obj, "status.failed") == (False, None)
 
 
 def test_load_objects_reads_many_documents_and_names_a_damaged_file(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from ckptflow.workflows.runner import SpecError, run_workflow
 from ckptflow.workflows.runner import objects as ob
+from ckptflow.workflows.runner.object_rules import MAX_OBJECT_BYTES
 from ckptflow.workflows.runner.resource import parse_flags
 from ckptflow.workflows.runner.resource_fields import (
     ResourceError,
@@ -228,7 +229,7 @@ def test_what_cannot_be_followed_is_refused_with_one_line(tmp_path):
 
 
 def test_a_hostile_manifest_is_bounded(tmp_path):
-    big = {**CM, "data": {"k": "x" * (ob.MAX_OBJECT_BYTES + 10)}}
+    big = {**CM, "data": {"k": "x" * (MAX_OBJECT_BYTES + 10)}}
     result = _run(_wf(_res("make", "create", big)), tmp_path)
     assert result.phase == "Failed" and "byte" in result.message
     two = yaml.safe_dump(CM) + "---\n" + yaml.safe_dump(CM)

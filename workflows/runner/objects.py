@@ -8,14 +8,15 @@ creationTimestamp, resourceVersion, a name from generateName), names are unique 
 namespace, a patch is `merge` (RFC 7386), `json` (RFC 6902) or `strategic` (here: merge, see
 `patch`), and deleting an owner deletes its dependents, as the garbage collector does. Every
 object may be hostile: its size, nesting depth and the number of objects are bounded.
+
+The rules for one object (errors, kind names, bounds) are in object_rules.py, label selectors in
+selectors.py.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import random
-import re
 import threading
 import time
 import uuid
@@ -25,6 +26,17 @@ from typing import Any
 
 import jsonpatch
 import yaml
+from ckptflow.workflows.runner.object_rules import (
+    NAME_PATTERN,
+    SUFFIX_ALPHABET,
+    AlreadyExists,
+    Invalid,
+    NotFound,
+    ObjectError,
+    canonical_kind,
+    check_bounds,
+)
+from ckptflow.workflows.runner.selectors import Requirement, as_text, selector_requirements
 
 __all__ = [
     "AlreadyExists",
@@ -32,250 +44,13 @@ __all__ = [
     "NotFound",
     "ObjectError",
     "ObjectStore",
-    "Requirement",
-    "as_text",
-    "canonical_kind",
-    "field_value",
     "load_objects",
-    "parse_selector",
 ]
 
-# Bounds on what one store accepts. etcd refuses a value over 1.5 MiB (its default
-# --max-request-bytes); an object here is at most 1 MiB of JSON, nested at most 64 deep, and a
-# run holds at most 10,000 of them, so a hostile file or manifest cannot exhaust memory.
-MAX_OBJECT_BYTES = 1 << 20
-MAX_DEPTH = 64
+# how many objects one run's store holds, so a hostile file or manifest cannot exhaust memory
 MAX_OBJECTS = 10_000
-# values in one object: YAML aliases (a "billion laughs" document) can make a small text a huge
-# tree, which would be walked and serialised exponentially long
-MAX_NODES = 100_000
 MAX_FILE_BYTES = 16 << 20
 DEFAULT_NAMESPACE = "default"
-
-# kubectl's names for the kinds a workflow uses (resource, plural, short name) -> Kind.
-_ALIASES = {
-    "ConfigMap": ("configmap", "configmaps", "cm"),
-    "Secret": ("secret", "secrets"),
-    "Pod": ("pod", "pods", "po"),
-    "Service": ("service", "services", "svc"),
-    "Job": ("job", "jobs", "jobs.batch", "job.batch"),
-    "Workflow": ("workflow", "workflows", "wf", "workflows.argoproj.io"),
-    "WorkflowTemplate": ("workflowtemplate", "workflowtemplates", "wftmpl"),
-    "CronWorkflow": ("cronworkflow", "cronworkflows", "cwf"),
-    "PodGroup": ("podgroup", "podgroups", "pg"),
-    "StatefulSet": ("statefulset", "statefulsets", "sts"),
-    "Deployment": ("deployment", "deployments", "deploy"),
-    "PersistentVolumeClaim": ("persistentvolumeclaim", "persistentvolumeclaims", "pvc"),
-}
-_BY_ALIAS = {a: kind for kind, aliases in _ALIASES.items() for a in aliases}
-# the API server's names: DNS-1123 subdomains (pkg/api/validation ValidateObjectMeta)
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-# k8s.io/apiserver/pkg/storage/names SimpleNameGenerator: 5 characters of this alphabet
-_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-
-
-class ObjectError(Exception):
-    """A request the API server refuses (one line)."""
-
-
-class AlreadyExists(ObjectError):
-    pass
-
-
-class NotFound(ObjectError):
-    pass
-
-
-class Invalid(ObjectError):
-    pass
-
-
-def canonical_kind(kind: str) -> str:
-    """A Kind from a kind or a kubectl resource name (`configmap`, `cm`, `jobs.batch`, `Pod`)."""
-    text = str(kind).strip()
-    lowered = text.lower()
-    if lowered in _BY_ALIAS:
-        return _BY_ALIAS[lowered]
-    base = lowered.split(".", 1)[0]
-    if base in _BY_ALIAS:
-        return _BY_ALIAS[base]
-    return text
-
-
-def _check_bounds(obj: Any, what: str) -> None:
-    """Invalid when `obj` is nested too deep or too big (see MAX_DEPTH, MAX_OBJECT_BYTES)."""
-    stack, seen = [(obj, 1)], 0
-    while stack:
-        value, depth = stack.pop()
-        seen += 1
-        if seen > MAX_NODES:
-            raise Invalid(f"{what}: more than {MAX_NODES} values")
-        if depth > MAX_DEPTH:
-            raise Invalid(f"{what}: nested deeper than {MAX_DEPTH} levels")
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-    try:
-        size = len(json.dumps(obj, default=str))
-    except (TypeError, ValueError) as exc:
-        raise Invalid(f"{what}: not a JSON object ({exc})") from None
-    if size > MAX_OBJECT_BYTES:
-        raise Invalid(f"{what}: {size} bytes is over the {MAX_OBJECT_BYTES}-byte limit")
-
-
-def field_value(obj: Any, path: str) -> tuple[bool, Any]:
-    """(exists, value) of a dotted path (`status.phase`, `spec.containers.0.name`) in an object,
-    as gjson reads it in Argo's resource conditions (workflow/executor/resource.go)."""
-    value = obj
-    for part in path.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return False, None
-    return True, value
-
-
-def as_text(value: Any) -> str:
-    """A value as gjson's `String()` gives it: strings bare, numbers and booleans as JSON."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return json.dumps(value, separators=(",", ":"))
-
-
-class Requirement:
-    """One requirement of a label selector (k8s.io/apimachinery/pkg/labels/selector.go)."""
-
-    def __init__(self, key: str, op: str, values: tuple[str, ...] = ()) -> None:
-        self.key, self.op, self.values = key, op, values
-
-    def matches(self, lookup: Callable[[str], tuple[bool, str]]) -> bool:
-        """Requirement.Matches over `lookup(key) -> (exists, value as text)`."""
-        has, value = lookup(self.key)
-        if self.op in ("=", "==", "in"):
-            return has and value in self.values
-        if self.op in ("!=", "notin"):
-            return not has or value not in self.values
-        if self.op == "exists":
-            return has
-        if self.op == "!":
-            return not has
-        # gt/lt: both sides must be integers (strconv.ParseInt), else no match
-        if not has:
-            return False
-        try:
-            left, right = int(value), int(self.values[0])
-        except ValueError:
-            return False
-        return left > right if self.op == ">" else left < right
-
-    def __repr__(self) -> str:
-        """As Requirement.String() writes it (`status.phase in (Error,Failed)`, `n>1`)."""
-        if self.op == "exists":
-            return self.key
-        if self.op == "!":
-            return f"!{self.key}"
-        if self.op in ("in", "notin"):
-            return f"{self.key} {self.op} ({','.join(sorted(self.values))})"
-        return f"{self.key}{self.op}{self.values[0]}"
-
-
-_TOKEN = re.compile(r"\s*(==|!=|=|!|<|>|\(|\)|,|[^\s=!<>(),]+)")
-
-
-def parse_selector(text: str) -> list[Requirement]:
-    """The requirements of a selector string: `a=b,c!=d,e in (x,y),f notin (z),g,!h,n>1`
-    (labels.Parse); Invalid (one line) for what it cannot parse."""
-    text = str(text)
-    if len(text) > 4096:
-        raise Invalid("selector is over 4096 characters")
-    tokens, pos = [], 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None:
-            break
-        tokens.append(m.group(1))
-        pos = m.end()
-    if text[pos:].strip():
-        raise Invalid(f"selector {text!r}: cannot parse {text[pos:]!r}")
-    reqs: list[Requirement] = []
-    i = 0
-
-    def expect_value(j: int) -> str:
-        if j >= len(tokens) or tokens[j] in ("(", ")", ",", "=", "==", "!=", "!", "<", ">"):
-            raise Invalid(f"selector {text!r}: a value is missing")
-        return tokens[j]
-
-    while i < len(tokens):
-        if tokens[i] == "!":
-            reqs.append(Requirement(expect_value(i + 1), "!"))
-            i += 2
-        else:
-            key = expect_value(i)
-            op = tokens[i + 1] if i + 1 < len(tokens) else ","
-            if op == ",":
-                reqs.append(Requirement(key, "exists"))
-                i += 1
-            elif op in ("=", "==", "!="):
-                nxt = tokens[i + 2] if i + 2 < len(tokens) else ","
-                value = "" if nxt == "," else expect_value(i + 2)
-                reqs.append(Requirement(key, op, (value,)))
-                i += 2 if nxt == "," else 3
-            elif op in ("<", ">"):
-                value = expect_value(i + 2)
-                if not re.fullmatch(r"-?\d+", value):
-                    raise Invalid(f"selector {text!r}: {value!r} is not an integer")
-                reqs.append(Requirement(key, op, (value,)))
-                i += 3
-            elif op in ("in", "notin"):
-                if i + 2 >= len(tokens) or tokens[i + 2] != "(":
-                    raise Invalid(f"selector {text!r}: {op} needs a (list)")
-                j, values = i + 3, []
-                while j < len(tokens) and tokens[j] != ")":
-                    if tokens[j] != ",":
-                        values.append(tokens[j])
-                    j += 1
-                if j >= len(tokens):
-                    raise Invalid(f"selector {text!r}: ')' is missing")
-                reqs.append(Requirement(key, op, tuple(values)))
-                i = j + 1
-            else:
-                raise Invalid(f"selector {text!r}: unknown operator {op!r}")
-        if i < len(tokens):
-            if tokens[i] != ",":
-                raise Invalid(f"selector {text!r}: expected ',' before {tokens[i]!r}")
-            i += 1
-    return reqs
-
-
-def _selector_requirements(selector: Any) -> list[Requirement]:
-    """Requirements of a selector string or a metav1.LabelSelector mapping."""
-    if selector is None or selector == "":
-        return []
-    if isinstance(selector, str):
-        return parse_selector(selector)
-    if not isinstance(selector, Mapping):
-        raise Invalid(f"selector {selector!r} is neither a string nor a mapping")
-    reqs = [
-        Requirement(str(k), "=", (str(v),)) for k, v in (selector.get("matchLabels") or {}).items()
-    ]
-    ops = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
-    for e in selector.get("matchExpressions") or []:
-        op = ops.get(str((e or {}).get("operator")))
-        if op is None:
-            raise Invalid(
-                f"matchExpressions operator {e.get('operator')!r} is not one of {list(ops)}"
-            )
-        reqs.append(
-            Requirement(str(e.get("key")), op, tuple(str(v) for v in e.get("values") or []))
-        )
-    return reqs
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -319,7 +94,7 @@ class ObjectStore:
         """Copies of the objects of a kind (in one namespace, or all with namespace="*")
         whose labels match `selector` (a string like `app=x,tier in (a,b)` or a LabelSelector
         mapping), in creation order."""
-        reqs = _selector_requirements(selector)
+        reqs = selector_requirements(selector)
         want = canonical_kind(kind)
         with self._cond:
             objs = [
@@ -405,7 +180,7 @@ class ObjectStore:
         current = self.get(kind, name, namespace)
         if current is None:
             raise NotFound(f'{canonical_kind(kind)} "{name}" not found')
-        _check_bounds(patch, "patch")
+        check_bounds(patch, "patch")
         if patch_type in ("merge", "strategic"):
             if not isinstance(patch, dict):
                 raise Invalid(f"a {patch_type} patch must be a mapping")
@@ -467,7 +242,7 @@ class ObjectStore:
     def _validated(self, obj: Mapping) -> dict:
         if not isinstance(obj, Mapping):
             raise Invalid(f"an object must be a mapping, not {type(obj).__name__}")
-        _check_bounds(obj, "object")
+        check_bounds(obj, "object")
         new = copy.deepcopy(dict(obj))
         kind = new.get("kind")
         if not isinstance(kind, str) or not kind:
@@ -480,7 +255,7 @@ class ObjectStore:
             raise Invalid(f"{kind}: metadata must be a mapping")
         name = meta.get("name")
         if name is not None and (
-            not isinstance(name, str) or len(name) > 253 or not _NAME.fullmatch(name)
+            not isinstance(name, str) or len(name) > 253 or not NAME_PATTERN.fullmatch(name)
         ):
             raise Invalid(
                 f"{kind} name {name!r} is not a DNS-1123 name (lower-case, digits, '-', '.')"
@@ -496,9 +271,9 @@ class ObjectStore:
 
     def _generated_name(self, kind: str, meta: dict) -> str:
         for _ in range(100):
-            suffix = "".join(random.choices(_SUFFIX_ALPHABET, k=5))
+            suffix = "".join(random.choices(SUFFIX_ALPHABET, k=5))
             name = f"{meta['generateName']}{suffix}"
-            if not _NAME.fullmatch(name):
+            if not NAME_PATTERN.fullmatch(name):
                 raise Invalid(f"{kind}: generateName {meta['generateName']!r} makes no valid name")
             if self._key(kind, name, meta["namespace"]) not in self._objects:
                 return name
@@ -506,7 +281,7 @@ class ObjectStore:
 
     def _update(self, current: dict, new: dict) -> dict:
         """Store `new` in place of `current`: identity and creation metadata kept, version up."""
-        _check_bounds(new, "object")
+        check_bounds(new, "object")
         new = copy.deepcopy(new)
         meta = new.setdefault("metadata", {})
         old = current["metadata"]

@@ -20,6 +20,7 @@ from ckptflow.workflows.runner import artifacts as arts
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner import objects as ob
 from ckptflow.workflows.runner.nodes import ERROR, FAILED, RUNNING, SUCCEEDED, Node
+from ckptflow.workflows.runner.object_rules import MAX_OBJECT_BYTES, canonical_kind
 from ckptflow.workflows.runner.resource_fields import (
     ResourceError,
     conditions_met,
@@ -27,6 +28,7 @@ from ckptflow.workflows.runner.resource_fields import (
     json_path,
     parse_json_path,
 )
+from ckptflow.workflows.runner.selectors import parse_selector
 from ckptflow.workflows.runner.substitution import TAG, substitute, to_str, unresolved
 
 __all__ = [
@@ -45,7 +47,7 @@ ACTIONS = ("get", "create", "apply", "delete", "replace", "patch")
 MERGE_STRATEGIES = ("strategic", "merge", "json")
 _RESOURCE_OK = {"action", "manifest", "manifestFrom", "successCondition", "failureCondition"}
 _RESOURCE_OK |= {"setOwnerReference", "flags", "mergeStrategy"}
-MAX_MANIFEST_BYTES = ob.MAX_OBJECT_BYTES
+MAX_MANIFEST_BYTES = MAX_OBJECT_BYTES
 POLL_S = 0.1  # Argo polls every resourceStateCheckInterval (5 s); the store wakes us sooner
 # kinds whose status a local controller writes (controllers.py); others never change by
 # themselves, so a condition on their status would wait forever
@@ -132,7 +134,7 @@ def resource_problems(tmpl: dict) -> list[tuple[str, str]]:
         cond = res.get(key)
         if cond and "{{" not in to_str(cond):
             try:
-                ob.parse_selector(to_str(cond))
+                parse_selector(to_str(cond))
             except ob.Invalid as exc:
                 problems.append((f"resource.{key}", str(exc)))
     if "flags" in res and not isinstance(res["flags"], list):
@@ -162,7 +164,7 @@ def _kind_problems(res: dict) -> list[tuple[str, str]]:
         obj = yaml.safe_load(text)
     except yaml.YAMLError:
         obj = None
-    kind = ob.canonical_kind(obj["kind"]) if isinstance(obj, dict) and obj.get("kind") else None
+    kind = canonical_kind(obj["kind"]) if isinstance(obj, dict) and obj.get("kind") else None
     if kind is None or kind in CONTROLLED:
         return []
     for key in ("successCondition", "failureCondition"):
@@ -262,7 +264,7 @@ def act(run: cx.Run, res: dict, text: str) -> dict | None:
                 raise ResourceError("get needs a NAME (in the manifest or the flags)")
             found = store.get(kind, name, ns)
             if found is None:
-                raise ob.NotFound(f'{ob.canonical_kind(kind)} "{name}" not found')
+                raise ob.NotFound(f'{canonical_kind(kind)} "{name}" not found')
             return found
         # delete: --ignore-not-found is always added (getKubectlArguments)
         names = [name] if name else [

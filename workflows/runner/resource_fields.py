@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from ckptflow.workflows.runner import objects as ob
+from ckptflow.workflows.runner.selectors import as_text, field_value, parse_selector
 from ckptflow.workflows.runner.substitution import to_str
 
 __all__ = ["ResourceError", "conditions_met", "jq_filter", "json_path", "parse_json_path"]
@@ -96,14 +96,14 @@ def jq_filter(obj: dict, text: str) -> str:
 def conditions_met(obj: dict, success: str, failure: str) -> bool | None:
     """matchConditions (workflow/executor/resource.go): ResourceError when a failure
     requirement matches; True when every success requirement matches (also when there are
-    none); None to keep waiting. Fields are read as gjson reads them (objects.field_value)."""
+    none); None to keep waiting. Fields are read as gjson reads them (selectors.field_value)."""
 
     def lookup(key: str) -> tuple[bool, str]:
-        has, value = ob.field_value(obj, key)
-        return has, ob.as_text(value)
+        has, value = field_value(obj, key)
+        return has, as_text(value)
 
-    for req in ob.parse_selector(failure) if failure else []:
+    for req in parse_selector(failure) if failure else []:
         if req.matches(lookup):
             raise ResourceError(f"failure condition '{req}' evaluated true")
-    reqs = ob.parse_selector(success) if success else []
+    reqs = parse_selector(success) if success else []
     return True if all(r.matches(lookup) for r in reqs) else None
