@@ -6,7 +6,8 @@ from __future__ import annotations
 from ckptflow.workflows.local import local_config
 from ckptflow.workflows.render import manifests
 from ckptflow.workflows.runner.cluster import Cluster, ClusterNode
-from ckptflow.workflows.runner.scheduler import Scheduler, pod_request
+from ckptflow.workflows.runner.placement import pod_request
+from ckptflow.workflows.runner.scheduler import Scheduler
 
 
 def test_every_pod_of_a_local_pipeline_fits_two_cpus_at_once(tmp_path):

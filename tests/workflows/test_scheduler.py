@@ -1,4 +1,5 @@
-"""The local kube-scheduler (runner/scheduler.py): each filter, the FitError message, binding."""
+"""The local kube-scheduler (runner/placement.py, scheduler.py): each filter, the FitError
+message, binding."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import time
 
 import pytest
 from ckptflow.workflows.runner.cluster import Cluster, ClusterNode
-from ckptflow.workflows.runner.scheduler import (
-    Scheduler,
+from ckptflow.workflows.runner.placement import (
     fit_error,
     fit_resources,
     match_node_affinity,
@@ -16,6 +16,7 @@ from ckptflow.workflows.runner.scheduler import (
     pod_request,
     untolerated_taint,
 )
+from ckptflow.workflows.runner.scheduler import Scheduler
 
 GPU = "nvidia.com/gpu"
 

@@ -10,7 +10,8 @@ import pytest
 from ckptflow.workflows.runner.cluster import Cluster, ClusterNode
 from ckptflow.workflows.runner.gang import Gang, gang_of, pod_group_size
 from ckptflow.workflows.runner.objects import ObjectStore
-from ckptflow.workflows.runner.scheduler import Scheduler, pod_request
+from ckptflow.workflows.runner.placement import pod_request
+from ckptflow.workflows.runner.scheduler import Scheduler
 
 GPU = "nvidia.com/gpu"
 TOLERATE = [{"key": GPU, "operator": "Exists"}]

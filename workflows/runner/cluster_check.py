@@ -7,7 +7,7 @@ a gang whose PodGroup is missing or asks more pods than the task makes, a retry 
 anti-affinity that runs out of
 nodes, a memory-backed /dev/shm above the memory limit, and `restricted` Pod Security Standard
 violations (pss.py); for each Sensor and service account, whether `deploy/` creates what it
-needs. Placement uses the runner's own scheduler filters (scheduler.py) on an empty cluster.
+needs. Placement uses the runner's own scheduler filters (placement.py) on an empty cluster.
 
 Workflow parameters are their defaults unless given (`-p`); a field that still holds a
 `{{...}}` after that is not known before submit and is not judged.
@@ -23,7 +23,7 @@ import yaml
 from ckptflow.workflows.runner import gang as gangs
 from ckptflow.workflows.runner import pss
 from ckptflow.workflows.runner.cluster import MEMORY, Cluster, resource_units
-from ckptflow.workflows.runner.scheduler import node_reasons, place, pod_request
+from ckptflow.workflows.runner.placement import node_reasons, place, pod_request
 
 __all__ = ["check_manifests", "deploy_objects"]
 

@@ -268,7 +268,7 @@ def retry_on_different_host(run: cx.Run, retry: Node, tmpl: dict, strategy: dict
     """The template of a retry's next attempt: with `retryStrategy.affinity.nodeAntiAffinity`,
     the hosts of the failed attempts become a required node anti-affinity of its pod
     (workflow/controller/retry_tweak.go RetryOnDifferentHost). The scheduler reads it from the
-    pod's `affinity` (scheduler.pod_request); without a cluster model the runner is one node,
+    pod's `affinity` (placement.pod_request); without a cluster model the runner is one node,
     this machine, so such a retry stays Pending until a deadline ends it, as on a one-node
     cluster (leaf.py)."""
     if (strategy.get("affinity") or {}).get("nodeAntiAffinity") is None:

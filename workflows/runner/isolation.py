@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptflow.workflows.runner import pod_containers, refs, scheduler, volumes
+from ckptflow.workflows.runner import placement, pod_containers, refs, volumes
 from ckptflow.workflows.runner.context import DEADLINE
 from ckptflow.workflows.runner.nodes import ERROR, FAILED
 from ckptflow.workflows.runner.pods import (
@@ -231,7 +231,7 @@ def bind_pod(run, node, body: dict, scope) -> bool:
     the node Failed with the scope's reason, as a pending pod past its deadline is; a gang's pod
     keeps its last Pending line after it). A pod the scheduler cannot read is Error."""
     try:
-        request = scheduler.pod_request(node.id, body, run.spec, run.namespace)
+        request = placement.pod_request(node.id, body, run.spec, run.namespace)
     except ValueError as exc:
         run.store.update(node, phase=ERROR, message=str(exc))
         return False

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ckptflow.workflows.runner.cluster import Cluster, LifecycleSettings
+from ckptflow.workflows.runner.placement import tolerates
 from ckptflow.workflows.runner.pods import cgroups, net
-from ckptflow.workflows.runner.scheduler import _tolerates
 
 __all__ = [
     "ARGO_POD_DELETED",
@@ -184,7 +184,7 @@ def eviction_delay(tolerations, taints) -> float | None:
         return None
     used = []
     for taint in no_execute:
-        matching = [t for t in tolerations if _tolerates(t, taint)]
+        matching = [t for t in tolerations if tolerates(t, taint)]
         if not matching:
             return 0.0
         used.extend(matching)

@@ -14,7 +14,7 @@ import yaml
 from ckptflow.workflows.runner import context as cx
 from ckptflow.workflows.runner.cluster import ClusterNode, default_cluster
 from ckptflow.workflows.runner.nodes import FAILED, SUCCEEDED, Node
-from ckptflow.workflows.runner.scheduler import (
+from ckptflow.workflows.runner.placement import (
     PodRequest,
     fit_error,
     match_node_affinity,
@@ -87,7 +87,7 @@ def bind_this_machine(run: cx.Run, node: Node, body: dict, scope: cx.Scope) -> b
     """Without isolation every pod runs on this machine, the cluster's one node: True with the
     node's `hostNodeName` set. A pod whose required node affinity excludes it (a retry's
     anti-affinity: execute.retry_on_different_host) can never be scheduled
-    (pkg/scheduler/framework/plugins/nodeaffinity/node_affinity.go, scheduler.py): it stays
+    (pkg/scheduler/framework/plugins/nodeaffinity/node_affinity.go, placement.py): it stays
     Pending with the scheduler's message until the scope's deadline fails it, as a Pending pod
     past the workflow's deadline is (workflow/controller/operator.go). With no deadline anywhere
     it would stay Pending forever on Argo; here it fails at once, saying so. False then.
