@@ -26,7 +26,7 @@ import json
 import sys
 import time
 
-from ckptflow import ckpt_ops_cli, env, inspect_cli
+from ckptflow import ckpt_ops_cli, env, inspect_cli, interop_cli
 from ckptflow.contract import cli_args
 from ckptflow.core import drill, layout, listing, rootreader, runroot
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
@@ -124,66 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true", help="really write it (default: dry run)")
     ckpt_ops_cli.add_parsers(sub, _duration)
     inspect_cli.add_parsers(sub)
-    _interop_parsers(sub)
+    interop_cli.add_parsers(sub)
     return p
-
-
-_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE.update({"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40})
-
-
-def _size(text: str) -> int:
-    """argparse type: a size such as 5GB, 500MiB or 1048576 (bytes)."""
-    num = text.strip().rstrip("BbIiKkMmGgTt")
-    unit = text.strip()[len(num) :].lower()
-    try:
-        value = int(float(num) * _SIZE[unit])
-    except (KeyError, ValueError):
-        value = 0
-    if not 1 <= value <= 1 << 50:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: give e.g. 5GB, 500MiB or 1048576")
-    return value
-
-
-def _interop_parsers(sub) -> None:
-    i = sub.add_parser("import", help="bring a DCP, torch.save or safetensors checkpoint in")
-    i.add_argument(
-        "src", help="DCP folder, torch.save file, safetensors file/folder, ckptflow root"
-    )
-    i.add_argument("--to", required=True, help="the ckptflow root to write the step into")
-    i.add_argument("--step", type=cli_args.step, help="step number (default: the source's, or 0)")
-    i.add_argument("--json", action="store_true", help="print the report as JSON")
-    e = sub.add_parser("export", help="write a step as Hugging Face, DCP or torch.save files")
-    e.add_argument("root")
-    e.add_argument("--step", type=cli_args.step, help="the step (default: the newest valid)")
-    e.add_argument("--format", required=True, choices=("hf", "dcp", "torch"))
-    e.add_argument(
-        "--to", required=True, help="a new or empty folder, or an earlier export (replaced)"
-    )
-    e.add_argument("--dtype", choices=("bf16", "fp32"), help="convert floating tensors")
-    part = e.add_mutually_exclusive_group()
-    part.add_argument(
-        "--model-only", action="store_true", help="the model's weights only (hf: the default)"
-    )
-    part.add_argument(
-        "--full-state",
-        action="store_true",
-        help="hf: every tensor of the training state, optimizer too (dcp, torch: the default)",
-    )
-    e.add_argument("--shard-size", type=_size, default=5 * 10**9, help="per file (hf, dcp): 5GB")
-    e.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-def cmd_import(args) -> int:
-    from ckptflow import interop_cli  # torch is imported there, for these two commands only
-
-    return interop_cli.cmd_import(args)
-
-
-def cmd_export(args) -> int:
-    from ckptflow import interop_cli
-
-    return interop_cli.cmd_export(args)
 
 
 def _open(uri: str):
@@ -395,8 +337,8 @@ COMMANDS = {
     "repair": cmd_repair,
     **ckpt_ops_cli.COMMANDS,
     "inspect": inspect_cli.cmd_inspect,
-    "import": cmd_import,
-    "export": cmd_export,
+    "import": interop_cli.cmd_import,  # torch is imported there, for these two commands only
+    "export": interop_cli.cmd_export,
 }
 
 
