@@ -7,6 +7,8 @@ The fine-tune's loop also evaluates each saved step on the fine-tune task right 
 rank (FSDP2 gathers parameters collectively), while the model is still at that step; once the
 checkpoint is committed, rank 0 writes the result next to it as `eval.json` and links the
 metrics to the checkpoint's MLflow LoggedModel, which also gets the base's tags.
+
+`TrainObjects` and `LoopSpec`, built from the step's config, are in loop_setup.py.
 """
 
 from __future__ import annotations
@@ -14,23 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 from ckptflow.steps.lib.base_checkpoint import base_tags
-from ckptflow.steps.lib.data import Corpus, ShardedLoader
 from ckptflow.steps.lib.distributed import DistInfo
-from ckptflow.steps.lib.optim import make_optimizer, make_scheduler, train_step
+from ckptflow.steps.lib.loop_setup import LoopSpec, TrainObjects
+from ckptflow.steps.lib.optim import train_step
 from ckptflow.steps.lib.plumbing import Abandon, Progress, StepError, StepRun
 from ckptflow.steps.lib.preempt import FLAG, Preempted
 from ckptflow.steps.lib.preflight import leave_pod
 from ckptflow.steps.lib.state import rng_entry, train_state
-from ckptflow.steps.lib.straggler import (
-    StragglerFound,
-    StragglerMonitor,
-    StragglerSpec,
-    busy_clock,
-)
+from ckptflow.steps.lib.straggler import StragglerFound, StragglerMonitor, busy_clock
 from ckptflow.steps.lib.tier_loop import TierSaves
 
 from ckptflow import env
@@ -50,59 +45,6 @@ class SimulatedKill(Abandon):
     `step_run` then abandons everything, as a kill would, and exits with KILLED_EXIT."""
 
     exit_code = KILLED_EXIT
-
-
-@dataclass(frozen=True)
-class LoopSpec:
-    """How the loop runs: length, checkpoint cadence, logging, and the kill hook for tests."""
-
-    max_steps: int
-    ckpt_every: int
-    async_save: bool = True
-    log_every: int = 1
-    grad_clip: float = 1.0
-    tokens_per_step: int = 0
-    fail_at_step: int | None = None
-    straggler: StragglerSpec = StragglerSpec(every=0)
-
-    @classmethod
-    def from_config(cls, cfg, seq_len: int) -> LoopSpec:
-        """The loop settings of a pretrain or fine-tune config (the same fields in both)."""
-        return cls(
-            max_steps=cfg.max_steps,
-            ckpt_every=cfg.ckpt_every,
-            async_save=cfg.async_save,
-            log_every=cfg.log_every,
-            grad_clip=cfg.grad_clip,
-            tokens_per_step=cfg.batch_size * seq_len,
-            fail_at_step=cfg.fail_at_step or None,
-            straggler=StragglerSpec.from_config(cfg),
-        )
-
-
-class TrainObjects(NamedTuple):
-    """The live objects a training state is made of: `state.train_state(*objs, step=...)`."""
-
-    model: Any
-    optimizer: Any
-    scheduler: Any
-    loader: ShardedLoader
-
-    @classmethod
-    def from_config(cls, cfg, model, corpus: Corpus, seq_len: int, dinfo: DistInfo) -> TrainObjects:
-        """AdamW with warm-up and cosine decay, and this rank's loader, as a pretrain or fine-tune
-        config names them (the same fields in both)."""
-        optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
-        scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
-        loader = ShardedLoader(
-            corpus,
-            seq_len=seq_len,
-            global_batch=cfg.batch_size,
-            grad_accum=cfg.grad_accum,
-            rank=dinfo.rank,
-            world_size=dinfo.world_size,
-        )
-        return cls(model, optimizer, scheduler, loader)
 
 
 class CheckpointedLoop:
