@@ -11,7 +11,9 @@ is ever written into a manifest, a log line or MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 # Variables whose values are secrets: code that records configuration must drop them.
 SECRET_VARIABLES = (
@@ -77,6 +79,37 @@ def debug() -> bool:
 def mlflow_tracking_uri(default: str | None = None) -> str | None:
     """MLFLOW_TRACKING_URI when set, else the caller's embedded default."""
     return os.environ.get("MLFLOW_TRACKING_URI") or default
+
+
+MLFLOW_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@contextlib.contextmanager
+def mlflow_default_store(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking and registry URIs set to `uri` for the block only.
+
+    Some MLflow calls take the process-wide store whatever client they go through (its SQL
+    registry looks a `models:/<model_id>` source up with a default client; pyfunc.load_model
+    of a models:/ URI). mlflow.set_tracking_uri and set_registry_uri also write
+    MLFLOW_TRACKING_URI and MLFLOW_REGISTRY_URI into os.environ; left there, every later
+    MLflow run of this process, and of every process it starts, goes to `uri` instead of its
+    own run root's store (a pretrain's resume tags went to another step's database). After
+    the block both variables, and MLflow's own setting, are as they were."""
+    import mlflow
+
+    before = {k: os.environ.get(k) for k in MLFLOW_URI_VARIABLES}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before["MLFLOW_TRACKING_URI"])  # None: unset
+        mlflow.set_registry_uri(before["MLFLOW_REGISTRY_URI"])  # (it leaves the variable set)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def secret_values() -> list[str]:

@@ -60,10 +60,10 @@ def _pyfunc(args):
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
-    uri = _tracking(args)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    return mlflow.pyfunc.load_model(args.source)
+    from ckptflow import env
+
+    with env.mlflow_default_store(_tracking(args)):  # for the load only: MLflow exports it
+        return mlflow.pyfunc.load_model(args.source)
 
 
 def load_gpt(args):

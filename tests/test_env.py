@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ckptflow import env
 from ckptflow.core.storage import StorageOptions
 
@@ -66,3 +68,23 @@ def test_node_name_from_the_downward_api_else_the_hostname(monkeypatch):
     assert env.node_name() == "node-a"
     monkeypatch.setenv("NODE_NAME", "  ")  # blank: not a name
     assert env.node_name() == "node-b"
+
+
+def test_mlflows_default_store_is_set_for_the_block_only(monkeypatch, tmp_path):
+    """Inside: MLflow's process-wide store (and the variables MLflow writes for it); after: the
+    variables as they were, set or unset, and MLflow's own setting back to them."""
+    import mlflow
+
+    db = f"sqlite:///{tmp_path}/mlflow.db"
+    for before in (None, "http://mlflow.deployment:5000"):
+        for var in env.MLFLOW_URI_VARIABLES:
+            monkeypatch.setenv(var, "")  # recorded, so teardown restores it
+            monkeypatch.delenv(var)
+            if before is not None:
+                monkeypatch.setenv(var, before)
+        with env.mlflow_default_store(db):
+            assert mlflow.get_tracking_uri() == mlflow.get_registry_uri() == db
+            assert env.mlflow_tracking_uri() == db
+        assert [os.environ.get(v) for v in env.MLFLOW_URI_VARIABLES] == [before, before]
+        assert env.mlflow_tracking_uri() == before and mlflow.get_tracking_uri() != db
+        assert mlflow.get_registry_uri() != db

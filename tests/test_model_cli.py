@@ -4,6 +4,7 @@ agrees with the training evaluator's; mistakes are one line, exit 2."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
@@ -63,6 +64,23 @@ def test_every_source_completes_a_prompt_the_same_way(sources, capsys):
         code, out, err = _cli(capsys, "generate", *source, *flags)
         assert code == 0, err
         assert out.splitlines() == [p + w for p, w in zip(PROMPTS, want, strict=True)], source
+
+
+def test_a_registered_source_leaves_mlflows_process_wide_store_as_it_was(
+    sources, capsys, monkeypatch
+):
+    """Loading a models:/ source sets MLflow's process-wide URIs for the load only: MLflow
+    writes them into os.environ, where they sent every later MLflow run of the process (and
+    of the processes it starts) to this store instead of its own run root's."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # recorded, so teardown restores it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", "")
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI")
+    code, _, err = _cli(
+        capsys, "generate", "models:/m@champion", "--tracking-uri", sources["db"], "--prompt", "1"
+    )
+    assert code == 0, err
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
 
 
 def test_completions_stop_at_the_statement_end_or_the_budget(sources):

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 from ckptflow.steps.lib.eval_results import better
 
+from ckptflow import env
+
 log = logging.getLogger("ckptflow.registry")
 CHAMPION, FALLBACK = "champion", "fallback"
 TAG_METRIC = "ckptflow.metric"  # name of the metric the version was selected by
@@ -45,14 +47,10 @@ class Decision:
 
 
 def client_for(tracking_uri: str):
-    """An MlflowClient whose registry is the tracking store (sqlite, or a tracking server)."""
-    import mlflow
+    """An MlflowClient whose registry is the tracking store (sqlite, or a tracking server).
+    It leaves MLflow's process-wide store alone (see `register`)."""
     from mlflow import MlflowClient
 
-    # MLflow's SQL registry looks a `models:/<model_id>` source up with a default client (the
-    # global tracking URI): without this, a local store would be searched for in ./mlruns and
-    # registering from a LoggedModel would fail.
-    mlflow.set_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
@@ -147,14 +145,19 @@ def register(
         TAG_VALUE: repr(float(value)),
         TAG_MODE: mode,
     }
-    mv = client.create_model_version(
-        name,
-        f"models:/{model_id}" if model_id else source,
-        run_id=run_id,
-        tags=all_tags,
-        description=description,
-        model_id=model_id,
-    )
+    # MLflow's SQL registry looks the LoggedModel up with a default client (the process-wide
+    # tracking URI): without it a local store would be searched for in ./mlruns and registering
+    # from a LoggedModel would fail; set for this call only, or every later MLflow run of the
+    # process would go to this store (env.mlflow_default_store)
+    with env.mlflow_default_store(client.tracking_uri):
+        mv = client.create_model_version(
+            name,
+            f"models:/{model_id}" if model_id else source,
+            run_id=run_id,
+            tags=all_tags,
+            description=description,
+            model_id=model_id,
+        )
     version = str(mv.version)
     if model_id:
         _link_logged_model(client, model_id, name, version)

@@ -21,6 +21,7 @@ from ckptflow.steps import select
 from ckptflow.steps.checkpoint import Checkpointer
 from mlflow import MlflowClient
 
+from ckptflow import env
 from tests.steps.test_finetune import finetuned, mlflow_template  # noqa: F401
 
 
@@ -91,8 +92,8 @@ def test_the_version_is_a_loadable_model_made_from_the_chosen_checkpoint(store, 
         model.tags["mlflow.modelVersions"]
     )
     assert {m.key for m in model.metrics} >= {"val_loss", "exact_match"}  # the chosen step's
-    mlflow.set_tracking_uri(finetuned["db"])
-    assert "python_function" in mlflow.models.get_model_info(mv.source).flavors
+    with env.mlflow_default_store(finetuned["db"]):  # for the lookup only: MLflow exports it
+        assert "python_function" in mlflow.models.get_model_info(mv.source).flavors
 
 
 def test_runs_and_models_say_which_they_are(store):

@@ -15,6 +15,7 @@ from ckptflow.steps.lib.export import export_weights
 from ckptflow.steps.lib.model import GPT, config_for
 from ckptflow.workflows.local_services import S3_BUCKET, S3_KEYS, start_s3
 
+from ckptflow import env
 from tests.steps.test_finetune import mlflow_template  # noqa: F401
 
 PROMPTS = ["07+12=", "R12345="]
@@ -54,6 +55,6 @@ def test_the_champion_loads_after_the_in_process_s3_is_gone(
         socket.create_connection((host, int(port)), timeout=5).close()
     for k in (*S3_KEYS, "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k)
-    mlflow.set_tracking_uri(db)
-    champ = mlflow.pyfunc.load_model("models:/m@champion")
+    with env.mlflow_default_store(db):  # for the load only: MLflow exports it
+        champ = mlflow.pyfunc.load_model("models:/m@champion")
     assert champ.predict(PROMPTS) == generation.complete(model, PROMPTS)

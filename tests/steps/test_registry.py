@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 from ckptflow.steps.lib import registry
+from ckptflow.steps.lib.lineage import Lineage
 
 from tests.steps.test_finetune import mlflow_template  # noqa: F401
+
+
+@pytest.fixture
+def no_tracking_uri(monkeypatch):
+    """MLFLOW_TRACKING_URI unset for the test, and put back as it was after it, whatever the
+    test (or the code under test) left there."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")  # recorded, so teardown restores it
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
 
 
 @pytest.fixture
@@ -87,3 +97,22 @@ def test_a_version_from_a_logged_model_is_listed_on_it(client):
     assert mv.source == f"models:/{model.model_id}" and mv.run_id == run.info.run_id
     listed = client.get_logged_model(model.model_id).tags["mlflow.modelVersions"]
     assert json.loads(listed) == [{"name": "lm", "version": "1"}, {"name": "lm", "version": "2"}]
+
+
+def test_registering_leaves_mlflows_process_wide_store_as_it_was(no_tracking_uri, client, tmp_path):
+    """MLflow's registry looks a LoggedModel up through the process-wide tracking URI, and
+    mlflow.set_tracking_uri also writes MLFLOW_TRACKING_URI into os.environ: left there, every
+    later MLflow run of the process, and of every process it starts, went to this registry's
+    store, not to its own run root's (a resumed pretrain's tags were missing from its mlflow.db)."""
+    exp = client.create_experiment("reg")
+    run = client.create_run(exp).info.run_id
+    model = client.create_logged_model(exp, name="ckpt-step-8", source_run_id=run)
+    d = registry.register(
+        client, "lm", source="", run_id=run, metric="x", value=1.0, mode="max", tags={},
+        model_id=model.model_id,
+    )  # fmt: skip
+    assert d.version == "1" and client.get_model_version("lm", "1").run_id == run
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    assert "MLFLOW_REGISTRY_URI" not in os.environ
+    root = str(tmp_path / "later-step")
+    assert Lineage.for_run_root(root).tracking_uri == f"sqlite:///{root}/mlflow.db"

@@ -19,6 +19,7 @@ from ckptflow.steps.lib import generation
 from mlflow import MlflowClient
 from safetensors import safe_open
 
+from ckptflow import env
 from tests.steps.test_finetune import finetuned, load_state, mlflow_template  # noqa: F401
 
 
@@ -130,8 +131,8 @@ def test_select_exports_and_registers_the_best_variant(tmp_path, finetuned, rank
     assert model_id in {m.model_id for m in run.outputs.model_outputs}
 
     # the champion loads through MLflow alone and completes prompts as the export does
-    mlflow.set_tracking_uri(finetuned["db"])
-    champ = mlflow.pyfunc.load_model("models:/m-best@champion")
+    with env.mlflow_default_store(finetuned["db"]):  # for the load only: MLflow exports it
+        champ = mlflow.pyfunc.load_model("models:/m-best@champion")
     prompts = ["R12345=", "R00017=", "07+12="]
     got = champ.predict(prompts)
     assert got == generation.complete(generation.load_export(o["export_uri"]), prompts)
