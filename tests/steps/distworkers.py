@@ -19,6 +19,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def adopt_env(environ: dict[str, str]) -> None:
+    """Make this process's environment `environ`, the launching test's. A fork server's
+    children inherit the environment the server started with, whatever the test that happened
+    to start it had set then (test_finetune's MLFLOW_TRACKING_URI sent a later test's MLflow
+    runs to its database), not the launching test's, as torchrun's ranks would."""
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 def rank_env(rank: int, world: int, port: int) -> None:
     """The environment torchrun gives a rank on one host, and one intra-op thread per rank."""
     os.environ.update(

@@ -66,7 +66,8 @@ A = ["--base-step", "best:val_loss", "--lr", "3e-3", "--freeze-blocks", "1"]
 B = ["--base-step", "latest", "--lr", "1e-2", "--freeze-blocks", "2", "--parallel", "ddp"]
 
 
-def _rank(main, rank: int, world: int, port: int, argv: list[str]) -> None:
+def _rank(main, rank: int, world: int, port: int, argv: list[str], environ: dict) -> None:
+    dw.adopt_env(environ)  # this test's MLFLOW_TRACKING_URI, not the fork server's
     dw.rank_env(rank, world, port)
     dw.exit_with(main, argv)
 
@@ -77,11 +78,15 @@ def launch(main, world: int, argv: list[str], timeout: float = 240) -> list[int]
     # can deadlock or crash the child.
     ctx = mp.get_context("forkserver")
     port = dw.free_port()
-    procs = [ctx.Process(target=_rank, args=(main, r, world, port, argv)) for r in range(world)]
+    env = dict(os.environ)
+    procs = [
+        ctx.Process(target=_rank, args=(main, r, world, port, argv, env)) for r in range(world)
+    ]
     return dw.run_all(procs, timeout)
 
 
-def _plain_target(main, argv: list[str]) -> None:
+def _plain_target(main, argv: list[str], environ: dict) -> None:
+    dw.adopt_env(environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(k, None)
     dw.exit_with(main, argv)
@@ -89,7 +94,9 @@ def _plain_target(main, argv: list[str]) -> None:
 
 def _plain(main, argv: list[str]) -> int:
     """main(argv) in one child process without torchrun's environment (a plain step)."""
-    p = mp.get_context("forkserver").Process(target=_plain_target, args=(main, argv))
+    p = mp.get_context("forkserver").Process(
+        target=_plain_target, args=(main, argv, dict(os.environ))
+    )
     return dw.run_all([p], 240)[0]
 
 

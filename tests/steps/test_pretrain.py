@@ -58,31 +58,58 @@ TRAIN = [
 ]
 
 
-def _rank(rank: int, world: int, port: int, argv: list[str], stderr: str | None) -> None:
+def _rank(rank: int, world: int, port: int, argv: list[str], stderr: str | None, environ, main):
     if stderr is not None:  # the fork server's stderr is whatever the first launch had
         fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 2)
         os.close(fd)
+    dw.adopt_env(environ)  # and its environment too
     dw.rank_env(rank, world, port)
-    dw.exit_with(pretrain.main, argv)
+    dw.exit_with(main, argv)
 
 
 def launch(
-    world: int, argv: list[str], timeout: float = 240, stderr: str | None = None
+    world: int, argv: list[str], timeout: float = 240, stderr: str | None = None, main=None
 ) -> list[int]:
-    """Run `python -m ckptflow.steps.pretrain ARGV` as `world` ranks (as torchrun would); exit codes.
+    """Run `python -m ckptflow.steps.pretrain ARGV` (or `main(ARGV)`) as `world` ranks (as
+    torchrun would); exit codes.
 
     Ranks come from a fork server that imported this module (torch, mlflow, the steps) once:
     each launch costs a fork, not an interpreter start-up, and unlike a fork of the test
     process it inherits no threads (an in-process S3 server, a save worker) that could hang it.
-    The fork server keeps the stderr of the test that started it (capfd sees nothing of a
-    later test's ranks): `stderr`, a file the ranks append their log to.
+    The fork server keeps the stderr and the environment of the test that started it: `stderr`,
+    a file the ranks append their log to (capfd sees nothing of a later test's ranks); the
+    ranks take this test's environment (`dw.adopt_env`).
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     port = dw.free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, argv, stderr)) for r in range(world)]
+    args = (world, port, argv, stderr, dict(os.environ), main or pretrain.main)
+    procs = [ctx.Process(target=_rank, args=(r, *args)) for r in range(world)]
     return dw.run_all(procs, timeout)
+
+
+MARK = "CKPTFLOW_TEST_LAUNCH_MARK"
+
+
+def _report_mark(argv: list[str]) -> int:
+    Path(f"{argv[0]}-{os.environ['RANK']}").write_text(os.environ.get(MARK, "<unset>"))
+    return 0
+
+
+def test_ranks_take_the_launching_tests_environment_not_the_fork_servers(tmp_path, monkeypatch):
+    """A fork server's children inherit the environment it started with: the MLFLOW_TRACKING_URI
+    of whichever test started it sent a later test's ranks' MLflow runs to that test's database
+    (test_tier_restore_pretrain found no resume tags in its own)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    p = ctx.Process(target=os.getpid)  # the fork server is running before the mark is set
+    p.start()
+    p.join(240)
+    monkeypatch.setenv(MARK, "the launching test's")
+    assert launch(2, [str(tmp_path / "seen")], main=_report_mark) == [0, 0]
+    seen = [Path(f"{tmp_path}/seen-{r}").read_text() for r in (0, 1)]
+    assert seen == ["the launching test's"] * 2
 
 
 def final_state(root: str, step: int = STEPS) -> dict:
