@@ -71,8 +71,8 @@ class Binder:
         self.pending: dict[str, list[str]] = {}
         self.threads: list[threading.Thread] = []
 
-    def bind(self, key: str, body: dict) -> None:
-        req = pod_request(key, body, {}, "default")
+    def bind(self, key: str, body: dict, created: int = 0) -> None:
+        req = pod_request(key, body, {}, "default", created)
         seen = self.pending.setdefault(key, [])
 
         def go():
@@ -174,6 +174,41 @@ def test_a_gang_that_fits_binds_together():
         assert "rank-0" not in b.nodes  # not bound alone although it fits
         b.bind("rank-1", kueue_rank(2))
         assert sorted(b.wait_bound("rank-0", "rank-1")) == ["gpu-0", "gpu-1"]
+    finally:
+        b.finish()
+
+
+def test_a_gang_is_bound_in_the_order_its_pods_were_created_not_the_order_they_asked():
+    """Rank 1's pod asks first (its executor thread ran first, as under load), rank 0's was
+    created first (the controller creates a task's item pods in item order, dag.go): bound as
+    created, rank 0 on the first node (PrioritySort's queue timestamp, Volcano's TaskOrderFn
+    by creationTimestamp)."""
+    b = Binder(Scheduler(cluster(node("gpu-0", gpus=1), node("gpu-1", gpus=1))))
+    try:
+        b.bind("rank-1", kueue_rank(2), created=2)
+        b.wait_pending("rank-1")  # asked first, waiting for its gang
+        b.bind("rank-0", kueue_rank(2), created=1)
+        assert b.wait_bound("rank-0", "rank-1") == ["gpu-0", "gpu-1"]
+    finally:
+        b.finish()
+
+
+def test_single_pods_waiting_for_a_node_are_bound_in_creation_order():
+    """Two one-GPU pods wait for the one GPU: the one created first is bound when it frees,
+    though it asked second; the other stays Pending."""
+    sched = Scheduler(cluster(node("gpu-0", gpus=1)))
+    gpu = {"container": {"resources": {"limits": {GPU: 1}}}, "tolerations": TOLERATE}
+    assert sched.bind("other", pod_request("other", gpu), lambda: False, print) == "gpu-0"
+    b = Binder(sched)
+    try:
+        b.bind("late", gpu, created=2)
+        b.wait_pending("late")
+        b.bind("early", gpu, created=1)
+        b.wait_pending("early")
+        sched.release("other")
+        assert b.wait_bound("early") == ["gpu-0"]
+        time.sleep(0.2)  # time for a wrong bind to show
+        assert "late" not in b.nodes
     finally:
         b.finish()
 

@@ -177,6 +177,7 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
             template_name=tmpl["name"],
             boundary_id=boundary_id,
             parents=[node],
+            created=attempt_created(node, attempt),
         )
         child.inputs, child.input_artifacts = node.inputs, node.input_artifacts
         attempt_tmpl = retry_on_different_host(run, node, tmpl, strategy)
@@ -217,6 +218,15 @@ def _retry_body(run, node, tmpl, inputs, strategy, boundary_id, scope) -> None:
         while scope.reason() is None and (left := end - time.monotonic()) > 0:
             time.sleep(min(0.05, left))
         attempt += 1
+
+
+def attempt_created(retry: Node, attempt: int) -> int | None:
+    """When the controller creates the pod of `retry`'s attempt `attempt`: the first in the
+    same pass as its Retry node (workflow/controller/operator.go executeTemplate initializes
+    the Retry node, then executeContainer creates the pod), so it takes the Retry node's place
+    in the walk's order (dag.go creates a task's items in item order) though its thread runs
+    later; a later attempt when the retry is made (None: now)."""
+    return retry.created if attempt == 0 else None
 
 
 def fail_hosts(run: cx.Run, retry: Node) -> list[str]:

@@ -231,7 +231,7 @@ def bind_pod(run, node, body: dict, scope) -> bool:
     the node Failed with the scope's reason, as a pending pod past its deadline is; a gang's pod
     keeps its last Pending line after it). A pod the scheduler cannot read is Error."""
     try:
-        request = placement.pod_request(node.id, body, run.spec, run.namespace)
+        request = placement.pod_request(node.id, body, run.spec, run.namespace, node.created)
     except ValueError as exc:
         run.store.update(node, phase=ERROR, message=str(exc))
         return False

@@ -71,6 +71,9 @@ class Node:
     exit_code: int | None = None
     log_file: str | None = None
     attempts: int = 0
+    # the order the controller created it in (NodeStore.create), standing for its pod's
+    # creationTimestamp: the scheduler binds waiting pods in this order (scheduler.py)
+    created: int = 0
     memoization_status: dict | None = None  # {hit, key, cacheName} of a memoized node (memo.py)
     # every phase it entered, in order: a lifecycle hook's expression sees each one, even one a
     # fast pod passed through between two looks (hooks.py)
@@ -153,6 +156,7 @@ class NodeStore:
         self.cond = threading.Condition(threading.RLock())
         self.generation = 0
         self._on_change = on_change
+        self._created = 0
 
     def node_id(self, name: str) -> str:
         """Argo's node id: the workflow name for the root, else name + FNV-32a of the node name."""
@@ -171,11 +175,16 @@ class NodeStore:
         parents: list[Node] | tuple = (),
         phase: str = PENDING,
         message: str = "",
+        created: int | None = None,
     ) -> Node:
-        """Add a node (and link it under its parents); an already known name is an error."""
+        """Add a node (and link it under its parents); an already known name is an error.
+        `created`: its creation order when it is not now (execute.attempt_created)."""
         with self.cond:
             if name in self.by_name:
                 raise RuntimeError(f"node {name!r} exists already")
+            if created is None:
+                self._created += 1
+                created = self._created
             node = Node(
                 id=self.node_id(name),
                 name=name,
@@ -186,6 +195,7 @@ class NodeStore:
                 phase=phase,
                 message=message,
                 history=[phase],
+                created=created,
             )
             if phase in DONE:
                 node.started_at = node.finished_at = time.time()

@@ -48,6 +48,9 @@ class PodRequest:
     tolerations: tuple[dict, ...] = ()
     required_terms: tuple[dict, ...] = ()  # nodeAffinity required nodeSelectorTerms (ORed)
     gang: Gang | None = None  # the pod group it must be bound with (gang.py)
+    # the order the controller created it in (nodes.py), standing for its creationTimestamp:
+    # the scheduling queue's order, not the order its executor's thread happened to ask
+    created: int = 0
 
 
 def _containers(body: dict) -> list[dict]:
@@ -72,12 +75,12 @@ def _requests(body: dict, name: str) -> dict[str, int]:
 
 
 def pod_request(
-    name: str, body: dict, spec: dict | None = None, namespace: str = "default"
+    name: str, body: dict, spec: dict | None = None, namespace: str = "default", created: int = 0
 ) -> PodRequest:
     """The PodRequest of a substituted template `body`: nodeSelector, tolerations and affinity
     its own, else the workflow's (`spec`), as Argo builds the pod (workflow/controller/
-    workflowpod.go), and its gang (gang.py). ValueError (one line) on what the scheduler
-    cannot read."""
+    workflowpod.go), its gang (gang.py) and its creation order `created`. ValueError (one
+    line) on what the scheduler cannot read."""
     spec = spec or {}
     selector = body.get("nodeSelector") or spec.get("nodeSelector") or {}
     tolerations = body.get("tolerations") or spec.get("tolerations") or []
@@ -106,6 +109,7 @@ def pod_request(
         tuple(t for t in tolerations if isinstance(t, dict)),
         tuple(terms),
         gang,
+        created,
     )
 
 

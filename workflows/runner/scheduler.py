@@ -3,8 +3,9 @@ stateful half of a small kube-scheduler, over the filters and first-fit placemen
 placement.py.
 
 `Scheduler` accounts what bound pods request (extended resources such as `nvidia.com/gpu` too)
-until `release`; waiting pods are bound in the order they asked, each to the first node that
-fits it then (`placement.place`).
+until `release`; waiting pods are bound in the scheduling queue's order (`queue_order`: the
+order the controller created them, not the order their executor threads asked), each to the
+first node that fits it then (`placement.place`).
 
 Pods of a gang (gang.py: a Kueue pod group, a Volcano or coscheduling PodGroup) are bound all or
 nothing: none of them until the gang's size can be placed at once (`place_gang`), as Volcano's
@@ -17,6 +18,7 @@ ClusterQueue's quota, which is not modelled: here a Kueue group is admitted when
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,24 +33,39 @@ from ckptflow.workflows.runner.placement import (
     place_gang,
 )
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "queue_order"]
 
 
 @dataclass
 class _Waiter:
     key: str
     pod: PodRequest
-    seq: int
+    seq: int  # the order it asked in
     node: str | None = None
     message: str = ""
+
+
+def queue_order(w: _Waiter) -> tuple[int, int]:
+    """Where a waiting pod stands in the scheduling queue: by the order it was created
+    (`PodRequest.created`), then the order it asked.
+
+    kube-scheduler's PrioritySort.Less (pkg/scheduler/framework/plugins/queuesort/
+    priority_sort.go in kubernetes/kubernetes): higher priority first, then the earlier queue
+    timestamp, the time the pod was added to the queue, which follows its creation (the
+    controller creates a task's item pods in item order in one pass, dag.go executeDAGTask);
+    Volcano's TaskOrderFn default (pkg/scheduler/framework/session_plugins.go in
+    volcano-sh/volcano): creationTimestamp, then UID. Priority is not modelled (spec.py
+    ignores the priority fields: every pod has one priority). Ordering by creation keeps a
+    gang's rank 0 on the first node when its executor thread asks after rank 1's."""
+    return (w.pod.created, w.seq)
 
 
 class Scheduler:
     """Binds pods of one run to the cluster's nodes and accounts their requests until release.
 
-    Waiting pods are bound in the order they asked (the scheduling queue's FIFO within one
-    priority, pkg/scheduler/internal/queue), each to the first node that fits it then; a gang
-    is tried where its first waiting pod stands, all its waiting pods at once (`_admit_gang`).
+    Waiting pods are bound in the scheduling queue's order (`queue_order`: creation, then
+    asking), each to the first node that fits it then; a gang is tried where its first waiting
+    pod stands, all its waiting pods at once, in that order (`_admit_gang`).
     `objects` is the run's object store, where Volcano and coscheduling PodGroups are read."""
 
     def __init__(self, cluster: Cluster, objects=None):
@@ -138,7 +155,7 @@ class Scheduler:
         with self._cond:
             self._seq += 1
             waiter = _Waiter(key, pod, self._seq)
-            self._queue.append(waiter)
+            bisect.insort(self._queue, waiter, key=queue_order)
             self._drain()
             self._cond.notify_all()  # a gang's earlier pods may have been bound with this one
         shown, seen = "", self._objects_version()
