@@ -53,6 +53,10 @@ def test_gang_scheduled_ranks_train_on_their_nodes(tmp_path: Path, kind):
     assert result.phase == "Succeeded", result.table
     ranks = [n for n in result.nodes.values() if n["displayName"].startswith("rank(")]
     assert sorted(r["hostNodeName"] for r in ranks) == ["rank-0", "rank-1"]
+    # bound in item order (the order the controller creates the pods), whichever rank's
+    # thread asked the scheduler first: rank 0 on the first node
+    placed = {r["displayName"]: r["hostNodeName"] for r in ranks}
+    assert [placed[name] for name in sorted(placed)] == ["rank-0", "rank-1"], placed
     groups = [n for n in result.nodes.values() if n["displayName"] == "podgroup"]
     assert [g["phase"] for g in groups] == (["Succeeded"] if kind == "volcano" else [])
     assert "pretrain: 2 committed checkpoints" in out.text, out.text
