@@ -383,6 +383,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--rows", help="report the JSON lines of an earlier run's output instead")
     ap.add_argument("--v5-repeats", type=int, default=5, help="repeats of the v5 phases")
+    ap.add_argument("--formats", default="v4,v5", help="which protocols run: v4, v5 or both")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--v5", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -401,9 +402,12 @@ def main(argv=None) -> int:
         with open(a.rows) as f:
             rows = [json.loads(ln) for ln in f if ln.startswith("{")]
     for n in [] if a.rows else [int(x) for x in a.ranks.split(",")]:
-        runs = [(a.layers, a.repeats, False)] if per_rank * n <= a.max_chunks else []
-        runs += [(a.sweep_layers, a.repeats, False)]
-        runs += [(a.layers, a.v5_repeats, True), (a.sweep_layers, a.v5_repeats, True)]
+        runs = []
+        if "v4" in a.formats:
+            runs += [(a.layers, a.repeats, False)] if per_rank * n <= a.max_chunks else []
+            runs += [(a.sweep_layers, a.repeats, False)]
+        if "v5" in a.formats:
+            runs += [(a.layers, a.v5_repeats, True), (a.sweep_layers, a.v5_repeats, True)]
         for layers, repeats, v5 in runs:
             rows.append(run_child(n, layers, repeats, v5))
             print(json.dumps(rows[-1] | ({"v5": True} if v5 else {})), flush=True)

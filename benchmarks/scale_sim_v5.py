@@ -45,6 +45,7 @@ class Protocol:
     rank_record: Callable  # (rank, name, blob) -> the small record gathered to rank 0
     commit_index: Callable  # (job, storage, records) -> index bytes (written, COMMIT claimed)
     load_metadata: Callable  # (storage, step, rank, only) -> (Metadata, bytes read)
+    load_planner: type | None = None  # the load planner the fast path uses (None: ours)
 
 
 # -- the stand-in: DCP's APIs and the v4 manifest code, as the product will use them -------------
@@ -63,7 +64,7 @@ def _standin_local_plan(sd: dict, rank: int):
 
 
 def _rank_name(rank: int) -> str:
-    return f"rank-{rank:05d}-{SAVE_ID}.json"
+    return f"manifest-{SAVE_ID}-r{rank:05d}.json"
 
 
 def _standin_rank_manifest(job, md, results, rank: int):
@@ -86,9 +87,19 @@ def _standin_rank_manifest(job, md, results, rank: int):
 
 
 def _standin_rank_record(rank: int, name: str, blob: bytes) -> dict:
+    import json
+
     from ckptflow.core import codec
 
-    return {"rank": rank, "manifest": name, "xxh3": codec.digest(blob), "bytes": len(blob)}
+    m = json.loads(blob)  # (the product counts as it builds)
+    return {
+        "rank": rank,
+        "manifest": name,
+        "xxh3": codec.digest(blob),
+        "bytes": len(blob),
+        "items": len(m["items"]),
+        "objects": len(m["objects"]),
+    }
 
 
 def _standin_commit_index(job, st, records: list[dict]) -> bytes:
@@ -100,8 +111,9 @@ def _standin_commit_index(job, st, records: list[dict]) -> bytes:
     from ckptflow.core import codec, jsonfile, layout
 
     index = {
-        "format": "ckptflow-index",
+        "format": "ckptflow-manifest",
         "format_version": 5,
+        "index": True,
         "step": job.step,
         "save_id": job.save_id,
         "root_id": job.root_id,
@@ -113,7 +125,7 @@ def _standin_commit_index(job, st, records: list[dict]) -> bytes:
     back = jsonfile.loads(blob, what="index", max_bytes=64 << 20)
     if [r["rank"] for r in back["ranks"]] != list(range(job.world_size)):
         raise ValueError("index does not name every rank once")
-    name = f"index-{job.save_id}.json"
+    name = layout.manifest_name(job.save_id)
     st.write(f"{layout.step_dir(job.step)}/{name}", blob)
     commit.claim(job, commit.record(job, name, codec.digest(blob)))
     return blob
@@ -163,16 +175,37 @@ STAND_IN = Protocol(
 )
 
 
+def product() -> Protocol | None:
+    """The product's v5 functions (the names of /work/v5-design.md), None until they exist."""
+    try:
+        from ckptflow.steps.checkpoint import rank_commit, rank_load, rank_save
+
+        from ckptflow.core import rankmanifest
+    except ImportError:
+        return None
+    return Protocol(
+        "ckptflow's v5 code (rank_save.local_plan, rank_save.rank_manifest, "
+        "rankmanifest.rank_record, rank_commit.commit_index, rank_load.load_metadata)",
+        rank_save.local_plan,
+        rank_save.rank_manifest,
+        rankmanifest.rank_record,
+        rank_commit.commit_index,
+        rank_load.load_metadata,
+        getattr(rank_load, "CoveredLoadPlanner", None),
+    )
+
+
 def protocol() -> Protocol:
-    """V-lead's v5 functions when they exist, else the stand-in."""
-    return STAND_IN
+    """The product's v5 functions when they exist, else the stand-in."""
+    return product() or STAND_IN
 
 
 # -- the simulation -----------------------------------------------------------------------------
 def _other_record(rank: int) -> dict:
     """What a rank not simulated in full sends rank 0 (its name, a digest, its counts)."""
     digest = hashlib.md5(f"rank {rank}".encode()).hexdigest()
-    return {"rank": rank, "manifest": _rank_name(rank), "xxh3": digest, "bytes": 1 << 20}
+    rec = {"rank": rank, "manifest": _rank_name(rank), "xxh3": digest, "bytes": 1 << 20}
+    return rec | {"items": 4480, "objects": 1200}
 
 
 def as_rank(ranks: int, rank: int, fn):
@@ -248,7 +281,7 @@ def load_rank(proto: Protocol, st, lay, ranks: int, rank: int, measure, repeats=
 
         def load():
             md, n = proto.load_metadata(st, STEP, rank, only)
-            lp = SafeLoadPlanner()
+            lp = (proto.load_planner or SafeLoadPlanner)()
             lp.set_up_planner(sd, md, is_coordinator=False)
             return lp.create_local_plan(), n
 
