@@ -4,6 +4,10 @@ A script, not a test (issue 36 point 2):
 
     .venv/bin/python benchmarks/scale_sim.py                       # 64..1024 ranks
     .venv/bin/python benchmarks/scale_sim.py --ranks 64,128 --write-docs
+    .venv/bin/python benchmarks/scale_sim.py --formats v5          # per-rank manifests only
+
+Two protocols side by side: v4 (one manifest per step, rank 0 plans and records every chunk:
+below) and v5 (per-rank manifests: benchmarks/scale_sim_v5.py says what is timed there).
 
 No 1,024 processes: each rank's inputs are built directly, as that rank would hand them over,
 and rank 0's (or one rank's) own code runs on them, the engine's real functions unchanged:
@@ -296,7 +300,9 @@ def _report_v4(full, sweep, layers: int, small: int, argv: str, v4_1024: dict) -
     lines = [
         SECTION,
         "",
-        f"Produced by `.venv/bin/python benchmarks/scale_sim.py {argv}` (no process per rank:",
+        "Produced by "
+        + " and ".join(f"`.venv/bin/python benchmarks/scale_sim.py {x}`" for x in argv.split(";"))
+        + " (no process per rank:",
         "each rank's save plan and write results are built as that rank hands them over, and",
         "rank 0's code runs on them; one rank's load planning runs over a fake process group;",
         "benchmarks/scale_sim.py says how). FSDP2 layout: every tensor (fp32 weights, AdamW",
@@ -309,6 +315,7 @@ def _report_v4(full, sweep, layers: int, small: int, argv: str, v4_1024: dict) -
         f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
     ]
+    lines += ["### v4: one manifest per step (format 4, before)", ""]
     lines += _table(full, layers, " (world sizes past --max-chunks are projected below)")
     lines += _table(sweep, small, ": the same layout, smaller, at every world size (growth)")
     lines += ["| growth over ranks, tensors fixed (log-log slope; 1.0 = linear) | value |"]
@@ -381,7 +388,7 @@ def main(argv=None) -> int:
         help="full-model world sizes with more chunks are projected, not run (memory)",
     )
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
-    ap.add_argument("--rows", help="report the JSON lines of an earlier run's output instead")
+    ap.add_argument("--rows", help="report earlier runs' output (files, comma-separated)")
     ap.add_argument("--v5-repeats", type=int, default=5, help="repeats of the v5 phases")
     ap.add_argument("--formats", default="v4,v5", help="which protocols run: v4, v5 or both")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
@@ -397,10 +404,16 @@ def main(argv=None) -> int:
         return 0
     per_rank = len(state_layout(a.layers)[0])
     full_tensors = per_rank + len(state_layout(a.layers)[1])
-    rows = []
-    if a.rows:  # the JSON lines an earlier run printed: its report again, nothing rerun
-        with open(a.rows) as f:
-            rows = [json.loads(ln) for ln in f if ln.startswith("{")]
+    rows, commands = [], []
+    # the JSON lines earlier runs printed (files, comma-separated): their report, nothing rerun
+    for path in a.rows.split(",") if a.rows else []:
+        with open(path) as f:
+            lines = f.read().splitlines()
+        rows += [json.loads(ln) for ln in lines if ln.startswith("{")]
+        commands += [ln[4:] for ln in lines if ln.startswith("RUN ")]
+    if not a.rows:
+        commands = [" ".join(argv if argv is not None else sys.argv[1:])]
+        print("RUN " + commands[0], flush=True)  # (what --rows says produced these rows)
     for n in [] if a.rows else [int(x) for x in a.ranks.split(",")]:
         runs = []
         if "v4" in a.formats:
@@ -417,8 +430,7 @@ def main(argv=None) -> int:
     sweep = [r for r in v4_rows if r not in full]
     v5_full = [r for r in v5_rows if r.get("tensors") == full_tensors]
     v5_sweep = [r for r in v5_rows if r not in v5_full]
-    args = " ".join(x for x in (argv if argv is not None else sys.argv[1:]) if x != a.rows)
-    args = args.replace("--rows ", "")
+    args = ";".join(commands) or "(rows of an unnamed run)"
     text = report(full, sweep, a.layers, a.sweep_layers, args, (v5_full, v5_sweep))
     print(text)
     if a.write_docs:
