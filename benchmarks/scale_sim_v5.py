@@ -175,24 +175,32 @@ STAND_IN = Protocol(
 )
 
 
+def _find(name: str, modules: list):
+    """The first of `modules` that defines `name` (the design names a module; the code may
+    keep a function beside its kin), else None."""
+    return next((getattr(m, name) for m in modules if hasattr(m, name)), None)
+
+
 def product() -> Protocol | None:
     """The product's v5 functions (the names of /work/v5-design.md), None until they exist."""
-    try:
-        from ckptflow.steps.checkpoint import rank_commit, rank_load, rank_save
+    import contextlib
+    import importlib
 
+    mods = []
+    for name in ("rank_save", "rank_commit", "rank_load", "save_manifest"):
+        with contextlib.suppress(ImportError):  # (a module the code does not have)
+            mods.append(importlib.import_module(f"ckptflow.steps.checkpoint.{name}"))
+    try:
         from ckptflow.core import rankmanifest
     except ImportError:
         return None
-    return Protocol(
-        "ckptflow's v5 code (rank_save.local_plan, rank_save.rank_manifest, "
-        "rankmanifest.rank_record, rank_commit.commit_index, rank_load.load_metadata)",
-        rank_save.local_plan,
-        rank_save.rank_manifest,
-        rankmanifest.rank_record,
-        rank_commit.commit_index,
-        rank_load.load_metadata,
-        getattr(rank_load, "CoveredLoadPlanner", None),
-    )
+    names = ("local_plan", "rank_manifest", "rank_record", "commit_index", "load_metadata")
+    found = [_find(n, [*mods, rankmanifest]) for n in names]
+    if None in found:
+        return None
+    where = ", ".join(f"{f.__module__.split('.')[-1]}.{f.__name__}" for f in found)
+    planner = _find("CoveredLoadPlanner", mods)
+    return Protocol(f"ckptflow's v5 code ({where})", *found, planner)
 
 
 def protocol() -> Protocol:
