@@ -103,6 +103,13 @@ def before_after(v4: dict, v5_rows: list[dict], slopes: dict) -> list[str]:
     for key, v4key, what, lim, unit in (
         ("rank0_s", "rank0_s", "rank-0 time, s", TARGET_S, 1.0),
         ("rank0_written_bytes", "manifest_bytes", "manifest bytes rank 0 writes, MiB", 64, 1 << 20),
+        (
+            "load_read_bytes",
+            "manifest_bytes",
+            "manifest bytes one rank's load reads, MiB",
+            None,
+            1 << 20,
+        ),
         ("load_plan_s", "load_plan_s", "one rank's load planning, s", None, 1.0),
         ("load_plan_peak", "load_plan_peak", "one rank's load planning peak, MiB", None, 1 << 20),
     ):
@@ -126,7 +133,8 @@ WHY_V5 = """Under v5 no phase holds every rank's chunks: a rank plans, records a
 its own (under FSDP one chunk of each sharded tensor, whatever the world size, and on rank 0 \
 the replicated entries too), rank 0 adds one small record per rank to the index (what grows \
 with ranks: the gather and the index, about 150 bytes a rank, linear), and a load reads the \
-index and two rank manifests (its own and rank 0's) and plans its shards against them. The \
+index and its own rank manifest (and rank 0's where the replicated entries are rank 0's \
+alone: "load reads" above says which) and plans its shards against them. The \
 full model runs at every world size, 1,024 ranks included. Not timed here: the gather's and \
 the commit's collectives themselves (bytes above), and the parts' writes and reads."""
 
