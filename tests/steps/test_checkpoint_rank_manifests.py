@@ -190,3 +190,55 @@ def test_delta_saves_fall_back_to_one_manifest_with_a_log_line(tmp_path, caplog)
         ck.save(1, {"w": torch.arange(4.0)})
     assert "format_version" not in rootreader.read_commit(ck.storage, 1)
     assert "not per-rank manifests: delta saves" in caplog.text
+
+
+def _three_steps(root: str) -> dict:
+    """Steps 1-3 saved with per-rank manifests by one process: weights and optimizer state."""
+    ck = Checkpointer(root, manifests="rank")
+    states = {}
+    for s in (1, 2, 3):
+        states[s] = {
+            "model": {"w": torch.full((8, 8), float(s))},
+            "optim": {"v": torch.ones(64) * s},
+        }
+        ck.save(s, states[s])
+    ck.close()
+    return states
+
+
+def test_slim_and_gc_of_a_format_5_step_keep_its_weights_loading(tmp_path):
+    import time
+
+    from ckptflow.core import slim
+
+    root = str(tmp_path / "r")
+    states = _three_steps(root)
+    st = Storage(root)
+    assert slim.slim_step(st, 1, ("model",), time.time()) is not None
+    report = gc(root, "last=10", apply=True, grace_s=0, now=time.time() + 10)
+    gone = sorted(u.rsplit("/", 1)[-1] for u in report.orphan_files)
+    save_id = rootreader.read_commit(st, 1)["save_id"]  # the index and its rank manifest
+    assert gone == [layout.rank_manifest_name(save_id, 0), layout.manifest_name(save_id)]
+    out = {"model": {"w": torch.zeros(8, 8)}}
+    ck = Checkpointer(root)
+    assert ck.load(out, step=1) == 1 and torch.equal(out["model"]["w"], states[1]["model"]["w"])
+    assert ck.verify(1) and ck.verify(3)
+
+
+def test_archive_of_format_5_steps_copies_their_rank_manifests(tmp_path):
+    import time
+
+    from ckptflow.core.archive import archive
+
+    root, arch = str(tmp_path / "hot"), str(tmp_path / "archive")
+    states = _three_steps(root)
+    report = archive(root, arch, 5.0, apply=True, now=time.time() + 10, grace_s=0)
+    assert report.steps == [1, 2]
+    save_id = rootreader.read_commit(Storage(arch), 1)["save_id"]
+    assert os.path.exists(
+        os.path.join(arch, layout.step_dir(1), layout.rank_manifest_name(save_id, 0))
+    )
+    ck = Checkpointer(root)
+    out = {"model": {"w": torch.zeros(8, 8)}, "optim": {"v": torch.zeros(64)}}
+    assert ck.load(out, step=1) == 1 and torch.equal(out["optim"]["v"], states[1]["optim"]["v"])
+    assert ck.verify(1)
