@@ -1,28 +1,31 @@
-"""Per-rank manifests (format v5, issue 36) in the simulation: one rank's own save work, rank
+"""Per-rank manifests (format 5, issue 36) in the simulation: one rank's own save work, rank
 0's coordination and one rank's load planning at a simulated world size (benchmarks/scale_sim.py
 runs this beside the v4 phases, each world size in a process of its own).
 
-Under v5 DCP saves without cross-rank coordination (dcp.save(use_collectives=False)): each
-rank plans its own shards, writes its parts and a rank manifest of its chunks' records; only
-(rank manifest name, digest, counts) go to rank 0, which writes the step index and claims the
-COMMIT marker. A load of the same world size reads the index, its own rank manifest and rank
-0's (the replicated entries) and plans against them. Nothing here holds every rank's chunks.
+Under v5 each rank runs DCP alone (dcp.save(no_dist=True): its local plan is its global
+plan), writes its parts and a rank manifest of its own entries (its shards; the replicated
+tensors and values it holds are its own too); only (rank manifest name, digest, counts) go to
+rank 0, which writes the step index and claims the COMMIT marker. A load at the saved world
+size reads the index and its own rank manifest. Nothing here holds every rank's chunks.
 
-Timed (CPU seconds, peak RSS above the phase's start, as scale_sim.measure):
+Timed (CPU seconds, peak RSS above the phase's start, as scale_sim.measure), calling
+ckptflow's own v5 functions (`protocol()`; nothing re-implemented):
 
-- own plan (rank 0, the rank with the most entries: its shards and every replicated entry):
-  DCP's local save planning over its DTensors on a fake process group, then DCP's
-  create_global_plan and finish_plan on that one plan (what DCP does without collectives);
-- rank manifest (rank 0): built from its write results, serialised, parsed and validated back;
-- own check (rank 0): its own objects checked present (a HEAD each on an object store);
-- coordination (rank 0): the R gathered (name, digest, counts) records unpickled, the index
-  built, serialised, parsed back and written, the COMMIT marker claimed;
-- load plan (the last rank): the index, its own rank manifest and rank 0's read, parsed and
-  validated, DCP Metadata built from them, DCP's create_local_plan over its DTensors.
+- own plan (rank 0): rank_save.local_plan over its DTensors on a fake process group of the
+  simulated world size (DCP's local planning, create_global_plan and finish_plan of one rank);
+- rank manifest (rank 0): rank_save.rank_manifest from its write results (built, serialised,
+  parsed back and validated, as the writer's finish does before it writes it);
+- own check (rank 0): its own objects checked present (commit.missing: a HEAD each on an
+  object store, counted);
+- coordination (rank 0): the R gathered records unpickled (as gather_object delivers them),
+  rank_save.commit_index: the index built, checked, serialised, written, COMMIT claimed;
+- load plan (the last rank): rank_load.load_metadata (COMMIT, the index and its own rank
+  manifest read, checked against the index and validated; DCP Metadata from them), then
+  rank_load.CoveredLoadPlanner's create_local_plan over its DTensors.
 
-The product's functions are called through `Protocol` (one place): `PRODUCT` when V-lead's v5
-code is importable, else `STAND_IN`, built from DCP's APIs and the v4 manifest code as the
-product does it; the report names which one ran (`protocol` in each row).
+Ranks 0 and R-1 are simulated in full (their rank manifests are written to a store that
+answers from memory); the other ranks' records are made up (a name, a digest, counts): rank 0
+reads none of their manifests.
 """
 
 from __future__ import annotations
@@ -45,174 +48,37 @@ class Protocol:
     rank_record: Callable  # (rank, name, blob) -> the small record gathered to rank 0
     commit_index: Callable  # (job, storage, records) -> index bytes (written, COMMIT claimed)
     load_metadata: Callable  # (storage, step, rank, only) -> (Metadata, bytes read)
-    load_planner: type | None = None  # the load planner the fast path uses (None: ours)
-
-
-# -- the stand-in: DCP's APIs and the v4 manifest code, as the product will use them -------------
-def _standin_local_plan(sd: dict, rank: int):
-    from ckptflow.steps.checkpoint.writer import SafeSavePlanner
-    from torch.distributed.checkpoint.planner import WriteItemType
-
-    planner = SafeSavePlanner()
-    planner.set_up_planner(sd, storage_meta=None, is_coordinator=rank == 0)
-    plan = planner.create_local_plan()
-    if rank != 0:  # replicated entries are rank 0's alone (DCP's gather deduplicated them)
-        keep = [i for i in plan.items if i.type == WriteItemType.SHARD]
-        plan.items[:] = keep
-    plans, md = planner.create_global_plan([plan])  # one plan: DCP without collectives
-    return planner.finish_plan(plans[0]), md
-
-
-def _rank_name(rank: int) -> str:
-    return f"manifest-{SAVE_ID}-r{rank:05d}.json"
-
-
-def _standin_rank_manifest(job, md, results, rank: int):
-    import json
-
-    from ckptflow.steps.checkpoint.save_manifest import build_manifest
-
-    from ckptflow.core import jsonfile
-    from ckptflow.core import manifest as mf
-
-    with jsonfile.collector_paused():
-        m = build_manifest(job, md, results)
-        m["rank"] = rank
-        blob = mf.dumps(m)
-        parsed = json.loads(blob)
-    # (v4's validate checks that chunks tile each tensor: one rank's do not, so the stand-in
-    # validates everything but the entries; V-lead's validator checks a rank's own chunks)
-    mf.validate(parsed, only=set())
-    return _rank_name(rank), blob
-
-
-def _standin_rank_record(rank: int, name: str, blob: bytes) -> dict:
-    import json
-
-    from ckptflow.core import codec
-
-    m = json.loads(blob)  # (the product counts as it builds)
-    return {
-        "rank": rank,
-        "manifest": name,
-        "xxh3": codec.digest(blob),
-        "bytes": len(blob),
-        "items": len(m["items"]),
-        "objects": len(m["objects"]),
-    }
-
-
-def _standin_commit_index(job, st, records: list[dict]) -> bytes:
-    import json
-    import time
-
-    from ckptflow.steps.checkpoint import commit
-
-    from ckptflow.core import codec, jsonfile, layout
-
-    index = {
-        "format": "ckptflow-manifest",
-        "format_version": 5,
-        "index": True,
-        "step": job.step,
-        "save_id": job.save_id,
-        "root_id": job.root_id,
-        "world_size": job.world_size,
-        "created_at": time.time(),
-        "ranks": sorted(records, key=lambda r: r["rank"]),
-    }
-    blob = json.dumps(index, separators=(",", ":")).encode()
-    back = jsonfile.loads(blob, what="index", max_bytes=64 << 20)
-    if [r["rank"] for r in back["ranks"]] != list(range(job.world_size)):
-        raise ValueError("index does not name every rank once")
-    name = layout.manifest_name(job.save_id)
-    st.write(f"{layout.step_dir(job.step)}/{name}", blob)
-    commit.claim(job, commit.record(job, name, codec.digest(blob)))
-    return blob
-
-
-def _standin_load_metadata(st, step: int, rank: int, only: set[str]):
-    from ckptflow.steps.checkpoint import dcp_metadata
-
-    from ckptflow.core import codec, jsonfile, layout, rootreader
-
-    folder = layout.step_dir(step)
-    commit = rootreader.read_commit(st, step)
-    blob = st.read(f"{folder}/{commit['manifest']}")
-    if codec.digest(blob) != commit["manifest_xxh3"]:
-        raise ValueError("index checksum")
-    index = jsonfile.loads(blob, what="index", max_bytes=64 << 20)
-    read = len(blob)
-    got = []
-    for r in dict.fromkeys((rank, 0)):
-        rec = index["ranks"][r]
-        b = st.read(f"{folder}/{rec['manifest']}")
-        if codec.digest(b) != rec["xxh3"]:
-            raise ValueError("rank manifest checksum")
-        read += len(b)
-        m = jsonfile.loads(b, what="rank manifest", max_bytes=512 << 20, max_depth=128)
-        got.append(m)
-    own = got[0]
-    for other in got[1:]:  # rank 0's replicated entries: what the own manifest lacks
-        for fqn, t in other["tensors"].items():
-            own["tensors"].setdefault(fqn, t)
-        own["values"] = sorted(set(own["values"]) | set(other["values"]))
-        for key, it in other["items"].items():
-            if it["fqn"] not in own["planner_data"]:
-                own["items"][key] = it
-        for k, v in other["planner_data"].items():
-            own["planner_data"].setdefault(k, v)
-    return dcp_metadata.metadata_from_manifest(own, only), read
-
-
-STAND_IN = Protocol(
-    "stand-in (DCP use_collectives=False planning + v4 manifest code)",
-    _standin_local_plan,
-    _standin_rank_manifest,
-    _standin_rank_record,
-    _standin_commit_index,
-    _standin_load_metadata,
-)
-
-
-def _find(name: str, modules: list):
-    """The first of `modules` that defines `name` (the design names a module; the code may
-    keep a function beside its kin), else None."""
-    return next((getattr(m, name) for m in modules if hasattr(m, name)), None)
-
-
-def product() -> Protocol | None:
-    """The product's v5 functions (the names of /work/v5-design.md), None until they exist."""
-    import contextlib
-    import importlib
-
-    mods = []
-    for name in ("rank_save", "rank_commit", "rank_load", "save_manifest"):
-        with contextlib.suppress(ImportError):  # (a module the code does not have)
-            mods.append(importlib.import_module(f"ckptflow.steps.checkpoint.{name}"))
-    try:
-        from ckptflow.core import rankmanifest
-    except ImportError:
-        return None
-    names = ("local_plan", "rank_manifest", "rank_record", "commit_index", "load_metadata")
-    found = [_find(n, [*mods, rankmanifest]) for n in names]
-    if None in found:
-        return None
-    where = ", ".join(f"{f.__module__.split('.')[-1]}.{f.__name__}" for f in found)
-    planner = _find("CoveredLoadPlanner", mods)
-    return Protocol(f"ckptflow's v5 code ({where})", *found, planner)
+    load_planner: type  # the load planner a rank's own-manifest load plans with
 
 
 def protocol() -> Protocol:
-    """The product's v5 functions when they exist, else the stand-in."""
-    return product() or STAND_IN
+    """ckptflow's v5 functions (steps/checkpoint/rank_save.py, rank_load.py,
+    ckptflow/core/rankmanifest.py): the code a save and a load run, nothing re-implemented."""
+    from ckptflow.steps.checkpoint import rank_load, rank_save
+
+    from ckptflow.core import rankmanifest
+
+    return Protocol(
+        "ckptflow's v5 code: rank_save.local_plan, rank_save.rank_manifest, "
+        "rankmanifest.rank_record, rank_save.commit_index, rank_load.load_metadata, "
+        "rank_load.CoveredLoadPlanner",
+        rank_save.local_plan,
+        rank_save.rank_manifest,
+        rankmanifest.rank_record,
+        rank_save.commit_index,
+        rank_load.load_metadata,
+        rank_load.CoveredLoadPlanner,
+    )
 
 
 # -- the simulation -----------------------------------------------------------------------------
 def _other_record(rank: int) -> dict:
     """What a rank not simulated in full sends rank 0 (its name, a digest, its counts)."""
     digest = hashlib.md5(f"rank {rank}".encode()).hexdigest()
-    rec = {"rank": rank, "manifest": _rank_name(rank), "xxh3": digest, "bytes": 1 << 20}
+    from ckptflow.core import layout
+
+    name = layout.rank_manifest_name(SAVE_ID, rank)
+    rec = {"rank": rank, "manifest": name, "xxh3": digest, "bytes": 1 << 20}
     return rec | {"items": 4480, "objects": 1200}
 
 
@@ -278,7 +144,6 @@ def commit_step(proto: Protocol, st, ranks: int, saved: dict[int, dict], measure
 
 def load_rank(proto: Protocol, st, lay, ranks: int, rank: int, measure, repeats=1):
     """`rank`'s load planning: (seconds, peak, its LoadPlan, manifest bytes it read)."""
-    from ckptflow.steps.checkpoint.reader import SafeLoadPlanner
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     from benchmarks.scale_sim_inputs import dtensor_state
@@ -289,7 +154,7 @@ def load_rank(proto: Protocol, st, lay, ranks: int, rank: int, measure, repeats=
 
         def load():
             md, n = proto.load_metadata(st, STEP, rank, only)
-            lp = (proto.load_planner or SafeLoadPlanner)()
+            lp = proto.load_planner()
             lp.set_up_planner(sd, md, is_coordinator=False)
             return lp.create_local_plan(), n
 
