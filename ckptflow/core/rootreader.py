@@ -358,7 +358,10 @@ def read_index(storage: Storage, step: int) -> tuple[dict, int] | None:
     try:
         commit = read_commit(storage, step)
     except FileNotFoundError:
-        raise NotCommitted(f"step {step} has no committed checkpoint under {storage.uri}") from None
+        raise NotCommitted(
+            f"step {step} has no committed checkpoint under {storage.uri}; "
+            f"committed steps: {committed_steps(storage) or 'none'}"
+        ) from None
     if commit.get("format_version") != layout.RANKS_VERSION:
         return None  # one manifest (its COMMIT names no format): read_manifest reads it
     save_id, xxh3, slim = _named_manifest(storage, step, commit)

@@ -17,7 +17,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import commit, compat, events, groups, parent_root, rank_save
+from ckptflow.steps.checkpoint import (
+    commit,
+    compat,
+    events,
+    groups,
+    parent_root,
+    rank_load,
+    rank_save,
+)
 from ckptflow.steps.checkpoint.dcp_errors import unwrap
 from ckptflow.steps.checkpoint.load_path import LoadPath
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
@@ -114,7 +122,11 @@ class Checkpointer(LoadPath):
         """The newest committed step whose commit marker and manifest are sound."""
         for step in reversed(self.committed_steps()):
             try:
-                self.manifest(step)
+                located = locator.locate(self.storage, step)
+                # format 5 at this world size: the index and this rank's own manifest (the
+                # merge would read every rank's on every rank)
+                if rank_load.read_view(located, step, self.rank, self.world_size, set()) is None:
+                    self.manifest(step)
                 return step
             except NotCommitted:
                 continue  # deleted since the listing (GC): not damage

@@ -53,8 +53,11 @@ def load_worker(rank, world, root, out_path):
     set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     got = dw.full_state(model, opt)
     reads = [r.rsplit("/", 1)[-1] for r in st.reads if "/manifest-" in r]
+    st.reads.clear()
+    assert ck.latest() == step  # (a resume's first call)
+    latest = [r.rsplit("/", 1)[-1] for r in st.reads if "/manifest-" in r]
     with open(f"{out_path}.{rank}.json", "w") as f:
-        json.dump(reads, f)
+        json.dump({"load": reads, "latest": latest}, f)
     if rank == 0:
         torch.save({"step": step, "state": got, "extra": sd["extra"]}, out_path)
 
@@ -101,8 +104,10 @@ def test_round_trip_is_bitwise_and_each_rank_reads_the_index_and_its_own_manifes
     for r in range(n):
         with open(f"{out}.{r}.json") as f:
             reads = json.load(f)
-        # (the load of the newest step reads its manifest once: the index and its own)
-        assert reads == [layout.manifest_name(save_id), layout.rank_manifest_name(save_id, r)]
+        # (the load of the newest step reads its manifest once: the index and its own; so
+        # does `latest`)
+        own = [layout.manifest_name(save_id), layout.rank_manifest_name(save_id, r)]
+        assert reads == {"load": own, "latest": own}
 
 
 def test_resharding_4_to_2_loads_bitwise_through_the_merged_manifest(saved, tmp_path):
@@ -114,7 +119,7 @@ def test_resharding_4_to_2_loads_bitwise_through_the_merged_manifest(saved, tmp_
     with open(f"{out}.0.json") as f:
         reads = json.load(f)
     save_id = _save_id(root)
-    assert {layout.rank_manifest_name(save_id, r) for r in range(4)} <= set(reads)
+    assert {layout.rank_manifest_name(save_id, r) for r in range(4)} <= set(reads["load"])
 
 
 def test_merged_manifest_holds_every_rank_and_replicated_items_once(saved):
