@@ -247,3 +247,13 @@ def test_archive_of_format_5_steps_copies_their_rank_manifests(tmp_path):
     out = {"model": {"w": torch.zeros(8, 8)}, "optim": {"v": torch.zeros(64)}}
     assert ck.load(out, step=1) == 1 and torch.equal(out["optim"]["v"], states[1]["optim"]["v"])
     assert ck.verify(1)
+
+
+def test_an_async_save_with_rank_manifests_commits_and_loads(tmp_path):
+    ck = Checkpointer(str(tmp_path / "a"), manifests="rank")
+    state = {"w": torch.arange(12.0).reshape(3, 4), "meta": {"epoch": 2}}
+    ck.save(5, state, block=False).wait()
+    assert rootreader.read_commit(ck.storage, 5)["format_version"] == 5
+    out = {"w": torch.zeros(3, 4), "meta": {"epoch": 0}}
+    assert ck.load(out) == 5 and torch.equal(out["w"], state["w"]) and out["meta"]["epoch"] == 2
+    ck.close()
