@@ -154,6 +154,12 @@ def finish_together(job: SaveJob, group, failure: BaseException | None = None) -
     """Every rank checks its own objects and gathers (its record, or what went wrong) to rank 0,
     which writes the index and claims COMMIT; then every rank learns whether it committed."""
     world, rank = job.world_size, job.rank
+    # Every rank's writes end before any rank checks its objects: ranks holding equal bytes
+    # (replicated items) write the same object, and a local write in progress truncates the
+    # copy another rank finished (its check then found 0 bytes; under DCP's collectives the
+    # checks ran after every write ended too).
+    if group is not None:
+        dist.barrier(group=group)
     problem = None
     if failure is None:
         problem = commit.missing(job, commit.own_objects(job), f" (of rank {rank})")

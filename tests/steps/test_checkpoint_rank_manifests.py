@@ -257,3 +257,18 @@ def test_an_async_save_with_rank_manifests_commits_and_loads(tmp_path):
     out = {"w": torch.zeros(3, 4), "meta": {"epoch": 0}}
     assert ck.load(out) == 5 and torch.equal(out["w"], state["w"]) and out["meta"]["epoch"] == 2
     ck.close()
+
+
+def replicated_worker(rank, world, root):
+    """Every rank saves the same plain tensors (replicated: each rank writes the same objects)."""
+    sd = {f"rep{i}": torch.full((1 << 18,), float(i)) for i in range(24)}
+    ck = Checkpointer(root, manifests="rank", compress=False)
+    ck.save(1, sd)
+    out = {k: torch.zeros(1 << 18) for k in sd}
+    assert ck.load(out) == 1 and all(torch.equal(out[k], sd[k]) for k in sd)
+
+
+def test_ranks_writing_the_same_replicated_objects_commit(tmp_path):
+    # (a rank's check ran while another rank still wrote the same object: 0 bytes found)
+    dw.spawn(4, replicated_worker, str(tmp_path / "r"))
+    assert Checkpointer(str(tmp_path / "r")).verify(1)["objects"] >= 24
