@@ -300,9 +300,7 @@ def _report_v4(full, sweep, layers: int, small: int, argv: str, v4_1024: dict) -
     lines = [
         SECTION,
         "",
-        "Produced by "
-        + " and ".join(f"`.venv/bin/python benchmarks/scale_sim.py {x}`" for x in argv.split(";"))
-        + " (no process per rank:",
+        "Produced by " + " and ".join(map(_command, argv.split(";"))) + " (no process per rank:",
         "each rank's save plan and write results are built as that rank hands them over, and",
         "rank 0's code runs on them; one rank's load planning runs over a fake process group;",
         "benchmarks/scale_sim.py says how). FSDP2 layout: every tensor (fp32 weights, AdamW",
@@ -375,6 +373,25 @@ and holding per-tensor metadata only, a save plan agreed without DCP's gather of
 rank's items, and loads reading only the rank manifests whose chunks overlap their shards."""
 
 
+def _at_commit() -> str:
+    """ " | at <commit>" of this checkout (a "+" when files differ from it), or ""."""
+    git = ["git", "-C", ROOT]
+    try:
+        sha = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(
+            git + ["status", "--porcelain", "-uno"], capture_output=True, text=True
+        )
+    except OSError:
+        return ""
+    return f" | at {sha.stdout.strip()}{'+' if dirty.stdout.strip() else ''}" if sha.stdout else ""
+
+
+def _command(run: str) -> str:
+    args, _, at = run.partition(" | at ")
+    where = f" (at {at})" if at else ""
+    return f"`.venv/bin/python benchmarks/scale_sim.py {args}`{where}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="64,128,256,512,1024", help="world sizes, comma-separated")
@@ -412,7 +429,7 @@ def main(argv=None) -> int:
         rows += [json.loads(ln) for ln in lines if ln.startswith("{")]
         commands += [ln[4:] for ln in lines if ln.startswith("RUN ")]
     if not a.rows:
-        commands = [" ".join(argv if argv is not None else sys.argv[1:])]
+        commands = [" ".join(argv if argv is not None else sys.argv[1:]) + _at_commit()]
         print("RUN " + commands[0], flush=True)  # (what --rows says produced these rows)
     for n in [] if a.rows else [int(x) for x in a.ranks.split(",")]:
         runs = []

@@ -130,13 +130,14 @@ def before_after(v4: dict, v5_rows: list[dict], slopes: dict) -> list[str]:
 
 
 WHY_V5 = """Under v5 no phase holds every rank's chunks: a rank plans, records and validates \
-its own (under FSDP one chunk of each sharded tensor, whatever the world size, and on rank 0 \
-the replicated entries too), rank 0 adds one small record per rank to the index (what grows \
-with ranks: the gather and the index, about 150 bytes a rank, linear), and a load reads the \
-index and its own rank manifest (and rank 0's where the replicated entries are rank 0's \
-alone: "load reads" above says which) and plans its shards against them. The \
-full model runs at every world size, 1,024 ranks included. Not timed here: the gather's and \
-the commit's collectives themselves (bytes above), and the parts' writes and reads."""
+its own entries (under FSDP one chunk of each sharded tensor, whatever the world size, and \
+the replicated tensors and values it holds: every rank writes those as its own, equal bytes \
+to equal objects, and a merge keeps one), rank 0 adds one small record per rank to the index \
+(what grows with ranks: the gather and the index, about 150 bytes a rank, linear; a few ms at \
+1,024 ranks), and a load at the saved world size reads the index and its own rank manifest \
+and plans its shards against them. The full model runs at every world size, 1,024 ranks \
+included. Not timed here: the collectives themselves (the gather's bytes are above), and the \
+parts' writes and reads."""
 
 
 def section(v5_full: list[dict], v5_sweep: list[dict], v4_1024: dict, layers: str) -> str:

@@ -120,10 +120,15 @@ def test_a_v5_row_has_every_phase_and_the_section_shows_v4_beside_it(tmp_path, c
     assert v5_row["load_items"] > len(state_layout(LAYERS)[0])
     v4_row = scale_sim.child(RANKS, LAYERS, 1)
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps(v4_row) + "\n" + json.dumps(v5_row) + "\n")
+    rows.write_text(
+        f"RUN --formats v4 | at abc1234+\n{json.dumps(v4_row)}\n"
+        f"RUN --formats v5 | at def5678\n{json.dumps(v5_row)}\n"
+    )
     assert scale_sim.main(["--rows", str(rows), "--layers", "1", "--sweep-layers", "1"]) == 0
     text = capsys.readouterr().out
     assert "### v5: per-rank manifests" in text and v5_row["protocol"] in text
+    assert "scale_sim.py --formats v4` (at abc1234+) and " in text
+    assert "scale_sim.py --formats v5` (at def5678)" in text
     assert f"| {RANKS} | {v5_row['chunks']:,} | {v5_row['own_plan_s']:.3f} |" in text
     assert "| rank-0 time, s |" in text and "(projected from 4 ranks)" in text
     assert text.index("### v5") > text.index("| at 1,024 ranks, full model | measured")
