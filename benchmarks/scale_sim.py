@@ -367,7 +367,7 @@ DCP plans each of its shards against all of that tensor's chunks (under FSDP eve
 holds a shard of every tensor, so loading only one's own entries saves nothing). Past \
 {max_mib} MiB a manifest is refused by every reader (manifest.MAX_MANIFEST): such a save \
 fails at its commit. The commit's check is a rank's own objects (a HEAD each), independent \
-of the ranks. Meeting 1 s and 64 MiB needs rank 0 to do no per-chunk work: each rank \
+of the ranks. Meeting 1 s and 64 MiB needs rank 0 to do no per-chunk work (v5, below): each rank \
 writing the records of its own chunks (a rank manifest), the step's manifest naming those \
 and holding per-tensor metadata only, a save plan agreed without DCP's gather of every \
 rank's items, and loads reading only the rank manifests whose chunks overlap their shards."""
