@@ -4,6 +4,10 @@ A script, not a test (issue 36 point 2):
 
     .venv/bin/python benchmarks/scale_sim.py                       # 64..1024 ranks
     .venv/bin/python benchmarks/scale_sim.py --ranks 64,128 --write-docs
+    .venv/bin/python benchmarks/scale_sim.py --formats v5          # per-rank manifests only
+
+Two protocols side by side: v4 (one manifest per step, rank 0 plans and records every chunk:
+below) and v5 (per-rank manifests: benchmarks/scale_sim_v5.py says what is timed there).
 
 No 1,024 processes: each rank's inputs are built directly, as that rank would hand them over,
 and rank 0's (or one rank's) own code runs on them, the engine's real functions unchanged:
@@ -54,14 +58,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from benchmarks import scale_sim_report, scale_sim_v5  # noqa: E402
 from benchmarks.scale_sim_inputs import (  # noqa: E402
+    dtensor_state,
     local_plan,
     model_layout,
-    shard,
     sim_storage,
     state_layout,
     write_results,
 )
+from benchmarks.scale_sim_report import slope  # noqa: E402
 
 SECTION = "## Scale: simulated ranks, rank 0's save and one rank's load planning (issue 36)"
 TARGET_S, TARGET_MANIFEST = 1.0, 64 << 20  # at 1,024 ranks (issue 36)
@@ -193,34 +199,16 @@ def child(ranks: int, layers: int, repeats: int) -> dict:
 
 def load_plan(st, ranks: int, lay, repeats: int) -> dict:
     """One rank's load planning (the last rank) over a fake process group of `ranks`."""
-    import torch
     import torch.distributed as dist
     from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ckptflow.core import rootreader
 
     rank = ranks - 1
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=ranks)
-    mesh = init_device_mesh("cpu", (ranks,))
-    sharded, scalars, values = lay
-    cell = torch.empty((), dtype=torch.float32)
-    sd: dict = {}
-    for fqn, shape in sharded:
-        local = cell.expand(shard(shape[0], ranks, rank)[1], *shape[1:])  # no memory
-        sd[fqn] = DTensor.from_local(
-            local,
-            mesh,
-            [Shard(0)],
-            run_check=False,
-            shape=torch.Size(shape),
-            stride=torch.empty(shape, device="meta").stride(),
-        )
-    sd.update({f: torch.zeros(()) for f in scalars})
-    sd.update(dict.fromkeys(values, 0))
+    sd = dtensor_state(lay, ranks, rank)
 
     def plan():  # as Checkpointer._load_step: the rank's own entries validated and planned
         only = set(flatten_state_dict(sd)[0])
@@ -236,19 +224,9 @@ def load_plan(st, ranks: int, lay, repeats: int) -> dict:
 
 
 # -- the report ---------------------------------------------------------------------------------
-def slope(xs, ys) -> float | None:
-    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys, strict=True) if y > 0]
-    if len(pts) < 2:
-        return None
-    mx = statistics.fmean(p[0] for p in pts)
-    my = statistics.fmean(p[1] for p in pts)
-    den = sum((p[0] - mx) ** 2 for p in pts)
-    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
-
-
-def run_child(ranks: int, layers: int, repeats: int) -> dict:
+def run_child(ranks: int, layers: int, repeats: int, v5: bool = False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", str(ranks)]
-    cmd += ["--layers", str(layers), "--repeats", str(repeats)]
+    cmd += ["--layers", str(layers), "--repeats", str(repeats)] + (["--v5"] if v5 else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode or not lines:
@@ -299,7 +277,21 @@ def _table(rows: list[dict], layers: int, note: str = "") -> list[str]:
     return lines + [""]
 
 
-def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: str) -> str:
+def report(
+    full: list[dict], sweep: list[dict], layers: int, small: int, argv: str, v5=((), ())
+) -> str:
+    """The docs section: v4's tables, growth and 1,024-rank figures, then v5's (`v5`: its
+    full-model and sweep rows) beside them."""
+    v4_1024: dict = {}
+    text = _report_v4(full, sweep, layers, small, argv, v4_1024)
+    if not (v5[0] or v5[1]):
+        return text
+    params = sum(math.prod(s) for _, s in model_layout(layers))
+    model = f"{params / 1e9:.0f}B parameters, {layers} layers"
+    return text + "\n" + scale_sim_report.section(list(v5[0]), list(v5[1]), v4_1024, model)
+
+
+def _report_v4(full, sweep, layers: int, small: int, argv: str, v4_1024: dict) -> str:
     for r in full + sweep:
         if "error" not in r:
             r["rank0_s"] = r["plan_s"] + r["manifest_s"] + r["commit_s"]
@@ -308,7 +300,7 @@ def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: s
     lines = [
         SECTION,
         "",
-        f"Produced by `.venv/bin/python benchmarks/scale_sim.py {argv}` (no process per rank:",
+        "Produced by " + " and ".join(map(_command, argv.split(";"))) + " (no process per rank:",
         "each rank's save plan and write results are built as that rank hands them over, and",
         "rank 0's code runs on them; one rank's load planning runs over a fake process group;",
         "benchmarks/scale_sim.py says how). FSDP2 layout: every tensor (fp32 weights, AdamW",
@@ -321,6 +313,7 @@ def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: s
         f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.",
         "",
     ]
+    lines += ["### v4: one manifest per step (format 4, before)", ""]
     lines += _table(full, layers, " (world sizes past --max-chunks are projected below)")
     lines += _table(sweep, small, ": the same layout, smaller, at every world size (growth)")
     lines += ["| growth over ranks, tensors fixed (log-log slope; 1.0 = linear) | value |"]
@@ -353,6 +346,7 @@ def report(full: list[dict], sweep: list[dict], layers: int, small: int, argv: s
         ("load_plan_s", "one rank's load planning, s", None, 1.0),
         ("load_plan_peak", "one rank's load planning peak memory, MiB", None, 1 << 20),
     ):
+        v4_1024[key] = (at(key), "measured" if big else "projected")
         got = at(key) / unit
         res = "" if lim is None else ("pass" if got <= lim else "**miss**")
         lines.append(f"| {what} ({how}) | {got:.1f} | {'' if lim is None else lim} | {res} |")
@@ -373,10 +367,29 @@ DCP plans each of its shards against all of that tensor's chunks (under FSDP eve
 holds a shard of every tensor, so loading only one's own entries saves nothing). Past \
 {max_mib} MiB a manifest is refused by every reader (manifest.MAX_MANIFEST): such a save \
 fails at its commit. The commit's check is a rank's own objects (a HEAD each), independent \
-of the ranks. Meeting 1 s and 64 MiB needs rank 0 to do no per-chunk work: each rank \
+of the ranks. Meeting 1 s and 64 MiB needs rank 0 to do no per-chunk work (v5, below): each rank \
 writing the records of its own chunks (a rank manifest), the step's manifest naming those \
 and holding per-tensor metadata only, a save plan agreed without DCP's gather of every \
 rank's items, and loads reading only the rank manifests whose chunks overlap their shards."""
+
+
+def _at_commit() -> str:
+    """ " | at <commit>" of this checkout (a "+" when files differ from it), or ""."""
+    git = ["git", "-C", ROOT]
+    try:
+        sha = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(
+            git + ["status", "--porcelain", "-uno"], capture_output=True, text=True
+        )
+    except OSError:
+        return ""
+    return f" | at {sha.stdout.strip()}{'+' if dirty.stdout.strip() else ''}" if sha.stdout else ""
+
+
+def _command(run: str) -> str:
+    args, _, at = run.partition(" | at ")
+    where = f" (at {at})" if at else ""
+    return f"`.venv/bin/python benchmarks/scale_sim.py {args}`{where}"
 
 
 def main(argv=None) -> int:
@@ -392,30 +405,50 @@ def main(argv=None) -> int:
         help="full-model world sizes with more chunks are projected, not run (memory)",
     )
     ap.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
-    ap.add_argument("--rows", help="report the JSON lines of an earlier run's output instead")
+    ap.add_argument("--rows", help="report earlier runs' output (files, comma-separated)")
+    ap.add_argument("--v5-repeats", type=int, default=5, help="repeats of the v5 phases")
+    ap.add_argument("--formats", default="v4,v5", help="which protocols run: v4, v5 or both")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--v5", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
     if a.child:
-        print("RESULT " + json.dumps(child(a.child, a.layers, a.repeats)), flush=True)
+        if a.v5:
+            row = scale_sim_v5.child(a.child, a.layers, a.repeats, measure)
+        else:
+            row = child(a.child, a.layers, a.repeats)
+        print("RESULT " + json.dumps(row), flush=True)
         return 0
-    full, sweep = [], []
     per_rank = len(state_layout(a.layers)[0])
     full_tensors = per_rank + len(state_layout(a.layers)[1])
-    if a.rows:  # the JSON lines an earlier run printed: its report again, nothing rerun
-        with open(a.rows) as f:
-            rows = [json.loads(ln) for ln in f if ln.startswith("{")]
-        full = [r for r in rows if r.get("tensors") == full_tensors]
-        sweep = [r for r in rows if r.get("tensors") != full_tensors]
+    rows, commands = [], []
+    # the JSON lines earlier runs printed (files, comma-separated): their report, nothing rerun
+    for path in a.rows.split(",") if a.rows else []:
+        with open(path) as f:
+            lines = f.read().splitlines()
+        rows += [json.loads(ln) for ln in lines if ln.startswith("{")]
+        commands += [ln[4:] for ln in lines if ln.startswith("RUN ")]
+    if not a.rows:
+        commands = [" ".join(argv if argv is not None else sys.argv[1:]) + _at_commit()]
+        print("RUN " + commands[0], flush=True)  # (what --rows says produced these rows)
     for n in [] if a.rows else [int(x) for x in a.ranks.split(",")]:
-        if per_rank * n <= a.max_chunks:
-            full.append(run_child(n, a.layers, a.repeats))
-            print(json.dumps(full[-1]), flush=True)
-        sweep.append(run_child(n, a.sweep_layers, a.repeats))
-        print(json.dumps(sweep[-1]), flush=True)
-    args = " ".join(x for x in (argv if argv is not None else sys.argv[1:]) if x != a.rows)
-    args = args.replace("--rows ", "")
-    text = report(full, sweep, a.layers, a.sweep_layers, args)
+        runs = []
+        if "v4" in a.formats:
+            runs += [(a.layers, a.repeats, False)] if per_rank * n <= a.max_chunks else []
+            runs += [(a.sweep_layers, a.repeats, False)]
+        if "v5" in a.formats:
+            runs += [(a.layers, a.v5_repeats, True), (a.sweep_layers, a.v5_repeats, True)]
+        for layers, repeats, v5 in runs:
+            rows.append(run_child(n, layers, repeats, v5))
+            print(json.dumps(rows[-1] | ({"v5": True} if v5 else {})), flush=True)
+    v5_rows = [r for r in rows if "protocol" in r or r.get("v5")]
+    v4_rows = [r for r in rows if r not in v5_rows]
+    full = [r for r in v4_rows if r.get("tensors") == full_tensors]
+    sweep = [r for r in v4_rows if r not in full]
+    v5_full = [r for r in v5_rows if r.get("tensors") == full_tensors]
+    v5_sweep = [r for r in v5_rows if r not in v5_full]
+    args = ";".join(commands) or "(rows of an unnamed run)"
+    text = report(full, sweep, a.layers, a.sweep_layers, args, (v5_full, v5_sweep))
     print(text)
     if a.write_docs:
         from benchmarks import docs_section

@@ -54,6 +54,33 @@ def shard(rows: int, ranks: int, rank: int) -> tuple[int, int]:
     return start, min(rows, start + per) - start
 
 
+def dtensor_state(layout, ranks: int, rank: int) -> dict:
+    """`rank`'s state dict as FSDP2 hands it to DCP: a DTensor Shard(0) per sharded tensor over
+    a 1-D mesh of `ranks` (its local shard a zero-memory expanded view), the replicated 0-dim
+    tensors and the values. Needs a process group of `ranks` with this rank (a fake one)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (ranks,))
+    sharded, scalars, values = layout
+    cell = torch.empty((), dtype=torch.float32)
+    sd: dict = {}
+    for fqn, shape in sharded:
+        local = cell.expand(shard(shape[0], ranks, rank)[1], *shape[1:])  # no memory
+        sd[fqn] = DTensor.from_local(
+            local,
+            mesh,
+            [Shard(0)],
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=torch.empty(shape, device="meta").stride(),
+        )
+    sd.update({f: torch.zeros(()) for f in scalars})
+    sd.update(dict.fromkeys(values, 0))
+    return sd
+
+
 # -- each rank's inputs -------------------------------------------------------------------------
 def local_plan(ranks: int, rank: int, layout):
     """The SavePlan DCP's DefaultSavePlanner makes on `rank` for its shards (built directly:

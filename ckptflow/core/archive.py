@@ -26,7 +26,17 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ckptflow.core import codec, gc, gc_objects, layout, listing, locator, rootreader, runroot
+from ckptflow.core import (
+    codec,
+    gc,
+    gc_objects,
+    layout,
+    listing,
+    locator,
+    rankmanifest,
+    rootreader,
+    runroot,
+)
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint
 from ckptflow.core.progress import Progress
 from ckptflow.core.retention import select_for_archive
@@ -139,6 +149,13 @@ def _copy_object(src: Storage, dst: Storage, key: str, size: int, fallbacks: lis
     return len(blob)
 
 
+def _copy_rank_manifests(src: Storage, dst: Storage, sd: str, index_blob: bytes, url: str) -> None:
+    """The rank manifests a format-5 step index names (the copy is verified afterwards)."""
+    for rec in rankmanifest.parse_index(index_blob, url)["ranks"]:
+        rel = f"{sd}/{rec['manifest']}"
+        dst.write(rel, src.read(rel, limit=rec["bytes"] + 1))
+
+
 def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int = 8) -> int:
     """Copy a committed step (objects, manifest, eval.json, then COMMIT) and verify the copy.
     `present` (key -> Entry) lists the archive's objects; those of the right size are skipped
@@ -155,6 +172,8 @@ def copy_step(src: Storage, dst: Storage, step: int, present: dict, threads: int
     manifest_rel = f"{sd}/{layout.manifest_name(commit['save_id'])}"
     slimmed = m.get("slimmed")
     with contextlib.suppress(FileNotFoundError):  # (a slimmed step's goes after the grace)
+        if commit.get("format_version") == layout.RANKS_VERSION:  # its rank manifests first
+            _copy_rank_manifests(src, dst, sd, src.read(manifest_rel), src.url(manifest_rel))
         dst.write(manifest_rel, src.read(manifest_rel))
     if slimmed:  # the weights-only manifest, then its marker, before COMMIT
         slim_rel = f"{sd}/{layout.manifest_name(slimmed['slim_id'])}"

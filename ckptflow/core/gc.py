@@ -267,6 +267,9 @@ def _orphans(st: Storage, kept: list[listing.StepRow], cutoff: float) -> list:
             live = {f"manifest-{row.manifest_id or row.save_id}", f"saving-{row.save_id}"}
             if row.slimmed_at is not None and row.slimmed_at > cutoff:
                 live.add(f"manifest-{row.save_id}")
+            own = layout.RANK_MANIFEST_RE.match(name)
+            if own:  # a format-5 save's rank manifests live and go with its step index
+                stem = f"manifest-{own.group(1)}"
             if (
                 name.endswith(".json")
                 and stem.startswith(("manifest-", "saving-"))

@@ -180,12 +180,14 @@ def _delta_kind(p: dict, where: str, version: int) -> None:
         _fail(f"{where}.delta", "a sub delta needs whole elements 1, 2, 4 or 8 bytes wide")
 
 
-def validate(m, only: set[str] | None = None) -> dict:
+def validate(m, only: set[str] | None = None, partial: bool = False) -> dict:
     """Check a parsed manifest's structure, types and ranges; return it or raise ManifestError.
 
     `only`: the FQNs a load reads: their tensors, values and items are checked (everything
     such a reader uses), the entries of other tensors are not (a rank of a sharded job reads
-    its own few: checking every rank's entries cost each rank O(ranks x tensors), issue 36)."""
+    its own few: checking every rank's entries cost each rank O(ranks x tensors), issue 36).
+    `partial`: one rank's manifest (format 5, ckptflow.core.rankmanifest): its chunks must lie
+    inside their tensors without overlapping, but cover only that rank's shards."""
     if not isinstance(m, dict):
         _fail("<root>", "expected a JSON object")
     if m.get("format") != layout.MANIFEST_FORMAT:
@@ -218,7 +220,7 @@ def validate(m, only: set[str] | None = None) -> dict:
         if not layout.KEY_RE.match(key) or not isinstance(rec, dict):
             _fail("objects", f"bad entry {key!r:.80}")
         _int(rec.get("size"), f"objects.{key}.size")
-    _validate_entries(m, only)
+    _validate_entries(m, only, partial)
     _planner_data(m.get("planner_data"))
     _stats(m.get("stats"))
     _slimmed(m.get("slimmed"))
@@ -266,7 +268,7 @@ def _slimmed(v) -> None:
     _int(v.get("dropped_bytes"), "slimmed.dropped_bytes")
 
 
-def _validate_entries(m: dict, only: set[str] | None = None) -> None:
+def _validate_entries(m: dict, only: set[str] | None = None, partial: bool = False) -> None:
     tensors, values, items = m.get("tensors"), m.get("values"), m.get("items")
     if not isinstance(tensors, dict) or not isinstance(values, list) or not isinstance(items, dict):
         _fail("tensors/values/items", "missing or of the wrong type")
@@ -279,7 +281,7 @@ def _validate_entries(m: dict, only: set[str] | None = None) -> None:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
         if t["dtype"] not in ITEMSIZE:
             _fail(f"tensors.{fqn:.80}", "bad tensor entry or dtype")
-        _chunks(t, f"tensors.{fqn:.80}", items, fqn, m["format_version"])
+        _chunks(t, f"tensors.{fqn:.80}", items, fqn, m["format_version"], partial)
     for fqn in values:
         _str(fqn, "values")
         if only is not None and fqn not in only:
@@ -315,7 +317,7 @@ def _validate_entries(m: dict, only: set[str] | None = None) -> None:
             _fail(f"items.{key:.80}", "stored parts do not match the chunk's size")
 
 
-def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
+def _chunks(t: dict, where: str, items: dict, fqn: str, version: int, partial=False) -> None:
     """Chunks tile the tensor exactly and each has the item that stores it (DCP reads chunks
     by their offsets: a chunk without its item, outside the tensor, overlapping another or
     leaving a gap must fail here)."""
@@ -340,7 +342,7 @@ def _chunks(t: dict, where: str, items: dict, fqn: str, version: int) -> None:
         boxes.append((offs, sizes))
     # Chunks that overlap or leave a gap would leave part of the tensor unloaded, silently
     # (volumes alone add up with a chunk listed twice).
-    problem = tiling.problem(size, boxes)
+    problem = tiling.problem(size, boxes, cover=not partial)
     if problem:
         _fail(f"{where}.chunks", problem)
 
@@ -358,15 +360,19 @@ def _planner_data(v) -> None:
                 _fail(f"planner_data.{key:.80}", "expected string or integer keys")
 
 
-def parse(blob: bytes, only: set[str] | None = None) -> dict:
-    """Parse and validate manifest bytes (`only`: see validate)."""
+def load(blob: bytes):
+    """Manifest bytes as parsed JSON, bounded (size, depth, numbers), not yet validated."""
     if len(blob) > MAX_MANIFEST:
         raise ManifestError("manifest too large")
     try:
-        doc = jsonfile.loads(blob, what="manifest", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH)
+        return jsonfile.loads(blob, what="manifest", max_bytes=MAX_MANIFEST, max_depth=MAX_DEPTH)
     except jsonfile.BadJsonFile as exc:
         raise ManifestError(f"manifest is not usable JSON ({exc.reason})") from None
-    return validate(doc, only)
+
+
+def parse(blob: bytes, only: set[str] | None = None, partial: bool = False) -> dict:
+    """Parse and validate manifest bytes (`only`, `partial`: see validate)."""
+    return validate(load(blob), only, partial)
 
 
 def referenced_objects(m: dict) -> set[str]:

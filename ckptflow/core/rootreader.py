@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 
-from ckptflow.core import codec, jsonfile, layout, marks
+from ckptflow.core import codec, jsonfile, layout, marks, rankmanifest
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError, CorruptCheckpoint, FileMissing, NotCommitted
 from ckptflow.core.storage import AlreadyExists, Entry, Storage
@@ -283,6 +283,9 @@ def parse_commit(blob: bytes, url: str) -> dict:
             raise ValueError("save_id")
         if not isinstance(doc.get("manifest_xxh3"), str) or len(doc["manifest_xxh3"]) > 64:
             raise ValueError("manifest_xxh3")
+        version = doc.get("format_version")  # format 5: names a step index (rankmanifest)
+        if version is not None and version not in layout.READ_VERSIONS:
+            raise ValueError("format_version")
         if doc.get("committed_at") is not None:
             doc["committed_at"] = commit_time(doc["committed_at"], "committed_at")
     except ValueError as exc:
@@ -323,19 +326,58 @@ def read_manifest(
             f"{url}: manifest checksum does not match the {namer} marker", [url]
         )
     try:
-        m = mf.parse(blob, only)
+        doc = mf.load(blob)
+        if rankmanifest.is_index(doc):  # format 5: every rank manifest, merged
+            index = rankmanifest.validate_index(doc)
+            _check_save(index, step, root_id or read_root_id(storage), url)
+            return rankmanifest.read_merged(storage, step, index, url, only)
+        m = mf.validate(doc, only)
     except mf.ManifestError as exc:
         raise CorruptCheckpoint(f"{url}: {exc}", [url]) from exc
     if slim and (m.get("slimmed") or {}).get("slim_id") != save_id:
         raise CorruptCheckpoint(f"{url}: not the slimmed manifest its marker names", [url])
+    _check_save(m, step, root_id or read_root_id(storage), url)
+    return m
+
+
+def _check_save(m: dict, step: int, root_id: str | None, url: str) -> None:
+    """A manifest (or step index) moved from another step or another root is refused."""
     if m["step"] != step:
         raise CorruptCheckpoint(f"{url}: manifest is for step {m['step']}, not {step}", [url])
-    root_id = root_id or read_root_id(storage)
     if m["root_id"] != root_id:
         raise CorruptCheckpoint(
             f"{url}: manifest belongs to another checkpoint root (a foreign run)", [url]
         )
-    return m
+
+
+def read_index(storage: Storage, step: int) -> tuple[dict, int] | None:
+    """The checked step index of a committed format-5 step and its size; None when the step
+    was saved with one manifest (or is slimmed: its slim manifest is one). CorruptCheckpoint,
+    FileMissing or NotCommitted as read_manifest. A rank's load reads this, not the merge.
+    The COMMIT of a format-5 save says so (`format_version`): a single manifest is not read."""
+    try:
+        commit = read_commit(storage, step)
+    except FileNotFoundError:
+        raise NotCommitted(
+            f"step {step} has no committed checkpoint under {storage.uri}; "
+            f"committed steps: {committed_steps(storage) or 'none'}"
+        ) from None
+    if commit.get("format_version") != layout.RANKS_VERSION:
+        return None  # one manifest (its COMMIT names no format): read_manifest reads it
+    save_id, xxh3, slim = _named_manifest(storage, step, commit)
+    if slim:
+        return None  # a slimmed step's manifest is a single one
+    rel = f"{layout.step_dir(step)}/{layout.manifest_name(save_id)}"
+    url = storage.url(rel)
+    try:
+        blob = storage.read(rel, limit=rankmanifest.MAX_INDEX + 1)
+    except FileNotFoundError:
+        raise FileMissing(f"{url}: manifest named by the commit marker is missing", [url]) from None
+    if codec.digest(blob) != xxh3:
+        raise CorruptCheckpoint(f"{url}: manifest checksum does not match the marker", [url])
+    index = rankmanifest.parse_index(blob, url)
+    _check_save(index, step, read_root_id(storage), url)
+    return index, len(blob)
 
 
 def _named_manifest(storage: Storage, step: int, commit: dict) -> tuple[str, str, bool]:

@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 
-def problem(size: list[int], boxes: list) -> str | None:
+def problem(size: list[int], boxes: list, cover: bool = True) -> str | None:
     """None when the boxes (offsets, sizes) inside a tensor of `size` tile it exactly, else
-    what is wrong. The tensor is cut into slabs at every box edge along each dimension but
+    what is wrong (`cover` False: only that they do not overlap; one rank's chunks, format
+    5's rank manifests, cover only its shards). The tensor is cut into slabs at every box edge along each dimension but
     one; each box is listed once per slab it spans, and within every slab the boxes' extents
     along the uncut dimension must follow each other from 0 to its end. A grid (as DTensor
     shards make) costs one entry per box; layouts needing over 4 per box are refused."""
@@ -19,9 +20,11 @@ def problem(size: list[int], boxes: list) -> str | None:
         return None  # nothing to cover: every chunk inside is empty
     boxes = [b for b in boxes if all(b[1])]  # an empty chunk holds no element
     if not size:
-        return None if len(boxes) == 1 else "chunks overlap or leave the tensor uncovered"
+        if len(boxes) == 1 or (not cover and not boxes):
+            return None
+        return "chunks overlap or leave the tensor uncovered"
     if all(list(o[1:]) == [0] * (len(size) - 1) and list(s[1:]) == size[1:] for o, s in boxes):
-        return _rows(size[0], boxes)
+        return _rows(size[0], boxes, cover)
     n = len(size)
     lo = np.array([o for o, _ in boxes], dtype=np.int64).reshape(-1, n)
     hi = lo + np.array([s for _, s in boxes], dtype=np.int64).reshape(-1, n)
@@ -58,6 +61,8 @@ def problem(size: list[int], boxes: list) -> str | None:
     inner = g[1:] == g[:-1]  # consecutive pieces within one slab
     if (a[1:] < b[:-1])[inner].any():
         return "chunks overlap"
+    if not cover:
+        return None
     covered = (
         len(g) > 0
         and int(g[-1]) + 1 == slabs  # every slab has a piece (g is sorted)
@@ -68,7 +73,7 @@ def problem(size: list[int], boxes: list) -> str | None:
     return None if covered else "chunks leave part of the tensor uncovered"
 
 
-def _rows(height: int, boxes: list) -> str | None:
+def _rows(height: int, boxes: list, cover: bool = True) -> str | None:
     """`problem` for chunks of whole rows (one rank's whole tensor, dim-0 shards: nearly every
     save), in plain Python: the general check's numpy costs ~0.1 ms a tensor, 40 ms of every
     save's commit and every load of a 400-tensor model."""
@@ -76,7 +81,7 @@ def _rows(height: int, boxes: list) -> str | None:
     for o, s in sorted((o[0], s[0]) for o, s in boxes):
         if o < end:
             return "chunks overlap"
-        if o > end:
+        if o > end and cover:
             return "chunks leave part of the tensor uncovered"
         end = o + s
-    return None if end == height else "chunks leave part of the tensor uncovered"
+    return None if end == height or not cover else "chunks leave part of the tensor uncovered"

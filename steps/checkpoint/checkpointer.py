@@ -17,7 +17,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import commit, compat, events, groups, parent_root
+from ckptflow.steps.checkpoint import (
+    commit,
+    compat,
+    events,
+    groups,
+    parent_root,
+    rank_load,
+    rank_save,
+)
 from ckptflow.steps.checkpoint.dcp_errors import unwrap
 from ckptflow.steps.checkpoint.load_path import LoadPath
 from ckptflow.steps.checkpoint.results import LoadInfo, SaveHandle, SaveStats
@@ -53,6 +61,7 @@ class Checkpointer(LoadPath):
         storage: Storage | None = None,
         cooperative: bool | str = True,
         on_commit=None,
+        manifests: str = "auto",
     ):
         compat.check_checkpointer_options(
             full_every=full_every,
@@ -62,6 +71,7 @@ class Checkpointer(LoadPath):
             threads=threads,
             cooperative=cooperative,
             compress=compress,
+            manifests=manifests,
         )
         # a root given as a URI is reached the way this deployment is wired (ckptflow.env)
         self.storage = storage or env.open_storage(root)
@@ -76,6 +86,9 @@ class Checkpointer(LoadPath):
         # over the save's group (the local tier's fan-out and PIECE: tier/local_save.py); a
         # failure of it is the save's
         self.on_commit = on_commit
+        # "step": one manifest per save (format 4); "rank": one per rank and a step index
+        # (format 5, rank_save.py); "auto": per rank from rank_save.AUTO_FROM_RANKS ranks
+        self.manifests = manifests
         self._distributed = dist.is_available() and dist.is_initialized()
         quiet_single_process()  # DCP's "torch.distributed is disabled" on every call
         self.rank = dist.get_rank() if self._distributed else 0
@@ -109,7 +122,11 @@ class Checkpointer(LoadPath):
         """The newest committed step whose commit marker and manifest are sound."""
         for step in reversed(self.committed_steps()):
             try:
-                self.manifest(step)
+                located = locator.locate(self.storage, step)
+                # format 5 at this world size: the index and this rank's own manifest (the
+                # merge would read every rank's on every rank)
+                if rank_load.read_view(located, step, self.rank, self.world_size, set()) is None:
+                    self.manifest(step)
                 return step
             except NotCommitted:
                 continue  # deleted since the listing (GC): not damage
@@ -255,19 +272,26 @@ class Checkpointer(LoadPath):
 
     def _run(self, job: SaveJob, state_dict: dict, stats: SaveStats, group) -> None:
         t0 = time.perf_counter()
-        if self.rank == 0:
+        job.rank = self.rank
+        job.rank_manifests = rank_save.choose(
+            self.manifests, self.world_size, state_dict, self._rank_unsupported(job)
+        )
+        if self.rank == 0 and not job.rank_manifests:
             job.root_id = rootreader.ensure_root(self.storage, self._parent)
         job.together = True  # each rank checks its own objects, then rank 0 commits
         writer = CkptStorageWriter(job)
         try:
-            dcp.save(
-                state_dict,
-                storage_writer=writer,
-                planner=SafeSavePlanner(),
-                process_group=group,
-                no_dist=not self._distributed,
-            )
-            commit.commit_together(job, self.rank, self.world_size, group)
+            if job.rank_manifests:  # every rank its own manifest, rank 0 the index
+                rank_save.save(job, writer, state_dict, group, self._parent)
+            else:
+                dcp.save(
+                    state_dict,
+                    storage_writer=writer,
+                    planner=SafeSavePlanner(),
+                    process_group=group,
+                    no_dist=not self._distributed,
+                )
+                commit.commit_together(job, self.rank, self.world_size, group)
         except BaseException as exc:
             writer.close(failed=True)  # a failed save is no longer live: GC may collect it
             events.saved(self.storage, self.rank, stats, exc)
@@ -286,6 +310,16 @@ class Checkpointer(LoadPath):
         )
         if stats.stall_s:  # an async save (a sync one is recorded once its stall is known)
             events.saved(self.storage, self.rank, stats)
+
+    def _rank_unsupported(self, job: SaveJob) -> str | None:
+        """What this save needs that per-rank manifests do not do yet (None: nothing)."""
+        if job.kind == "delta" or job.capture_base is not None:
+            return "delta saves (full_every > 1)"
+        if self.on_commit is not None:
+            return "on_commit (the local tier's fan-out)"
+        if self._parent is not None:
+            return "a parent root (inherit)"
+        return None
 
     def _after_commit(self, job: SaveJob) -> None:
         """Only committed data may be deduplicated against or used as a delta base."""

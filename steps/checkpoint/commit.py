@@ -31,9 +31,10 @@ _MISSING_HINT = (
 )
 
 
-def record(job: SaveJob, manifest_name: str, manifest_xxh3: str) -> dict:
-    """The commit marker's content: which manifest this step is (the one just written)."""
-    return {
+def record(job: SaveJob, manifest_name: str, manifest_xxh3: str, version: int = 0) -> dict:
+    """The commit marker's content: which manifest this step is (the one just written);
+    `version` 5: a step index of per-rank manifests (rootreader.read_index)."""
+    out = {
         "save_id": job.save_id,
         "manifest": manifest_name,
         "manifest_xxh3": manifest_xxh3,
@@ -41,6 +42,9 @@ def record(job: SaveJob, manifest_name: str, manifest_xxh3: str) -> dict:
         "step": job.step,
         "committed_at": time.time(),
     }
+    if version:
+        out["format_version"] = version
+    return out
 
 
 def own_objects(job: SaveJob) -> dict[str, int]:
@@ -112,7 +116,7 @@ def commit_alone(job: SaveJob, objects: dict[str, int], commit: dict) -> None:
     claim(job, commit)
 
 
-def _first(flag: int, group, world: int) -> int:
+def first(flag: int, group, world: int) -> int:
     """The lowest rank whose `flag` is set (`world` when none), agreed by every rank (a
     process alone, `group` None: its own)."""
     if group is None:
@@ -127,7 +131,7 @@ def commit_together(job: SaveJob, rank: int, world: int, group) -> None:
     its writer's finish). Collective over `group` (None: a process alone): every rank returns
     or raises together."""
     problem = missing(job, own_objects(job), f" (of rank {rank})")
-    first_bad = _first(rank if problem else world, group, world)
+    first_bad = first(rank if problem else world, group, world)
     if first_bad < world:
         raise CheckpointError(
             problem
@@ -142,7 +146,7 @@ def commit_together(job: SaveJob, rank: int, world: int, group) -> None:
             claim(job, job.commit)
         except BaseException as exc:  # every rank must hear of it: none may report success
             error = exc
-    if _first(0 if error is not None else world, group, world) < world:
+    if first(0 if error is not None else world, group, world) < world:
         if error is not None:
             raise error
         raise CheckpointError(

@@ -105,7 +105,9 @@ def check_compatible(
     raise StateDictMismatch("\n".join(lines))
 
 
-def check_checkpointer_options(*, threads, cooperative, compress, **options) -> None:
+def check_checkpointer_options(
+    *, threads, cooperative, compress, manifests="auto", **options
+) -> None:
     """ValueError naming the first of Checkpointer's arguments that is out of range or not
     one of its allowed values (before anything is opened or spawned)."""
     check_options(**options)
@@ -115,3 +117,5 @@ def check_checkpointer_options(*, threads, cooperative, compress, **options) -> 
         raise ValueError(f"cooperative must be True, False or 'broadcast', got {cooperative!r:.40}")
     if not (compress is True or compress is False or compress == "auto"):
         raise ValueError(f"compress must be True, False or 'auto', got {compress!r:.40}")
+    if manifests not in ("auto", "step", "rank"):
+        raise ValueError(f"manifests must be 'auto', 'step' or 'rank', got {manifests!r:.40}")

@@ -15,7 +15,7 @@ import logging
 import time
 
 import torch.distributed.checkpoint as dcp
-from ckptflow.steps.checkpoint import compat, coop, events
+from ckptflow.steps.checkpoint import compat, coop, events, rank_load
 from ckptflow.steps.checkpoint.dcp_errors import unwrap
 from ckptflow.steps.checkpoint.reader import CkptStorageReader, SafeLoadPlanner
 from ckptflow.steps.checkpoint.results import LoadInfo
@@ -107,6 +107,20 @@ class LoadPath:
         group = self._group(background=False)
         located = locator.locate(self.storage, step)  # an archived step reads its archive root
         m = self._agreed_manifest(located, step, only, group)
+        alone = False  # loading apart from the other ranks (no exchange, no agreement)
+        if m.get("rank_view") is not None:  # format 5 at the saved world size (rank_load.py)
+            try:
+                compat.check_compatible(state_dict, m, self.root, step, cast=cast)
+                return self._read(state_dict, step, located, m, only, None, True)
+            except (StateDictMismatch, rank_load.NotCovered) as exc:
+                log.info(
+                    "step %d: rank %d's own manifest does not cover its state (%s); loading "
+                    "from every rank's manifests",
+                    step,
+                    self.rank,
+                    str(exc).splitlines()[0],
+                )
+            m, alone = rootreader.read_manifest(located, step, only=only), True
         try:
             compat.check_compatible(state_dict, m, self.root, step, cast=cast)
         except StateDictMismatch as exc:
@@ -123,9 +137,14 @@ class LoadPath:
                 local=self.cooperative is True,
                 items=list(m["items"].values()),
             )
-            if (self.cooperative and self._distributed and self.world_size > 1)
+            if (self.cooperative and self._distributed and self.world_size > 1 and not alone)
             else None
         )
+        return self._read(state_dict, step, located, m, only, exchange, alone, group)
+
+    def _read(self, state_dict, step, located, m, only, exchange, alone, group=None):
+        """DCP's load of `state_dict` from manifest `m` (`alone`: planned by this rank alone,
+        no collective: a rank's own view of a format-5 step, or its fallback from one)."""
         reader = CkptStorageReader(
             located,
             m,
@@ -138,12 +157,12 @@ class LoadPath:
             dcp.load(
                 state_dict,
                 storage_reader=reader,
-                planner=SafeLoadPlanner(),
+                planner=rank_load.CoveredLoadPlanner() if m.get("rank_view") else SafeLoadPlanner(),
                 process_group=group,
                 # A cooperative load plans per rank (a load's global plan is the local ones)
                 # and agrees on failures in its own exchange: DCP's plan gather and scatter
                 # over the group would only add two collectives and the coordinator's wait.
-                no_dist=not self._distributed or exchange is not None,
+                no_dist=not self._distributed or exchange is not None or alone,
             )
         except CheckpointException as exc:
             raise unwrap(exc) from exc
@@ -171,7 +190,7 @@ class LoadPath:
         whether it is sound (each checked other entries): were one rank to fall back to an
         older step alone, the ranks would load different steps, or wait on each other."""
         try:
-            m, error = rootreader.read_manifest(located, step, only=only), None
+            m, error = self._read_manifest(located, step, only), None
         except (CorruptCheckpoint, NotCommitted) as exc:
             m, error = None, exc
         together = self._distributed and self.world_size > 1  # (the all-reduce runs first)
@@ -184,3 +203,11 @@ class LoadPath:
         if error is not None:
             raise error
         return m
+
+    def _read_manifest(self, located: Storage, step: int, only: set) -> dict:
+        """This rank's own view of a format-5 step saved at this world size (rank_load.py),
+        else the step's manifest (a format-5 one merged from every rank's)."""
+        view = rank_load.read_view(located, step, self.rank, self.world_size, only)
+        if view is not None:
+            return view
+        return rootreader.read_manifest(located, step, only=only)

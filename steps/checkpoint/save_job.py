@@ -60,6 +60,11 @@ class SaveJob:
     # the coordinator alone in finish; `commit` is then the marker finish prepared (rank 0)
     together: bool = False
     commit: dict | None = None
+    # format 5 (rank_save.py): this rank writes its own manifest, rank 0 the step index
+    rank: int = 0
+    rank_manifests: bool = False
+    rank_record: dict | None = None  # what this rank gathers to rank 0 about its manifest
+    rank_header: dict | None = None  # kind, base_step, library of its manifest (the index's)
 
 
 def raw_view(data) -> tuple[np.ndarray, int]:

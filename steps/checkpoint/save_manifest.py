@@ -1,8 +1,10 @@
 """The manifest of a save, built from DCP's metadata and every rank's write results
-(CkptStorageWriter.finish, writer.py, writes it; commit.py checks its objects and commits)."""
+(CkptStorageWriter.finish, writer.py, writes it; commit.py checks its objects and commits),
+and with per-rank manifests (format 5) each rank's manifest of its own entries."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING
 
@@ -11,7 +13,7 @@ from ckptflow.steps.checkpoint import dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ckptflow.core import adaptive, layout
+from ckptflow.core import adaptive, jsonfile, layout, rankmanifest
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CheckpointError
 
@@ -69,3 +71,39 @@ def build_manifest(job: SaveJob, metadata: Metadata, results: list[WriteResult])
             },
         },
     }
+
+
+# -- per-rank manifests (format 5, rank_save.py) ---------------------------------------------
+def build_rank_manifest(job: SaveJob, metadata, results: list, rank: int):
+    """(file name, bytes, parsed manifest) of this rank's manifest: serialised, parsed back and
+    validated as a reader will (partial: its chunks cover only its shards)."""
+    with jsonfile.collector_paused():  # acyclic: see writer.finish
+        m = build_manifest(job, metadata, results)
+        m["format_version"] = layout.RANKS_VERSION
+        m["rank"] = rank
+        m["metadata"] = {}  # the user's metadata is the index's (once, not once per rank)
+        blob = mf.dumps(m)
+        parsed = json.loads(blob)
+    try:  # what no reader would accept is never committed
+        mf.validate(parsed, partial=True)
+    except mf.ManifestError as exc:
+        raise CheckpointError(
+            f"step {job.step} under {job.storage.uri} was not committed: rank {rank}'s manifest "
+            f"is invalid ({exc}); this is a bug in ckptflow, please report it"
+        ) from exc
+    return layout.rank_manifest_name(job.save_id, rank), blob, parsed
+
+
+def rank_manifest(job: SaveJob, metadata, results: list, rank: int) -> tuple[str, bytes]:
+    """(file name, bytes) of this rank's manifest (build_rank_manifest, without the parse)."""
+    name, blob, _ = build_rank_manifest(job, metadata, results, rank)
+    return name, blob
+
+
+def write_rank_manifest(job: SaveJob, metadata, results: list) -> None:
+    """Write this rank's manifest (its objects are durable: write_data waited) and keep the
+    record it gathers to rank 0 (`job.rank_record`). Called by the writer's finish."""
+    name, blob, m = build_rank_manifest(job, metadata, results, job.rank)
+    job.storage.write(f"{layout.step_dir(job.step)}/{name}", blob)
+    job.rank_record = rankmanifest.rank_record(job.rank, name, blob, m)
+    job.rank_header = {k: m[k] for k in ("kind", "base_step", "library")}

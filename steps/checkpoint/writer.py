@@ -31,7 +31,7 @@ from ckptflow.steps.checkpoint.save_job import (
     part_ranges,
     raw_view,
 )
-from ckptflow.steps.checkpoint.save_manifest import build_manifest
+from ckptflow.steps.checkpoint.save_manifest import build_manifest, write_rank_manifest
 from ckptflow.steps.checkpoint.write_behind import WriteBehind
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
@@ -89,8 +89,12 @@ class CkptStorageWriter(StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
         self.is_coordinator = is_coordinator
-        if not is_coordinator:
-            return
+        # (per-rank manifests: DCP runs alone on each rank; rank_save.start calls start)
+        if is_coordinator and not self.job.rank_manifests:
+            self.start()
+
+    def start(self) -> None:
+        """The coordinator's start of a save: refuse a committed step, write the intent."""
         st, step = self.job.storage, self.job.step
         if st.exists(layout.commit_path(step)):
             raise CheckpointError(
@@ -359,6 +363,9 @@ class CkptStorageWriter(StorageWriter):
     # -- commit --------------------------------------------------------------------------------
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         job = self.job
+        if job.rank_manifests:  # this rank's own manifest (rank_save.py commits)
+            write_rank_manifest(job, metadata, [r for rank in results for r in rank])
+            return
         # Every rank's entries, built, serialized and parsed back: acyclic, so collections
         # during it only aged them into the oldest generation (a full collection nearly every
         # save at 32 ranks, issue 36); the collector runs again before the write.
