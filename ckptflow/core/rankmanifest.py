@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from ckptflow.core import codec, layout
+from ckptflow.core import codec, jsonfile, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint, FileMissing
 from ckptflow.core.storage import Storage
@@ -261,7 +261,8 @@ def read_rank_view(
     index, size = found
     if rank >= index["world_size"] or world_size not in (None, index["world_size"]):
         return None
-    m, own = read_rank(storage, step, index, rank, only)
-    view = merge(index, [m])
+    with jsonfile.collector_paused():  # validating and merging build acyclic trees too
+        m, own = read_rank(storage, step, index, rank, only)
+        view = merge(index, [m])
     view["rank_view"] = rank  # one rank's chunks only: never a whole step's manifest
     return view, size + own
