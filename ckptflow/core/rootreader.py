@@ -299,18 +299,23 @@ def read_commit(storage: Storage, step: int) -> dict:
     return parse_commit(storage.read(rel, limit=jsonfile.MAX_BYTES + 1), storage.url(rel))
 
 
-def read_manifest(
-    storage: Storage, step: int, root_id: str | None = None, only: set[str] | None = None
-) -> dict:
-    """The validated manifest of a committed step (CorruptCheckpoint names the bad file);
-    `only`: the FQNs a load reads, the only entries checked (manifest.validate)."""
+def _committed(storage: Storage, step: int) -> dict:
+    """The COMMIT of `step`, or NotCommitted naming the root's committed steps."""
     try:
-        commit = read_commit(storage, step)
+        return read_commit(storage, step)
     except FileNotFoundError:
         raise NotCommitted(
             f"step {step} has no committed checkpoint under {storage.uri}; "
             f"committed steps: {committed_steps(storage) or 'none'}"
         ) from None
+
+
+def read_manifest(
+    storage: Storage, step: int, root_id: str | None = None, only: set[str] | None = None
+) -> dict:
+    """The validated manifest of a committed step (CorruptCheckpoint names the bad file);
+    `only`: the FQNs a load reads, the only entries checked (manifest.validate)."""
+    commit = _committed(storage, step)
     save_id, xxh3, slim = _named_manifest(storage, step, commit)
     rel = f"{layout.step_dir(step)}/{layout.manifest_name(save_id)}"
     url = storage.url(rel)
@@ -355,13 +360,7 @@ def read_index(storage: Storage, step: int) -> tuple[dict, int] | None:
     was saved with one manifest (or is slimmed: its slim manifest is one). CorruptCheckpoint,
     FileMissing or NotCommitted as read_manifest. A rank's load reads this, not the merge.
     The COMMIT of a format-5 save says so (`format_version`): a single manifest is not read."""
-    try:
-        commit = read_commit(storage, step)
-    except FileNotFoundError:
-        raise NotCommitted(
-            f"step {step} has no committed checkpoint under {storage.uri}; "
-            f"committed steps: {committed_steps(storage) or 'none'}"
-        ) from None
+    commit = _committed(storage, step)
     if commit.get("format_version") != layout.RANKS_VERSION:
         return None  # one manifest (its COMMIT names no format): read_manifest reads it
     save_id, xxh3, slim = _named_manifest(storage, step, commit)
