@@ -6,8 +6,9 @@ A save with per-rank manifests has every rank write the manifest of its own chun
 only (name, checksum, counts) of each and writes the step index (`manifest-<id>.json`, named
 by COMMIT as a single manifest is): no rank does work per chunk of another rank. Readers:
 
-- `read_rank_view`: what one rank of the same world size loads from: the index and its own
-  manifest (every item it holds, replicated ones included). O(its own shards + the index).
+- `rankview.read_rank_view`: what one rank of the same world size loads from: the index and
+  its own manifest (every item it holds, replicated ones included). O(its own shards + the
+  index).
 - `read_merged` (through rootreader.read_manifest): every rank manifest, each checked against
   its checksum in the index and against the index's save, merged into one manifest dict that
   every other reader (GC, verify, ls, slim, archive, resharding loads) uses unchanged.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from ckptflow.core import codec, jsonfile, layout
+from ckptflow.core import codec, layout
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint, FileMissing
 from ckptflow.core.storage import Storage
@@ -239,30 +240,3 @@ def read_merged(
         raise CorruptCheckpoint(
             f"{url}: its rank manifests do not fit together ({exc})", [url]
         ) from None
-
-
-def read_rank_view(
-    storage: Storage,
-    step: int,
-    rank: int,
-    only: set[str] | None = None,
-    world_size: int | None = None,
-) -> tuple[dict, int] | None:
-    """What rank `rank` of a load at the saved world size plans with: its own rank manifest (its
-    shards and every replicated item it holds), read with the COMMIT marker and the index, and
-    the bytes read. None when the step is not a format-5 save of at least rank+1 ranks (then
-    the caller reads the merged manifest; also when `world_size` is given and the save's
-    differs). O(its own shards + the index), whatever the number of ranks."""
-    from ckptflow.core import rootreader  # (rootreader reads indexes through this module)
-
-    found = rootreader.read_index(storage, step)
-    if found is None:
-        return None
-    index, size = found
-    if rank >= index["world_size"] or world_size not in (None, index["world_size"]):
-        return None
-    with jsonfile.collector_paused():  # validating and merging build acyclic trees too
-        m, own = read_rank(storage, step, index, rank, only)
-        view = merge(index, [m])
-    view["rank_view"] = rank  # one rank's chunks only: never a whole step's manifest
-    return view, size + own

@@ -1,6 +1,6 @@
 """Loading a step saved with per-rank manifests (format 5, issue 36) at the world size that
 saved it: each rank plans from the step index and its own rank manifest alone
-(ckptflow.core.rankmanifest.read_rank_view), with no central load plan and nothing read of
+(ckptflow.core.rankview.read_rank_view), with no central load plan and nothing read of
 the other ranks. Whatever that view cannot load exactly (another world size, another layout
 of the shards, a key it lacks) is loaded from the merged manifest instead (load_path.py).
 """
@@ -15,7 +15,7 @@ from ckptflow.steps.checkpoint.reader import SafeLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 from torch.distributed.tensor import DTensor
 
-from ckptflow.core import rankmanifest
+from ckptflow.core import rankview
 from ckptflow.core.errors import CheckpointError
 from ckptflow.core.storage import Storage
 
@@ -27,7 +27,7 @@ class NotCovered(CheckpointError):
 def load_metadata(storage: Storage, step: int, rank: int, only: set[str] | None):
     """(DCP Metadata one rank plans its load with, bytes of manifest read): from the step index
     and its own rank manifest. ValueError when the step has no per-rank manifests."""
-    got = rankmanifest.read_rank_view(storage, step, rank, only)
+    got = rankview.read_rank_view(storage, step, rank, only)
     if got is None:
         raise ValueError(f"step {step} under {storage.uri} has no per-rank manifests")
     view, size = got
@@ -37,7 +37,7 @@ def load_metadata(storage: Storage, step: int, rank: int, only: set[str] | None)
 def read_view(storage: Storage, step: int, rank: int, world: int, only: set[str]) -> dict | None:
     """This rank's view of a format-5 step saved by `world` ranks, or None (then the merged
     manifest is read)."""
-    got = rankmanifest.read_rank_view(storage, step, rank, only, world_size=world)
+    got = rankview.read_rank_view(storage, step, rank, only, world_size=world)
     return None if got is None else got[0]
 
 

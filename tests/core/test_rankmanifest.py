@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ckptflow.core import codec, layout, rankmanifest, rootreader, tiling
+from ckptflow.core import codec, layout, rankmanifest, rankview, rootreader, tiling
 from ckptflow.core import manifest as mf
 from ckptflow.core.errors import CorruptCheckpoint, FileMissing
 from ckptflow.core.storage import Storage
@@ -106,14 +106,14 @@ def test_a_rank_view_reads_the_index_and_its_own_manifest_only(st):
     reads = []
     real = st.read
     st.read = lambda rel, limit=None: reads.append(rel) or real(rel, limit)
-    view, size = rankmanifest.read_rank_view(st, STEP, 1, world_size=2)
+    view, size = rankview.read_rank_view(st, STEP, 1, world_size=2)
     manifests = [r for r in reads if "manifest-" in r]
     assert manifests == [
         f"step-00000003/{layout.manifest_name(SAVE)}",
         f"step-00000003/{layout.rank_manifest_name(SAVE, 1)}",
     ]
     assert view["rank_view"] == 1 and set(view["items"]) == {"w@2,0", "v"} and size > 0
-    assert rankmanifest.read_rank_view(st, STEP, 1, world_size=4) is None  # resharding
+    assert rankview.read_rank_view(st, STEP, 1, world_size=4) is None  # resharding
 
 
 def test_a_damaged_rank_manifest_is_refused_naming_it(st):
