@@ -111,7 +111,9 @@ def _entry(rank, world, port, fn, args, q) -> None:
 
 
 # -- requests on S3 ----------------------------------------------------------------------------
-def requests_worker(rank: int, world: int, endpoint: str, uri: str, tensors: int, numel: int):
+def requests_worker(
+    rank: int, world: int, endpoint: str, uri: str, tensors: int, numel: int, manifests="auto"
+):
     """Save then load (a fresh Checkpointer) on S3, each phase with a key of its own."""
     import torch.distributed as dist
     from ckptflow.steps.checkpoint import Checkpointer
@@ -119,7 +121,8 @@ def requests_worker(rank: int, world: int, endpoint: str, uri: str, tensors: int
     from benchmarks.s3_requests import rank_key
 
     state = state_for(rank, tensors, numel)
-    ck = Checkpointer(uri, storage=_storage(uri, endpoint, rank_key(rank, "save")))
+    save_storage = _storage(uri, endpoint, rank_key(rank, "save"))
+    ck = Checkpointer(uri, storage=save_storage, manifests=manifests)
     ck.save(1, state)
     ck.close()
     dist.barrier()
@@ -131,7 +134,9 @@ def requests_worker(rank: int, world: int, endpoint: str, uri: str, tensors: int
     return None
 
 
-def count_requests(worlds: list[int], tensors: int = 8, numel: int = 4096) -> list[dict]:
+def count_requests(
+    worlds: list[int], tensors: int = 8, numel: int = 4096, manifests: str = "auto"
+) -> list[dict]:
     """Per world size: each rank's S3 requests on save and on load, by kind."""
     from benchmarks.s3_requests import CountingS3
 
@@ -142,9 +147,12 @@ def count_requests(worlds: list[int], tensors: int = 8, numel: int = 4096) -> li
             bucket = f"scale-{uuid.uuid4().hex[:10]}"
             server.make_bucket(bucket)
             server.counts.take()
-            _spawn(world, requests_worker, server.url, f"s3://{bucket}/ckpt", tensors, numel)
+            uri = f"s3://{bucket}/ckpt"
+            _spawn(world, requests_worker, server.url, uri, tensors, numel, manifests)
             counts = server.counts.take()
-            rows.append({"world": world, "tensors": tensors, "counts": counts})
+            rows.append(
+                {"world": world, "tensors": tensors, "manifests": manifests, "counts": counts}
+            )
     finally:
         server.close()
     return rows
@@ -155,7 +163,7 @@ def summarize_requests(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         c, w = row["counts"], row["world"]
-        rec = {"world": w, "tensors": row["tensors"]}
+        rec = {"world": w, "tensors": row["tensors"], "manifests": row.get("manifests", "auto")}
         for phase in ("save", "load"):
             per = [sum(c.get((phase, r), {}).values()) for r in range(w)]
             others = per[1:] or per
@@ -191,7 +199,14 @@ def _timed(fn) -> float:
 
 
 def timing_worker(
-    rank: int, world: int, root: str, tensors: int, numel: int, rounds: int, compress="auto"
+    rank: int,
+    world: int,
+    root: str,
+    tensors: int,
+    numel: int,
+    rounds: int,
+    compress="auto",
+    manifests="auto",
 ):
     """Every round: both saves and both loads, in the round's shuffled order (same on every
     rank: the seed is the round). Returns (on every rank) {phase: [seconds per round]}."""
@@ -202,7 +217,7 @@ def timing_worker(
 
     state = state_for(rank, tensors, numel)
     target = {k: torch.zeros_like(v) for k, v in state.items()}
-    saver = Checkpointer(f"{root}/ckptflow", compress=compress)
+    saver = Checkpointer(f"{root}/ckptflow", compress=compress, manifests=manifests)
     dcp_dir = f"{root}/dcp"
     saver.save(0, state)  # the first save of each pays its one-time setup outside the rounds
     dcp.save(state, checkpoint_id=f"{dcp_dir}/0")
@@ -224,7 +239,15 @@ def timing_worker(
     saver.close()
     ok = all(target[k].shape == v.shape for k, v in state.items())
     dist.barrier()
-    return {"times": times, "ok": ok}
+    return {"times": times, "ok": ok, "written": _written(f"{root}/ckptflow", rounds)}
+
+
+def _written(uri: str, step: int) -> str:
+    """What the save wrote: per-rank manifests (format 5) or one manifest."""
+    from ckptflow.core import rootreader
+    from ckptflow.core.storage import Storage
+
+    return "rank" if rootreader.read_index(Storage(uri), step) else "step"
 
 
 def _ckptflow_load(root: str, target: dict) -> None:
@@ -236,11 +259,18 @@ def _ckptflow_load(root: str, target: dict) -> None:
 
 
 def run_shape(
-    world: int, tensors: int, numel: int, rounds: int, base: str, compress="auto"
+    world: int,
+    tensors: int,
+    numel: int,
+    rounds: int,
+    base: str,
+    compress="auto",
+    manifests="auto",
 ) -> dict:
     root = tempfile.mkdtemp(prefix=f"scale-{world}x{tensors}-", dir=base)
     try:
-        got = _spawn(world, timing_worker, root, tensors, numel, rounds, compress)
+        args = (root, tensors, numel, rounds, compress, manifests)
+        got = _spawn(world, timing_worker, *args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     times = got[0]["times"]
@@ -256,6 +286,8 @@ def run_shape(
         "tensors": tensors,
         "numel": numel,
         "compress": compress,
+        "manifests": manifests,
+        "written": got[0]["written"],
         "median_s": med,
         "ratio": ratio,
     }
@@ -280,16 +312,22 @@ def markdown(
             "a barrier to a barrier, each begun on a collected heap (`gc.collect()`, untimed); "
             "medians of the rounds, ratio = median of per-round ratios.",
             "",
-            "| ranks × tensors/rank | save ckptflow / DCP | load ckptflow / DCP "
+            "manifests: the `Checkpointer`'s option, and what it wrote (rank: one manifest per "
+            "rank and an index, format 5; step: one manifest, format 4).",
+            "",
+            "| ranks × tensors/rank | manifests | save ckptflow / DCP | load ckptflow / DCP "
             "| save s ckptflow, DCP | load s ckptflow, DCP | before: save, load ratio |",
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         prior = {(b["world"], b["tensors"]): b for b in before}
         for r in timing:
             m, b = r["median_s"], prior.get((r["world"], r["tensors"]))
             was = f"{b['save']:.2f}, {b['load']:.2f}" if b else "–"
+            mode = r.get("manifests", "auto")
+            wrote = r.get("written", "step")
             lines.append(
-                f"| {r['world']} × {r['tensors']} | {r['ratio']['save']:.2f} "
+                f"| {r['world']} × {r['tensors']} | {mode if mode == wrote else f'{mode}: {wrote}'} "
+                f"| {r['ratio']['save']:.2f} "
                 f"| {r['ratio']['load']:.2f} "
                 f"| {m['ckptflow-save']:.2f}, {m['dcp-save']:.2f} "
                 f"| {m['ckptflow-load']:.2f}, {m['dcp-load']:.2f} | {was} |"
@@ -303,9 +341,9 @@ def markdown(
             "access key of its own), a save and then a fresh `Checkpointer`'s load of the "
             f"newest step, {requests[0]['tensors']} tensors per rank (an object each).",
             "",
-            "| ranks | save: rank 0 | save: other ranks | load: rank 0 | load: other ranks "
-            "| load kinds (last rank) |",
-            "|---|---|---|---|---|---|",
+            "| ranks | manifests | save: rank 0 | save: other ranks | load: rank 0 "
+            "| load: other ranks | load kinds (last rank) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in requests:
             s, ld = r["save"], r["load"]
@@ -316,7 +354,8 @@ def markdown(
             )
             kinds = ", ".join(f"{k} {n}" for k, n in ld["other_kinds"].items())
             lines.append(
-                f"| {r['world']} | {s['rank0']} | {span(s)} | {ld['rank0']} | {span(ld)} "
+                f"| {r['world']} | {r.get('manifests', 'auto')} | {s['rank0']} | {span(s)} "
+                f"| {ld['rank0']} | {span(ld)} "
                 f"| {kinds} |"
             )
         lines.append("")
@@ -345,6 +384,11 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--compress", default="auto", choices=["auto", "true", "false"], help="ckptflow's saves"
     )
+    ap.add_argument(
+        "--manifests",
+        default="auto",
+        help="ckptflow's manifests option, or several side by side (e.g. step,rank)",
+    )
     ap.add_argument("--requests", default="", help="world sizes to count S3 requests at")
     ap.add_argument("--req-tensors", type=int, default=8, help="tensors per rank (requests)")
     ap.add_argument(
@@ -358,18 +402,23 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="write the results here")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args(argv)
+    modes = [m for m in args.manifests.split(",") if m]
+    if not modes or set(modes) - {"auto", "step", "rank"}:
+        ap.error("--manifests: auto, step or rank (comma-separated)")
     timing = []
+    compress = {"auto": "auto", "true": True, "false": False}[args.compress]
     for shape in filter(None, args.shapes.split(",")):
         world, tensors = (int(x) for x in shape.split("x"))
-        compress = {"auto": "auto", "true": True, "false": False}[args.compress]
-        r = run_shape(world, tensors, args.numel, args.rounds, args.base, compress)
-        print(json.dumps(r), flush=True)
-        timing.append(r)
+        for mode in modes:
+            r = run_shape(world, tensors, args.numel, args.rounds, args.base, compress, mode)
+            print(json.dumps(r), flush=True)
+            timing.append(r)
     requests = []
     if args.requests:
         worlds = [int(w) for w in args.requests.split(",")]
-        rows = count_requests(worlds, args.req_tensors, args.req_numel)
-        requests = summarize_requests(rows)
+        for mode in modes:
+            rows = count_requests(worlds, args.req_tensors, args.req_numel, mode)
+            requests += summarize_requests(rows)
         for r in requests:
             print(json.dumps(r), flush=True)
     before = []

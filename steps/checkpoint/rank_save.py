@@ -41,7 +41,10 @@ from ckptflow.core.errors import CheckpointError
 log = logging.getLogger("ckptflow.checkpoint")
 
 MODES = ("auto", "step", "rank")
-AUTO_FROM_RANKS = 64  # `auto` uses rank manifests from this many ranks (see choose)
+# `auto` uses rank manifests from this many ranks: they saved 0.67-0.89x and loaded 0.34-0.56x
+# the time of one manifest at 4 to 64 ranks (docs/benchmarks.md "Scale"); one process keeps
+# the single manifest (the same file, and readable by ckptflow before format 5)
+AUTO_FROM_RANKS = 2
 AUTO_MAX_REPLICATED = 64 << 20  # ... when each rank holds at most this many replicated bytes
 
 
@@ -64,8 +67,9 @@ def choose(mode: str, world: int, state_dict: dict, unsupported: str | None) -> 
         return False
     if mode == "auto" and world < AUTO_FROM_RANKS:
         return False
-    if unsupported is not None:
-        log.info("saving with one manifest, not per-rank manifests: %s", unsupported)
+    if unsupported is not None:  # asked for ("rank"): said once a save; "auto": quietly
+        level = logging.INFO if mode == "rank" else logging.DEBUG
+        log.log(level, "saving with one manifest, not per-rank manifests: %s", unsupported)
         return False
     # (`auto`: every rank would write the replicated bytes, see the module docstring)
     return mode == "rank" or replicated_bytes(state_dict) <= AUTO_MAX_REPLICATED

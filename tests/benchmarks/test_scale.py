@@ -29,6 +29,8 @@ def test_the_section_shows_the_ratios_and_the_before_column():
             "world": 4,
             "tensors": 200,
             "numel": 16384,
+            "manifests": "auto",
+            "written": "rank",
             "median_s": {"ckptflow-save": 1, "dcp-save": 2, "ckptflow-load": 1, "dcp-load": 1},
             "ratio": {"save": 0.5, "load": 1.0},
         }
@@ -36,4 +38,13 @@ def test_the_section_shows_the_ratios_and_the_before_column():
     before = [{"world": 4, "tensors": 200, "save": 0.92, "load": 0.53}]
     text = scale.markdown(timing, [], before, "Host: test.")
     assert text.startswith(scale.BEGIN) and text.endswith(scale.END)
-    assert "| 4 × 200 | 0.50 | 1.00 | 1.00, 2.00 | 1.00, 1.00 | 0.92, 0.53 |" in text
+    assert "| 4 × 200 | auto: rank | 0.50 | 1.00 | 1.00, 2.00 | 1.00, 1.00 | 0.92, 0.53 |" in text
+
+
+def test_each_manifests_option_is_timed_and_names_what_it_wrote(tmp_path):
+    """Two ranks, one round: the row says which format the saves wrote (read from the root)."""
+    for mode in ("rank", "step"):
+        row = scale.run_shape(2, 3, 64, 1, str(tmp_path), manifests=mode)
+        assert row["manifests"] == mode and row["written"] == mode
+        assert set(row["median_s"]) == {"ckptflow-save", "dcp-save", "ckptflow-load", "dcp-load"}
+        assert all(t > 0 for t in row["median_s"].values())

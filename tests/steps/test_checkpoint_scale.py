@@ -101,23 +101,30 @@ def test_a_load_checks_the_entries_it_reads_and_only_those(tmp_path):
         rootreader.read_manifest(Storage(root), 1)  # every other reader checks it whole
 
 
-def _damaged_peer_worker(rank: int, world: int, root: str, out: str) -> None:
-    """Two saves; the newest one's manifest damaged in rank 1's entries only. Every rank must
-    fall back to step 1 together (rank 0 alone would load step 2 and wait on rank 1)."""
+def _damaged_peer_worker(rank: int, world: int, root: str, out: str, manifests: str) -> None:
+    """Two saves; the newest one's manifest damaged in rank 1's entries only (format 4: its
+    entries in the one manifest; format 5: rank 1's own manifest). Every rank must fall back
+    to step 1 together (rank 0 alone would load step 2 and wait on rank 1)."""
     import torch
     import torch.distributed as dist
     from ckptflow.steps.checkpoint import Checkpointer
 
+    from ckptflow.core import layout, rootreader
     from ckptflow.core.storage import Storage
     from tests.steps import ckpt_helpers as h
 
     state = scale.state_for(rank, 2, 64)
-    ck = Checkpointer(root)
+    ck = Checkpointer(root, manifests=manifests)
     ck.save(1, state)
     ck.save(2, {k: v + 1 for k, v in state.items()})
     ck.close()
     dist.barrier()
-    if rank == 0:
+    if rank == 0 and manifests == "rank":  # rank 1's manifest: its xxh3 no longer matches
+        st = Storage(root)
+        save_id = rootreader.read_commit(st, 2)["save_id"]
+        rel = f"{layout.step_dir(2)}/manifest-{save_id}-r00001.json"
+        st.write(rel, st.read(rel).replace(b'"rank1.t0', b'"rank1.t9'))
+    elif rank == 0:
 
         def damage(m):
             m["items"]["rank1.t0@0"]["parts"][0]["raw_size"] = -1
@@ -133,13 +140,14 @@ def _damaged_peer_worker(rank: int, world: int, root: str, out: str) -> None:
         torch.save(steps, out)
 
 
-def test_ranks_fall_back_together_from_a_manifest_only_one_finds_damaged(tmp_path):
+@pytest.mark.parametrize("manifests", ["step", "rank"])
+def test_ranks_fall_back_together_from_a_manifest_only_one_finds_damaged(tmp_path, manifests):
     import torch
 
     from tests.steps import distworkers as dw
 
     out = str(tmp_path / "steps.pt")
-    dw.spawn(2, _damaged_peer_worker, str(tmp_path / "ckpt"), out)
+    dw.spawn(2, _damaged_peer_worker, str(tmp_path / "ckpt"), out, manifests)
     assert torch.load(out) == [1, 1]
 
 

@@ -54,7 +54,7 @@ def test_a_rank_folder_planted_as_a_link_is_neither_read_nor_fetched_into(tmp_pa
 
     from tests.steps.tier_restore_workers import copy_piece
 
-    scratch = Checkpointer(str(tmp_path / "scratch"))
+    scratch = Checkpointer(str(tmp_path / "scratch"), manifests="step")  # as the local tier
     scratch.save(4, {"w": torch.arange(10.0)})
     scratch.close()
     other = tier.piece_root(str(tmp_path / "local"), tier.run_key("s3://b/another"), 0)

@@ -40,7 +40,8 @@ def local_checkpointer(local_dir: str, durable: str, rank: int) -> Checkpointer:
     """This rank's local Checkpointer on its rank root (compress=False: the bytes as a
     durable save of this host would store them are not the point here)."""
     root = tier.piece_root(local_dir, tier.run_key(durable), rank)
-    return Checkpointer(root, pack_kib=256, compress=False)
+    # one manifest, as LocalTier's own Checkpointer (its fan-out and PIECE name one)
+    return Checkpointer(root, pack_kib=256, compress=False, manifests="step")
 
 
 def _broadcast(obj, world: int):

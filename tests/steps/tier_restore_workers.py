@@ -77,7 +77,8 @@ def build(base: str, rank: int, world: int, *, durable_steps, local_steps, repli
         ck.save(s, state_of(s, rank))
     key = tier.run_key(ck.root)
     ck.close()
-    scratch = Checkpointer(f"{base}/scratch")
+    # the local tier saves one manifest (its on_commit fan-out: rank_save.choose)
+    scratch = Checkpointer(f"{base}/scratch", manifests="step")
     for s in local_steps:
         scratch.save(s, state_of(s, rank))
     scratch.close()

@@ -98,6 +98,7 @@ class LocalTier:
             process_group=process_group,
             storage=Storage(self.root),
             on_commit=self._committed,
+            manifests="step",  # the fan-out, PIECE and drain name one manifest (tier.py)
         )
         self.storage = self.ck.storage
         # The save group now (a collective: every rank builds its LocalTier at the same
