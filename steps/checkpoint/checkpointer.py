@@ -312,9 +312,9 @@ class Checkpointer(LoadPath):
             events.saved(self.storage, self.rank, stats)
 
     def _rank_unsupported(self, job: SaveJob) -> str | None:
-        """What this save needs that per-rank manifests do not do yet (None: nothing)."""
-        if job.kind == "delta" or job.capture_base is not None:
-            return "delta saves (full_every > 1)"
+        """What this save needs that per-rank manifests do not do yet (None: nothing). A delta
+        needs nothing more: each rank's deltas are against its own last full save, held in its
+        own memory, and its rank manifest names the base objects they reference."""
         if self.on_commit is not None:
             return "on_commit (the local tier's fan-out)"
         if self._parent is not None:

@@ -216,12 +216,13 @@ def test_auto_chooses_by_world_size_replicated_bytes_and_what_the_save_needs(cap
     assert not rank_save.choose("step", 8, small, None)
 
 
-def test_delta_saves_fall_back_to_one_manifest_with_a_log_line(tmp_path, caplog):
-    ck = Checkpointer(str(tmp_path / "d"), manifests="rank", full_every=2)
+def test_an_on_commit_hook_falls_back_to_one_manifest_with_a_log_line(tmp_path, caplog):
+    ran = []
+    ck = Checkpointer(str(tmp_path / "d"), manifests="rank", on_commit=lambda *a: ran.append(1))
     with caplog.at_level("INFO", logger="ckptflow.checkpoint"):
         ck.save(1, {"w": torch.arange(4.0)})
-    assert "format_version" not in rootreader.read_commit(ck.storage, 1)
-    assert "not per-rank manifests: delta saves" in caplog.text
+    assert "format_version" not in rootreader.read_commit(ck.storage, 1) and ran == [1]
+    assert "not per-rank manifests: on_commit" in caplog.text
 
 
 def _three_steps(root: str) -> dict:
