@@ -61,7 +61,12 @@ def _assert_bitwise(got: dict, ref: dict) -> None:
 def test_delta_saves_write_rank_manifests_against_each_ranks_own_base(saved):
     root, _ = saved
     st = Storage(root)
-    for step, kind, base in ((1, "full", None), (2, "delta", 1), (3, "delta", 1), (4, "full", None)):
+    for step, kind, base in (
+        (1, "full", None),
+        (2, "delta", 1),
+        (3, "delta", 1),
+        (4, "full", None),
+    ):
         assert rootreader.read_commit(st, step)["format_version"] == 5, step
         index, _ = rootreader.read_index(st, step)
         assert (index["kind"], index["base_step"]) == (kind, base), step
