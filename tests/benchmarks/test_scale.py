@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from benchmarks import scale
+from benchmarks import scale, scale_report
 from benchmarks.s3_requests import Counts, kind_of, rank_key
 
 
@@ -36,8 +36,8 @@ def test_the_section_shows_the_ratios_and_the_before_column():
         }
     ]
     before = [{"world": 4, "tensors": 200, "save": 0.92, "load": 0.53}]
-    text = scale.markdown(timing, [], before, "Host: test.")
-    assert text.startswith(scale.BEGIN) and text.endswith(scale.END)
+    text = scale_report.markdown(timing, [], before, "Host: test.")
+    assert text.startswith(scale_report.BEGIN) and text.endswith(scale_report.END)
     assert "| 4 × 200 | auto: rank | 0.50 | 1.00 | 1.00, 2.00 | 1.00, 1.00 | 0.92, 0.53 |" in text
 
 
