@@ -94,3 +94,24 @@ def test_gc_keeps_the_full_step_a_kept_delta_is_based_on(saved, tmp_path):
     out = str(tmp_path / "got.pt")
     dw.spawn(2, load_worker, root, 3, out)
     _assert_bitwise(torch.load(out), saved[1][3])
+
+
+@pytest.mark.parametrize("forged", [None, 2])
+def test_an_index_forging_a_deltas_base_step_is_refused_naming_it(tmp_path, forged):
+    """A self-consistent index (COMMIT's checksum rewritten) whose base_step disagrees with its
+    rank manifests' would make retention keep the wrong base: the merge refuses it."""
+    from ckptflow.core.errors import CorruptCheckpoint
+    from tests.steps import ckpt_helpers as h
+
+    ck = Checkpointer(str(tmp_path / "r"), manifests="rank", full_every=3)
+    for step in (1, 2, 3):
+        ck.save(step, {"w": torch.arange(64.0) + step})
+    st = Storage(ck.root)
+    assert rootreader.read_index(st, 3)[0]["base_step"] == 1
+
+    def forge(m):
+        m["base_step"] = forged
+
+    h.rewrite_manifest(st, 3, forge)
+    with pytest.raises(CorruptCheckpoint, match="step-00000003"):
+        rootreader.read_manifest(st, 3)
